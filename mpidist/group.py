@@ -1,0 +1,80 @@
+"""Process groups: an MPI communicator of their own plus the rank maps.
+
+Every group, the default one included, runs on a communicator duplicated for it,
+so mpidist's traffic never matches a user's own messages on MPI_COMM_WORLD, and
+the ring algorithm gets a second private duplicate so its point-to-point tags
+never meet the group's own.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from mpi4py import MPI
+
+from mpidist.work import Engine
+
+__all__ = ["ProcessGroup"]
+
+
+class ProcessGroup:
+    """A set of global ranks and the communicator that connects them.
+
+    ``rank()`` is the caller's rank in the group (-1 for a non-member), ``size()`` the
+    number of members, ``ranks`` the members' global ranks in group-rank order.
+    A non-member holds no communicator (``comm`` is None).
+    """
+
+    def __init__(self, comm: Optional[MPI.Comm], ranks: Sequence[int], name: str, backend: str) -> None:
+        self.comm = comm
+        self.ranks = tuple(ranks)
+        self.group_name = name
+        self.backend = backend
+        self._index = {g: i for i, g in enumerate(self.ranks)}
+        self._rank = comm.Get_rank() if comm is not None else -1
+        self._ring_comm: Optional[MPI.Comm] = None
+        self.engine = Engine(name)
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def is_member(self) -> bool:
+        return self.comm is not None
+
+    def group_rank(self, global_rank: int) -> int:
+        """Group rank of ``global_rank``; ValueError if it is not a member."""
+        try:
+            return self._index[global_rank]
+        except (KeyError, TypeError):
+            raise ValueError(f"global rank {global_rank!r} is not part of group {self.group_name!r} "
+                             f"(members: {list(self.ranks)})") from None
+
+    def global_rank(self, group_rank: int) -> int:
+        """Global rank of the member with ``group_rank``; ValueError if out of range."""
+        if not isinstance(group_rank, int) or not 0 <= group_rank < len(self.ranks):
+            raise ValueError(f"group rank {group_rank!r} is out of range for group {self.group_name!r} "
+                             f"of size {len(self.ranks)}")
+        return self.ranks[group_rank]
+
+    @property
+    def ring_comm(self) -> MPI.Comm:
+        """A private duplicate of ``comm`` for the ring algorithm (made on first use, collectively)."""
+        if self._ring_comm is None:
+            assert self.comm is not None
+            self._ring_comm = self.comm.Dup()
+        return self._ring_comm
+
+    def free(self) -> None:
+        """Finish queued ops, then free the communicators. Idempotent."""
+        self.engine.shutdown()
+        for comm in (self._ring_comm, self.comm):
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
+        self._ring_comm = None
+        self.comm = None
+        self._rank = -1
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(name={self.group_name!r}, ranks={list(self.ranks)}, rank={self._rank})"
