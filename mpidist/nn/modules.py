@@ -1,0 +1,379 @@
+"""Module tree and layers with explicit backward (no autograd).
+
+Follows the ``torch.nn.Module`` / ``torch.nn.Linear`` / ``torch.nn.ReLU`` /
+``torch.nn.Sequential`` docs. ``forward`` caches what ``backward`` needs (one
+forward per module instance at a time); ``backward(grad_output)`` accumulates
+parameter gradients, fires each parameter's post-accumulate-grad hooks as its
+gradient becomes ready, and returns the gradient w.r.t. the forward input.
+Compute goes through ``array_module(x)``, so numpy and cupy arrays both work.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from mpidist._array import array_module
+from mpidist.nn._util import check_array, prefix, to_module
+from mpidist.nn.parameter import Parameter
+
+__all__ = ["Module", "Linear", "ReLU", "Sequential"]
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}.{b}" if a else b
+
+
+def _check_name(name: Any, op: str) -> None:
+    if not isinstance(name, str) or not name or "." in name:
+        raise ValueError(f"{prefix(op)} name must be a non-empty str without '.', got {name!r}")
+
+
+class Module:
+    """Base class: registers parameters, buffers and submodules by attribute assignment.
+
+    Assigning a :class:`Parameter` or :class:`Module` to an attribute registers it (in
+    assignment order); arrays become buffers through :meth:`register_buffer`. After each
+    registration every parameter's ``name`` is set to its dotted name in this tree.
+    Subclasses implement ``forward`` (caching what they need) and ``backward``.
+    """
+
+    training: bool
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_modules", {})
+        self.training = True
+
+    # -- registration -------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        registered = isinstance(value, (Parameter, Module))
+        if "_parameters" not in self.__dict__:
+            if registered:
+                raise AttributeError(f"cannot assign {type(value).__name__} {name!r} before Module.__init__()")
+        else:
+            target = (self._parameters if isinstance(value, Parameter) else self._modules
+                      if isinstance(value, Module) else self._buffers if name in self._buffers else None)
+            for reg in (self._parameters, self._buffers, self._modules):
+                if reg is not target:
+                    reg.pop(name, None)
+            if target is not None:
+                target[name] = value
+        object.__setattr__(self, name, value)
+        if registered:
+            self._set_parameter_names()
+
+    def __delattr__(self, name: str) -> None:
+        for reg in (self._parameters, self._buffers, self._modules):
+            reg.pop(name, None)
+        object.__delattr__(self, name)
+
+    def _set_parameter_names(self) -> None:
+        for name, p in self.named_parameters():
+            p.name = name
+
+    def register_parameter(self, name: str, param: Parameter) -> None:
+        """Register ``param`` under ``name`` (same as ``setattr``). Raises TypeError/ValueError."""
+        _check_name(name, "Module.register_parameter")
+        if not isinstance(param, Parameter):
+            raise TypeError(f"{prefix('Module.register_parameter')} param must be a Parameter, "
+                            f"got {type(param).__name__}")
+        setattr(self, name, param)
+
+    def add_module(self, name: str, module: "Module") -> None:
+        """Register child ``module`` under ``name`` (same as ``setattr``). Raises TypeError/ValueError."""
+        _check_name(name, "Module.add_module")
+        if not isinstance(module, Module):
+            raise TypeError(f"{prefix('Module.add_module')} module must be a Module, got {type(module).__name__}")
+        setattr(self, name, module)
+
+    def register_buffer(self, name: str, tensor: Any) -> None:
+        """Register a non-trainable array (e.g. running statistics) under ``name``.
+
+        Buffers appear in :meth:`buffers` and :meth:`state_dict`; reassigning the attribute
+        keeps it a buffer. Raises ValueError (bad or taken name), TypeError (not an array).
+        """
+        op = "Module.register_buffer"
+        _check_name(name, op)
+        check_array(tensor, "tensor", op)
+        if name in self.__dict__ and name not in self._buffers:
+            raise ValueError(f"{prefix(op)} attribute {name!r} already exists")
+        self._buffers[name] = tensor
+        object.__setattr__(self, name, tensor)
+
+    # -- traversal ----------------------------------------------------------
+    def named_modules(self) -> List[Tuple[str, "Module"]]:
+        """``(dotted name, module)`` pairs, self first (name ``""``), preorder, no duplicates."""
+        out: List[Tuple[str, Module]] = []
+        seen = set()
+
+        def visit(mod: Module, name: str) -> None:
+            if id(mod) not in seen:
+                seen.add(id(mod))
+                out.append((name, mod))
+                for child_name, child in mod._modules.items():
+                    visit(child, _join(name, child_name))
+
+        visit(self, "")
+        return out
+
+    def children(self) -> List["Module"]:
+        """Direct submodules in registration order."""
+        return list(self._modules.values())
+
+    def _named_members(self, get: Callable[["Module"], Any]) -> List[Tuple[str, Any]]:
+        out, seen = [], set()
+        for mod_name, mod in self.named_modules():
+            for name, value in get(mod).items():
+                if value is not None and id(value) not in seen:
+                    seen.add(id(value))
+                    out.append((_join(mod_name, name), value))
+        return out
+
+    def named_parameters(self) -> List[Tuple[str, Parameter]]:
+        """``(dotted name, Parameter)`` in torch order: each module's own, then its children's."""
+        return self._named_members(lambda m: m._parameters)
+
+    def parameters(self) -> List[Parameter]:
+        """All parameters, recursive, registration order, each once."""
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self) -> List[Tuple[str, Any]]:
+        """``(dotted name, array)`` for all buffers, recursive, each once (references)."""
+        return self._named_members(lambda m: m._buffers)
+
+    def buffers(self) -> List[Any]:
+        return [b for _, b in self.named_buffers()]
+
+    # -- state --------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Parameter data and buffers by dotted name (per module: params, then buffers).
+
+        Values are references to the live arrays, not copies: copy them (or save them, e.g.
+        ``numpy.savez``; cupy arrays need ``.get()`` first) before training on.
+        """
+        out: Dict[str, Any] = {}
+        for mod_name, mod in self.named_modules():
+            for name, p in mod._parameters.items():
+                out[_join(mod_name, name)] = p.data
+            for name, b in mod._buffers.items():
+                if b is not None:
+                    out[_join(mod_name, name)] = b
+        return out
+
+    def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
+        """Copy ``state``'s arrays into this module's parameters and buffers in place (``xp.copyto``).
+
+        All checks run before anything is copied, so a failed load changes nothing.
+
+        Raises:
+            TypeError: ``state`` is not a mapping, or a value's dtype differs from the target's.
+            ValueError: ``strict`` and keys are missing or unexpected; or a shape differs.
+        """
+        op = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{prefix(op)} state must be a mapping of name -> array, got {type(state).__name__}")
+        own = self.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unexpected}")
+        copies = []
+        for key, dst in own.items():
+            if key not in state:
+                continue
+            xp = array_module(dst)
+            src = to_module(state[key], xp)
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ValueError(f"{prefix(op)} {key!r}: expected shape {tuple(dst.shape)}, got {tuple(src.shape)}")
+            if src.dtype != dst.dtype:
+                raise TypeError(f"{prefix(op)} {key!r}: expected dtype {dst.dtype}, got {src.dtype}")
+            copies.append((xp, dst, src))
+        for xp, dst, src in copies:
+            xp.copyto(dst, src)
+
+    # -- training -----------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's grad: to ``None``, or zero it in place when ``set_to_none=False``."""
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad[...] = 0
+
+    def train(self, mode: bool = True) -> "Module":
+        """Set ``training`` on this module and all submodules; returns self. Raises TypeError."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"{prefix('Module.train')} mode must be a bool, got {type(mode).__name__}")
+        for _, mod in self.named_modules():
+            mod.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        """``train(False)``."""
+        return self.train(False)
+
+    # -- compute ------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def backward(self, grad_output: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement backward")
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"({n}): " + repr(m).replace("\n", "\n  ") for n, m in self._modules.items()]
+        body = "".join(f"\n  {line}" for line in lines)
+        return f"{type(self).__name__}({self.extra_repr()}{body}{chr(10) if body else ''})"
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias`` (torch.nn.Linear).
+
+    Args:
+        in_features, out_features: positive ints.
+        bias: learn an additive bias.
+        dtype: floating dtype of the parameters (default float32); inputs must match it.
+        rng: ``numpy.random.Generator``, seed, or ``None`` (fresh entropy) for the init.
+        xp: array module (numpy or cupy) the parameters live in.
+
+    Parameters, in this order: ``weight`` (out_features, in_features) and ``bias``
+    (out_features,), both drawn from U(-1/sqrt(in_features), 1/sqrt(in_features)) as torch's
+    ``kaiming_uniform_(a=sqrt(5))`` default (weight first, then bias, from ``rng``).
+    ``forward(x)``: x (*, in_features) -> (*, out_features); caches x (by reference).
+    ``backward(g)``: accumulates weight's grad, fires its hooks, then bias's; returns dL/dx.
+
+    Raises:
+        TypeError: non-int features, non-floating dtype, input dtype != parameter dtype.
+        ValueError: features < 1, input last dim != in_features, grad_output shape mismatch.
+        RuntimeError: backward before forward.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: Any = np.float32,
+                 rng: Union[np.random.Generator, int, None] = None, xp: Any = np) -> None:
+        super().__init__()
+        for arg, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                raise TypeError(f"{prefix('Linear')} {arg} must be an int, got {type(v).__name__}")
+            if v < 1:
+                raise ValueError(f"{prefix('Linear')} {arg} must be >= 1, got {v}")
+        dt = np.dtype(dtype)
+        if dt.kind != "f":
+            raise TypeError(f"{prefix('Linear')} dtype must be a floating dtype, got {dt}")
+        gen = np.random.default_rng(rng)
+        bound = 1.0 / math.sqrt(in_features)
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.weight = Parameter(xp.asarray(gen.uniform(-bound, bound, (out_features, in_features)).astype(dt)))
+        self.bias = Parameter(xp.asarray(gen.uniform(-bound, bound, out_features).astype(dt))) if bias else None
+        self._input: Optional[Any] = None
+
+    def forward(self, x: Any) -> Any:
+        op = "Linear.forward"
+        check_array(x, "x", op)
+        if x.ndim < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{prefix(op)} x must have shape (N, {self.in_features}) "
+                             f"(last dim = in_features), got {tuple(x.shape)}")
+        if x.dtype != self.weight.dtype:
+            raise TypeError(f"{prefix(op)} x must have dtype {self.weight.dtype} (the parameters'), got {x.dtype}")
+        self._input = x
+        y = x @ self.weight.data.T
+        if self.bias is not None:
+            y += self.bias.data
+        return y
+
+    def backward(self, grad_output: Any) -> Any:
+        op = "Linear.backward"
+        x = self._input
+        if x is None:
+            raise RuntimeError(f"{prefix(op)} called before forward")
+        check_array(grad_output, "grad_output", op)
+        expected = tuple(x.shape[:-1]) + (self.out_features,)
+        if tuple(grad_output.shape) != expected:
+            raise ValueError(f"{prefix(op)} grad_output must have shape {expected}, got {tuple(grad_output.shape)}")
+        if grad_output.dtype != self.weight.dtype:
+            raise TypeError(f"{prefix(op)} grad_output must have dtype {self.weight.dtype}, got {grad_output.dtype}")
+        g = grad_output.reshape(-1, self.out_features)
+        self.weight.accumulate_grad(g.T @ x.reshape(-1, self.in_features))
+        if self.bias is not None:
+            self.bias.accumulate_grad(g.sum(axis=0))
+        return (g @ self.weight.data).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class ReLU(Module):
+    """``max(x, 0)`` elementwise (torch.nn.ReLU); any shape and floating dtype.
+
+    ``backward(g)`` returns ``g * (x > 0)`` (gradient 0 at x == 0, as torch).
+    Raises RuntimeError (backward before forward), ValueError (shape mismatch).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mask: Optional[Any] = None
+
+    def forward(self, x: Any) -> Any:
+        check_array(x, "x", "ReLU.forward")
+        self._mask = x > 0
+        return array_module(x).maximum(x, 0)
+
+    def backward(self, grad_output: Any) -> Any:
+        op = "ReLU.backward"
+        if self._mask is None:
+            raise RuntimeError(f"{prefix(op)} called before forward")
+        check_array(grad_output, "grad_output", op)
+        if tuple(grad_output.shape) != tuple(self._mask.shape):
+            raise ValueError(f"{prefix(op)} grad_output must have shape {tuple(self._mask.shape)}, "
+                             f"got {tuple(grad_output.shape)}")
+        return grad_output * self._mask
+
+
+class Sequential(Module):
+    """Chain of modules named ``"0"``, ``"1"``, ... (torch.nn.Sequential).
+
+    ``forward`` runs the children in order, ``backward`` in reverse, so the last layer's
+    parameters get their grads (and fire their hooks) first. Since each module caches a single
+    forward, a module instance may appear only once.
+
+    Raises:
+        TypeError: an argument is not a Module.  ValueError: the same instance appears twice.
+    """
+
+    def __init__(self, *modules: Module) -> None:
+        super().__init__()
+        for i, m in enumerate(modules):
+            if not isinstance(m, Module):
+                raise TypeError(f"{prefix('Sequential')} argument {i} must be a Module, got {type(m).__name__}")
+        if len({id(m) for m in modules}) != len(modules):
+            raise ValueError(f"{prefix('Sequential')} a module instance appears more than once")
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+
+    def forward(self, x: Any) -> Any:
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def backward(self, grad_output: Any) -> Any:
+        for m in reversed(list(self._modules.values())):
+            grad_output = m.backward(grad_output)
+        return grad_output
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, idx: int) -> Module:
+        return list(self._modules.values())[idx]
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._modules.values()))
