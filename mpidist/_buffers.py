@@ -60,7 +60,7 @@ def mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype matching a numpy dtype (cached): predefined where one exists."""
     if dtype.isnative and (dtype.kind, dtype.itemsize) in _PREDEFINED:
         return _PREDEFINED[dtype.kind, dtype.itemsize]
-    return from_numpy_dtype(dtype)
+    return from_numpy_dtype(dtype).Commit()
 
 
 @lru_cache(maxsize=None)

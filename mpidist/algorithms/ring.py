@@ -7,14 +7,13 @@ learning by Baidu's allreduce and Horovod.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 
 from mpidist._array import array_module, is_device_array
+from mpidist._buffers import mpi_datatype
 from mpidist.reduce_op import ReduceOp, check_op_dtype, local_reduce
 
 __all__ = ["ring_all_reduce", "ring_chunk_bounds"]
@@ -39,14 +38,6 @@ def ring_chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
         bounds.append((start, stop))
         start = stop
     return bounds
-
-
-@lru_cache(maxsize=None)
-def _mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
-    datatype = from_numpy_dtype(dtype)
-    if not datatype.is_predefined:
-        datatype.Commit()
-    return datatype
 
 
 def _sync(buf: Any) -> None:
@@ -94,7 +85,7 @@ def ring_all_reduce(comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
     if n == 1 or buf.size == 0:
         return
     flat = buf.reshape(-1)
-    datatype = _mpi_datatype(buf.dtype)
+    datatype = mpi_datatype(buf.dtype)
     bounds = ring_chunk_bounds(flat.size, n)
     scratch = array_module(buf).empty(bounds[0][1] - bounds[0][0], dtype=buf.dtype)
     right, left = (rank + 1) % n, (rank - 1) % n
