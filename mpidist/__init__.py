@@ -16,19 +16,33 @@ from mpidist._runtime import (
     is_mpi_available,
     is_nccl_available,
 )
-from mpidist.collectives import all_gather_into_tensor, all_reduce, barrier, broadcast
+from mpidist import gather_scatter, objects, reductions
+from mpidist.collectives import all_reduce, barrier, broadcast
 from mpidist.errors import DistBackendError, DistError
+from mpidist.gather_scatter import *  # noqa: F403  (exactly gather_scatter.__all__)
 from mpidist.group import ProcessGroup
+from mpidist.groups import (
+    GroupMember,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    group,
+    new_group,
+    new_subgroups,
+)
+from mpidist.objects import *  # noqa: F403  (exactly objects.__all__)
 from mpidist.p2p import irecv, isend, recv, send
 from mpidist.reduce_op import ReduceOp
+from mpidist.reductions import *  # noqa: F403  (exactly reductions.__all__)
 from mpidist.work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "DistBackendError", "DistError", "ProcessGroup", "ReduceOp", "Work",
-    "all_gather_into_tensor", "all_reduce", "barrier", "broadcast", "destroy_process_group",
-    "get_backend", "get_local_world_size", "get_node_local_rank", "get_rank", "get_world_size",
-    "init_process_group", "irecv", "is_initialized", "is_mpi_available", "is_nccl_available",
-    "isend", "recv", "send",
-]
+    "Backend", "DistBackendError", "DistError", "GroupMember", "ProcessGroup", "ReduceOp", "Work",
+    "all_reduce", "barrier", "broadcast", "destroy_process_group",
+    "get_backend", "get_global_rank", "get_group_rank", "get_local_world_size", "get_node_local_rank",
+    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
+    "is_initialized", "is_mpi_available", "is_nccl_available", "isend", "new_group", "new_subgroups",
+    "recv", "send",
+] + gather_scatter.__all__ + objects.__all__ + reductions.__all__

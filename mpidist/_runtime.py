@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from mpi4py import MPI
@@ -55,6 +55,7 @@ class RuntimeState:
     local_world_size: int
     timeout: datetime.timedelta
     thread_multiple: bool
+    groups: list = field(default_factory=list)  # every group made by new_group, for destroy
 
 
 _state: Optional[RuntimeState] = None
@@ -168,17 +169,20 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
-    """Free the default group (and with it the runtime state), or only ``group``.
+    """Free the default group (with every other group and the runtime state), or only ``group``.
 
-    After destroying the default group, init_process_group may be called again.
+    Collective over the group's members. After destroying the default group,
+    init_process_group may be called again; using a destroyed group raises ValueError.
     """
     global _state
     st = state()
     if group is None or group is st.world:
+        for g in st.groups:
+            g.free()
         st.world.free()
         _state = None
     else:
-        group.free()
+        resolve_group(group).free()
 
 
 def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
@@ -187,6 +191,8 @@ def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
         return state().world
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup or None, got {type(group).__name__}")
+    if group.destroyed:
+        raise ValueError(f"group {group.group_name!r} was destroyed by destroy_process_group")
     return group
 
 

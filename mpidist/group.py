@@ -33,6 +33,7 @@ class ProcessGroup:
         self._rank = comm.Get_rank() if comm is not None else -1
         self._ring_comm: Optional[MPI.Comm] = None
         self.engine = Engine(name)
+        self.destroyed = False
 
     def rank(self) -> int:
         return self._rank
@@ -75,6 +76,7 @@ class ProcessGroup:
         self._ring_comm = None
         self.comm = None
         self._rank = -1
+        self.destroyed = True
 
     def __repr__(self) -> str:
         return f"ProcessGroup(name={self.group_name!r}, ranks={list(self.ranks)}, rank={self._rank})"

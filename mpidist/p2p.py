@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from mpidist import _runtime
 from mpidist._buffers import host_array, mpi_datatype
+from mpidist._dispatch import group_root
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import RequestWork, Work
@@ -30,12 +31,7 @@ def _check_tag(tag: Any, op: str) -> int:
 
 def _peer(g: ProcessGroup, peer: Any, op: str, arg: str) -> int:
     """Group rank of global rank ``peer``; it must be a member and not the caller."""
-    if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
-        raise TypeError(f"{prefix(op)} {arg} must be an int (a global rank), got {type(peer).__name__}")
-    try:
-        peer_rank = g.group_rank(int(peer))
-    except ValueError as exc:
-        raise ValueError(f"{prefix(op)} {arg}={peer}: {exc}") from None
+    peer_rank = group_root(g, peer, op, arg)
     if peer_rank == g.rank():
         raise ValueError(f"{prefix(op)} {arg}={peer} is the calling rank itself; "
                          f"expected another member of the group")

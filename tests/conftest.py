@@ -58,3 +58,37 @@ def dist():
 def world(dist):
     """(rank, world_size) of the default group."""
     return dist.get_rank(), dist.get_world_size()
+
+
+GROUP_KINDS = ["world", "dup", "parity", "single"]
+
+
+def make_group(dist, kind: str):
+    """Build one of the test groups, collectively; return (group, its members' global ranks).
+
+    world: the default group; dup: new_group() of every rank; parity: even ranks and odd
+    ranks in two groups; single: a one-rank group of the last rank. Non-members get
+    NON_GROUP_MEMBER back, and the members list they see is the group they are not in.
+    """
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if kind == "world":
+        return None, list(range(size))
+    if kind == "dup":
+        return dist.new_group(), list(range(size))
+    if kind == "parity":
+        evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+        g_even = dist.new_group(evens)
+        g_odd = dist.new_group(odds) if odds else dist.GroupMember.NON_GROUP_MEMBER
+        return (g_even, evens) if rank % 2 == 0 else (g_odd, odds)
+    if kind == "single":
+        return dist.new_group([size - 1]), [size - 1]
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=GROUP_KINDS)
+def any_group(request, dist):
+    """(group, members) for each kind in GROUP_KINDS; destroyed after the test."""
+    g, members = make_group(dist, request.param)
+    yield g, members
+    if g is not None and g is not dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(g)

@@ -17,7 +17,8 @@ import numpy as np
 
 from mpidist import _runtime
 from mpidist._array import array_module
-from mpidist.collectives import ALGORITHMS, all_gather_into_tensor, all_reduce, broadcast
+from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
+from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 from mpidist.reduce_op import ReduceOp
