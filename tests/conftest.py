@@ -18,6 +18,16 @@ import mpidist
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """Under mpiexec only rank 0 prints pytest's report; other ranks' failures are printed
+    by the abort hook below, so the job's output ends with rank 0's summary line."""
+    if MPI.COMM_WORLD.Get_rank() > 0:
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+
+
 def pytest_collection_modifyitems(config, items):
     """Under mpiexec -n N > 1, only tests marked ``mpi`` run: the rest belong to the serial pass."""
     if MPI.COMM_WORLD.Get_size() > 1:
