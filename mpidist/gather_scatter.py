@@ -1,17 +1,230 @@
-"""Data-movement collectives: all_gather, gather, scatter, all-to-all (torch.distributed semantics)."""
+"""Data-movement collectives: all_gather, gather, scatter, all-to-all (torch.distributed semantics).
+
+Every function here moves arrays without reducing them. Lists of arrays travel in one
+vector collective (MPI_Allgatherv, MPI_Gatherv, MPI_Scatterv, MPI_Alltoallv): the
+counts are the arrays' element counts and the displacements their running sums
+(:func:`_layout`). When the arrays of a list already lie back to back in memory, in
+list order (e.g. ``list(out)`` for a stacked ``out``), MPI reads or writes them in
+place (:func:`_block`); otherwise mpidist packs them into, or unpacks them from, one
+contiguous staging buffer. Where a rank's own input lies in its own output slot MPI
+runs with ``MPI_IN_PLACE``; any other overlap between input and output is resolved
+by sending a copy of the input.
+
+Shared rules, as in torch.distributed: src/dst are global ranks even with a group; a
+rank not in ``group`` returns None and leaves every buffer alone; sync calls return
+None and ``async_op=True`` returns a :class:`Work` whose ``result()`` lists the arrays
+written on this rank. All arrays of one call must share one dtype. Sizes that depend
+on other ranks (rank i's slot must match rank i's input) cannot be checked locally;
+as in torch they are the caller's contract: a receive slot too small for what
+arrives raises ValueError (MPI_ERR_TRUNCATE), one too large is left partly unwritten.
+"""
 from __future__ import annotations
 
-from typing import Optional
+import math
+from itertools import accumulate
+from typing import Any, Optional, Sequence
 
 import numpy as np
+from mpi4py import MPI
 
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import launch, member
+from mpidist._dispatch import group_root, launch, member
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import Work
 
-__all__ = ["all_gather_into_tensor"]
+__all__ = [
+    "all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
+    "broadcast_multigpu", "all_gather_multigpu",
+]
+
+
+# -- buffer layout --------------------------------------------------------------------------
+
+def _layout(counts: Sequence[int]) -> tuple[list[int], int]:
+    """Displacements (running sums of ``counts``, starting at 0) and the total, for a v-collective."""
+    displs = [0, *accumulate(counts)]
+    return displs[:-1], displs[-1]
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _block(arrays: Sequence[np.ndarray], writable: bool) -> Optional[np.ndarray]:
+    """A flat array over the memory of ``arrays`` if they lie back to back in list order, else None.
+
+    No copy: the result aliases the arrays (which must be C-contiguous, of one dtype).
+    """
+    start = end = _address(arrays[0])
+    for a in arrays:
+        if _address(a) != end:
+            return None
+        end += a.nbytes
+    if end == start:
+        return np.empty(0, arrays[0].dtype)
+    return np.frombuffer(MPI.buffer.fromaddress(start, end - start, readonly=not writable), arrays[0].dtype)
+
+
+def _pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``arrays`` as one flat array: a view when they are one block, else a concatenated copy."""
+    block = _block(arrays, writable=False)
+    return block if block is not None else np.concatenate([a.reshape(-1) for a in arrays])
+
+
+def _recv_buffer(outs: Sequence[np.ndarray], total: int) -> tuple[np.ndarray, bool]:
+    """Where MPI writes ``outs``: their own memory when they are one block, else a staging buffer.
+
+    Returns (buffer, staged).
+    """
+    block = _block(outs, writable=True)
+    if block is not None:
+        return block, False
+    return np.empty(total, outs[0].dtype), True
+
+
+def _own_slot(own: np.ndarray, buf: np.ndarray, displ: int) -> Optional[bool]:
+    """How ``own`` relates to ``buf``: None if disjoint, True if it is exactly the slot at ``displ``."""
+    if not np.may_share_memory(own, buf):
+        return None
+    return _address(own) == _address(buf) + displ * buf.itemsize and own.size <= buf.size - displ
+
+
+def _send_part(inp: np.ndarray, buf: np.ndarray, displ: int, dt: MPI.Datatype) -> Any:
+    """The send argument for this rank's part ``inp`` of a gather into ``buf``.
+
+    MPI_IN_PLACE when ``inp`` already sits in its slot, a copy when it overlaps ``buf``
+    elsewhere (MPI forbids aliased send and receive buffers), else ``inp`` itself.
+    """
+    slot = _own_slot(inp, buf, displ)
+    if slot is None:
+        return [inp, dt]
+    return MPI.IN_PLACE if slot else [inp.copy(), dt]
+
+
+def _communicate(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[np.ndarray],
+                 displs: Sequence[int], copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> None:
+    """Run the MPI ``call``; then unpack ``staging`` into ``outs`` and make the ``copies`` (dst, src)."""
+    call(*args)
+    if staging is not None:
+        for out, d in zip(outs, displs):
+            out.reshape(-1)[...] = staging[d:d + out.size]
+    for dst, src in copies:
+        dst.reshape(-1)[...] = src.reshape(-1)
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+def _array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, expected: str = "",
+                dtype_of: Optional[tuple[np.ndarray, str]] = None) -> list[np.ndarray]:
+    """Validate a list of ``n`` arrays (any length >= 1 if ``n`` is None) of one dtype.
+
+    ``expected`` explains ``n`` in the message; ``dtype_of`` = (array, its argument name)
+    whose dtype every element must have (default: the first element's).
+    """
+    if not isinstance(xs, (list, tuple)):
+        raise TypeError(f"{prefix(op)} {arg} must be a list of numpy arrays, got {type(xs).__name__}")
+    if n is not None and len(xs) != n:
+        raise ValueError(f"{prefix(op)} {arg} must hold {expected} = {n} arrays, got {len(xs)}")
+    if n is None and not xs:
+        raise ValueError(f"{prefix(op)} {arg} must hold at least one array, got an empty list")
+    arrs = [host_array(x, op, f"{arg}[{i}]", writable=writable) for i, x in enumerate(xs)]
+    ref, ref_arg = dtype_of if dtype_of is not None else (arrs[0], f"{arg}[0]")
+    for i, a in enumerate(arrs):
+        same_dtype(ref, a, op, ref_arg, f"{arg}[{i}]")
+    return arrs
+
+
+def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str, why: str = "") -> None:
+    if a.shape != ref.shape:
+        raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, "
+                         f"got {a.shape}")
+
+
+def _given(xs: Any) -> bool:
+    """torch's test for an optional list argument: None and an empty list mean 'not given'."""
+    return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
+
+
+def _splits(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: int) -> list[int]:
+    """Rows per rank along dim 0 of ``arr``: ``splits``, or an even split when None or empty."""
+    if arr.ndim == 0:
+        raise ValueError(f"{prefix(op)} {name} must have at least one dimension (it is split along "
+                         f"dim 0), got a 0-d array")
+    rows = arr.shape[0]
+    if splits is None or (hasattr(splits, "__len__") and len(splits) == 0):
+        if rows % n:
+            raise ValueError(f"{prefix(op)} {name}.shape[0] = {rows} is not divisible by the group size "
+                             f"{n}; pass {arg} to split it unevenly")
+        return [rows // n] * n
+    if not isinstance(splits, (list, tuple, np.ndarray)):
+        raise TypeError(f"{prefix(op)} {arg} must be a list of ints or None, got {type(splits).__name__}")
+    if len(splits) != n:
+        raise ValueError(f"{prefix(op)} {arg} must hold one size per group member = {n} sizes, "
+                         f"got {len(splits)}")
+    for i, s in enumerate(splits):
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"{prefix(op)} {arg}[{i}] must be an int, got {type(s).__name__}")
+        if s < 0:
+            raise ValueError(f"{prefix(op)} {arg}[{i}] must be non-negative, got {s}")
+    if sum(splits) != rows:
+        raise ValueError(f"{prefix(op)} {arg} sums to {sum(splits)}, expected {name}.shape[0] = {rows}")
+    return [int(s) for s in splits]
+
+
+# -- all-gather -----------------------------------------------------------------------------
+
+def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.ndarray],
+                 rank_counts: Sequence[int], async_op: bool, results: tuple,
+                 copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Optional[Work]:
+    """MPI_Allgatherv of each rank's flat ``inp`` (rank k sends ``rank_counts[k]`` elements) into
+    the slots ``outs`` (in rank order; several consecutive slots may belong to one rank)."""
+    slot_displs, total = _layout([o.size for o in outs])
+    rank_displs, _ = _layout(rank_counts)
+    dt = mpi_datatype(outs[0].dtype)
+    buf, staged = _recv_buffer(outs, total)
+    send = _send_part(inp, buf, rank_displs[g.rank()], dt)
+    args = (send, [buf, list(rank_counts), rank_displs, dt])
+    return launch(g, op, _communicate, (g.comm.Allgatherv, args, buf if staged else None, outs, slot_displs,
+                                        copies), async_op, results)
+
+
+def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
+               async_op: bool = False) -> Optional[Work]:
+    """Gather every member's ``tensor`` into ``tensor_list`` on every member (MPI_Allgatherv).
+
+    Args:
+        tensor_list: ``group_size`` C-contiguous, writable arrays of ``tensor``'s dtype;
+            ``tensor_list[i]`` receives group rank i's ``tensor`` and must hold exactly
+            as many elements (sizes may differ between ranks, as torch allows; its shape
+            is free, the data arrive in C order). ``tensor_list[my_group_rank]`` must
+            have ``tensor``'s shape. Overwritten on every member; nothing else changes.
+            If the arrays lie back to back in memory (e.g. ``list(out)`` of a stacked
+            ``out``), MPI writes them directly, else through one staging buffer.
+        tensor: this rank's input, any shape; read only (it may be ``tensor_list[rank]``).
+        group: the process group (default: all ranks).
+        async_op: return a :class:`Work` instead of blocking.
+
+    Returns:
+        None, or a Work (``result()`` is ``tensor_list``) when ``async_op``; None on non-members.
+
+    Raises:
+        TypeError: a non-array, or dtypes differ. ValueError: ``len(tensor_list)`` is not
+        the group size, an output is non-contiguous or read-only, or
+        ``tensor_list[my_group_rank]`` has another shape than ``tensor``.
+
+    Source: torch.distributed.all_gather; MPI-4.1 §6.7 (MPI_Allgatherv).
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "all_gather"
+    inp = host_array(tensor, op, "tensor", writable=False)
+    outs = _array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
+                       dtype_of=(inp, "tensor"))
+    me = g.rank()
+    _same_shape(outs[me], inp, op, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
+    return _all_gatherv(g, op, inp, outs, [o.size for o in outs], async_op, tuple(tensor_list))
 
 
 def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
@@ -21,10 +234,13 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     ``output_tensor`` holds ``world_size * input_tensor.size`` elements of the same
     dtype, in group-rank order: either concatenated along dim 0 (shape
     ``(W*d0, ...)``) or stacked (shape ``(W, *input.shape)``), as torch allows.
-    Only ``output_tensor`` changes.
+    Only ``output_tensor`` changes. ``input_tensor`` may be this rank's own chunk of
+    ``output_tensor`` (MPI_IN_PLACE); any other overlap is handled by sending a copy.
 
     Raises:
         TypeError: dtypes differ. ValueError: ``output_tensor`` has the wrong size.
+
+    Source: torch.distributed.all_gather_into_tensor; MPI-4.1 §6.7 (MPI_Allgather).
     """
     g = member(group)
     if g is None:
@@ -38,4 +254,318 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
                          f"{g.size()} * {inp.size} = {g.size() * inp.size} elements, got {out.size} "
                          f"(shape {out.shape})")
     dt = mpi_datatype(inp.dtype)
-    return launch(g, op, g.comm.Allgather, ([inp, dt], [out, dt]), async_op, (output_tensor,))
+    send = _send_part(inp, out, g.rank() * inp.size, dt)
+    return launch(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,))
+
+
+def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
+                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
+
+    Host-only reading of torch's (removed) ``all_gather_multigpu``: the process holds one
+    input per "device", ``input_tensor_list[j]``, and one output list per device,
+    ``output_tensor_lists[j]``; every device receives every device's input. With
+    ``W`` the group size, each ``output_tensor_lists[i]`` holds ``W * L`` arrays and
+    ``input_tensor_list[j]`` of group rank ``k`` lands in
+    ``output_tensor_lists[i][k * L + j]`` for every ``i`` (devices are numbered rank-major,
+    as NCCL numbered them; torch's docstring printed ``k * world_size + j``, which is
+    the same only when ``L == W``). ``len(input_tensor_list)`` must be the same on
+    every rank. All arrays share one dtype; slot ``s`` of every output list has the
+    same shape, and slot ``my_rank * L + j`` has ``input_tensor_list[j]``'s shape.
+    Every output array changes on every member; the inputs do not.
+
+    One MPI_Allgatherv fills ``output_tensor_lists[0]``; the other lists are copies.
+
+    Raises:
+        TypeError: a non-list or non-array, dtypes differ. ValueError: wrong list lengths,
+        shapes as above, non-contiguous or read-only outputs.
+
+    Source: torch.distributed.all_gather_multigpu (torch <= 2.1 docs); MPI-4.1 §6.7.
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "all_gather_multigpu"
+    inps = _array_list(input_tensor_list, op, "input_tensor_list", None, False)
+    n_dev, me = len(inps), g.rank()
+    if not isinstance(output_tensor_lists, (list, tuple)):
+        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
+                        f"got {type(output_tensor_lists).__name__}")
+    if len(output_tensor_lists) != n_dev:
+        raise ValueError(f"{prefix(op)} output_tensor_lists must hold len(input_tensor_list) = {n_dev} "
+                         f"lists, got {len(output_tensor_lists)}")
+    lists = [_array_list(lst, op, f"output_tensor_lists[{i}]", g.size() * n_dev, True,
+                         "group size * len(input_tensor_list)", dtype_of=(inps[0], "input_tensor_list[0]"))
+             for i, lst in enumerate(output_tensor_lists)]
+    first = lists[0]
+    for j, inp in enumerate(inps):
+        s = me * n_dev + j
+        _same_shape(first[s], inp, op, f"output_tensor_lists[0][{s}]", f"input_tensor_list[{j}]",
+                    " (it receives that input)")
+    for i, lst in enumerate(lists[1:], 1):
+        for s, (a, ref) in enumerate(zip(lst, first)):
+            _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
+    sizes = [a.size for a in first]
+    rank_counts = [sum(sizes[k * n_dev:(k + 1) * n_dev]) for k in range(g.size())]
+    copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
+    results = tuple(a for lst in output_tensor_lists for a in lst)
+    return _all_gatherv(g, op, _pack(inps), first, rank_counts, async_op, results, copies)
+
+
+# -- gather, scatter ------------------------------------------------------------------------
+
+def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: int = 0,
+           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Gather every member's ``tensor`` into ``gather_list`` on global rank ``dst`` (MPI_Gatherv).
+
+    Args:
+        tensor: this rank's input, any shape; read only. Sizes may differ between ranks.
+        gather_list: on ``dst`` only: ``group_size`` C-contiguous, writable arrays of
+            ``tensor``'s dtype; ``gather_list[i]`` receives group rank i's ``tensor``
+            (same element count; ``gather_list[dst's group rank]`` must have
+            ``tensor``'s shape). Must be None (or empty) on every other rank.
+            Only ``dst``'s ``gather_list`` changes.
+        dst: global rank of the destination, a member of ``group``.
+        group: the process group (default: all ranks).
+        async_op: return a :class:`Work` instead of blocking.
+
+    Returns:
+        None, or a Work when ``async_op`` (``result()`` is ``gather_list`` on ``dst``,
+        empty elsewhere); None on non-members.
+
+    Raises:
+        ValueError: ``dst`` not in the group; ``gather_list`` missing on ``dst`` or given
+        on another rank (as torch); wrong length, shape, or a read-only or
+        non-contiguous output. TypeError: non-arrays or differing dtypes.
+
+    Source: torch.distributed.gather; MPI-4.1 §6.5 (MPI_Gatherv).
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "gather"
+    inp = host_array(tensor, op, "tensor", writable=False)
+    root = group_root(g, dst, op, "dst")
+    dt = mpi_datatype(inp.dtype)
+    if g.rank() != root:
+        if _given(gather_list):
+            raise ValueError(f"{prefix(op)} gather_list must not be given on a rank other than dst={dst} "
+                             f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
+        return launch(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, ())
+    if not _given(gather_list):
+        raise ValueError(f"{prefix(op)} gather_list must be given on the destination rank dst={dst}: "
+                         f"a list of {g.size()} arrays, got {gather_list!r}")
+    outs = _array_list(gather_list, op, "gather_list", g.size(), True, "the group size",
+                       dtype_of=(inp, "tensor"))
+    _same_shape(outs[root], inp, op, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
+    counts = [o.size for o in outs]
+    displs, total = _layout(counts)
+    buf, staged = _recv_buffer(outs, total)
+    args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
+    return launch(g, op, _communicate, (g.comm.Gatherv, args, buf if staged else None, outs, displs),
+                  async_op, tuple(gather_list))
+
+
+def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: int = 0,
+            group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Send ``scatter_list[i]`` from global rank ``src`` to group rank i's ``tensor`` (MPI_Scatterv).
+
+    Args:
+        tensor: C-contiguous, writable output, any shape; overwritten on every member
+            (``src`` included) with its part. Sizes may differ between ranks.
+        scatter_list: on ``src`` only: ``group_size`` arrays of ``tensor``'s dtype, read
+            only; ``scatter_list[i]`` must have as many elements as group rank i's
+            ``tensor``, and ``scatter_list[src's group rank]`` ``tensor``'s shape. Must be
+            None (or empty) on every other rank.
+        src: global rank of the source, a member of ``group``.
+        group: the process group (default: all ranks).
+        async_op: return a :class:`Work` instead of blocking.
+
+    Returns:
+        None, or a Work (``result()`` is ``[tensor]``) when ``async_op``; None on non-members.
+
+    Raises:
+        ValueError: ``src`` not in the group; ``scatter_list`` missing on ``src`` or given
+        on another rank (as torch); wrong length or shape; ``tensor`` read-only or
+        non-contiguous. TypeError: non-arrays or differing dtypes.
+
+    Source: torch.distributed.scatter; MPI-4.1 §6.6 (MPI_Scatterv).
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "scatter"
+    out = host_array(tensor, op, "tensor", writable=True)
+    root = group_root(g, src, op, "src")
+    dt = mpi_datatype(out.dtype)
+    if g.rank() != root:
+        if _given(scatter_list):
+            raise ValueError(f"{prefix(op)} scatter_list must not be given on a rank other than src={src} "
+                             f"(torch: 'must NOT be specified on non-source ranks'); pass None")
+        return launch(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,))
+    if not _given(scatter_list):
+        raise ValueError(f"{prefix(op)} scatter_list must be given on the source rank src={src}: "
+                         f"a list of {g.size()} arrays, got {scatter_list!r}")
+    inps = _array_list(scatter_list, op, "scatter_list", g.size(), False, "the group size",
+                       dtype_of=(out, "tensor"))
+    _same_shape(inps[root], out, op, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
+    counts = [a.size for a in inps]
+    displs, _ = _layout(counts)
+    send = _pack(inps)
+    slot = _own_slot(out, send, displs[root])
+    if slot is False:
+        send = np.concatenate([a.reshape(-1) for a in inps])
+    recv = MPI.IN_PLACE if slot else [out, dt]
+    return launch(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,))
+
+
+# -- all-to-all -----------------------------------------------------------------------------
+
+def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: list[int],
+                 outs: Sequence[np.ndarray], recv_counts: list[int], async_op: bool,
+                 results: tuple) -> Optional[Work]:
+    """MPI_Alltoallv from the flat ``send`` (``send_counts`` per rank) into ``outs`` (one slot or
+    array per rank, ``recv_counts`` elements each)."""
+    me = g.rank()
+    if send_counts[me] != recv_counts[me]:
+        raise ValueError(f"{prefix(op)} this rank sends itself {send_counts[me]} elements but expects "
+                         f"{recv_counts[me]} from itself; the part for rank {me} of the input and of "
+                         f"the output must have the same size")
+    send_displs, _ = _layout(send_counts)
+    recv_displs, total = _layout(recv_counts)
+    buf, staged = _recv_buffer(outs, total)
+    if np.may_share_memory(send, buf):
+        send = send.copy()
+    dt = mpi_datatype(buf.dtype)
+    args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
+    return launch(g, op, _communicate, (g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs),
+                  async_op, results)
+
+
+def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
+               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Send ``input_tensor_list[i]`` to group rank i; receive rank i's into ``output_tensor_list[i]``.
+
+    Args:
+        output_tensor_list: ``group_size`` C-contiguous, writable arrays; entry i must
+            hold as many elements as group rank i sends this rank (sizes may differ, as
+            torch allows). Overwritten on every member.
+        input_tensor_list: ``group_size`` arrays of the same dtype, read only;
+            ``input_tensor_list[my_rank]`` and ``output_tensor_list[my_rank]`` must have
+            the same size.
+        group: the process group (default: all ranks).
+        async_op: return a :class:`Work` instead of blocking.
+
+    One MPI_Alltoallv; lists already back to back in memory are used in place, others
+    are packed into / unpacked from one staging buffer.
+
+    Returns:
+        None, or a Work (``result()`` is ``output_tensor_list``) when ``async_op``; None on
+        non-members.
+
+    Raises:
+        TypeError: non-arrays or differing dtypes. ValueError: a list length is not the
+        group size; an output is read-only or non-contiguous; this rank's own parts
+        differ in size.
+
+    Source: torch.distributed.all_to_all; MPI-4.1 §6.8 (MPI_Alltoallv).
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "all_to_all"
+    inps = _array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
+    outs = _array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
+                       dtype_of=(inps[0], "input_tensor_list[0]"))
+    return _all_to_allv(g, op, _pack(inps), [a.size for a in inps], outs, [o.size for o in outs],
+                        async_op, tuple(output_tensor_list))
+
+
+def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]] = None,
+                      input_split_sizes: Optional[list[int]] = None, group: Optional[ProcessGroup] = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """Split ``input`` along dim 0, send part i to group rank i, concatenate what arrives in ``output``.
+
+    Args:
+        output: C-contiguous, writable array of ``input``'s dtype, at least 1-d;
+            overwritten on every member. Its rows ``output_split_sizes`` (or
+            ``output.shape[0] / group_size`` each when None or empty) come from group
+            ranks 0, 1, ... in order.
+        input: array, at least 1-d, read only; rows ``input_split_sizes[i]`` (or
+            ``input.shape[0] / group_size`` each) go to group rank i.
+        output_split_sizes / input_split_sizes: ``group_size`` non-negative ints summing
+            to ``output.shape[0]`` / ``input.shape[0]``; None or empty means equal splits,
+            and then dim 0 must be divisible by the group size. Counts are
+            ``split * row size`` (the product of the other dims), so the part for this
+            rank must have the same element count in ``input`` and ``output``.
+        group: the process group (default: all ranks).
+        async_op: return a :class:`Work` instead of blocking.
+
+    ``input`` may overlap ``output``: it is then copied before MPI_Alltoallv runs.
+
+    Returns:
+        None, or a Work (``result()`` is ``[output]``) when ``async_op``; None on non-members.
+
+    Raises:
+        TypeError: non-arrays, dtypes differ, split sizes not a list of ints. ValueError: 0-d
+        arrays, dim 0 not divisible, split sizes of the wrong length, negative or not
+        summing to dim 0, this rank's own parts of different sizes, ``output``
+        read-only or non-contiguous.
+
+    Source: torch.distributed.all_to_all_single; MPI-4.1 §6.8 (MPI_Alltoallv).
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "all_to_all_single"
+    out = host_array(output, op, "output", writable=True)
+    inp = host_array(input, op, "input", writable=False)
+    same_dtype(out, inp, op, "output", "input")
+    n = g.size()
+    out_rows = _splits(output_split_sizes, out, op, "output_split_sizes", "output", n)
+    in_rows = _splits(input_split_sizes, inp, op, "input_split_sizes", "input", n)
+    out_row, in_row = math.prod(out.shape[1:]), math.prod(inp.shape[1:])
+    return _all_to_allv(g, op, inp.reshape(-1), [r * in_row for r in in_rows], [out.reshape(-1)],
+                        [r * out_row for r in out_rows], async_op, (output,))
+
+
+# -- broadcast, several "devices" per process -----------------------------------------------
+
+def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[ProcessGroup] = None,
+                       async_op: bool = False, src_tensor: int = 0) -> Optional[Work]:
+    """Broadcast ``tensor_list[src_tensor]`` of global rank ``src`` into every array of every member.
+
+    Host-only reading of torch's (removed) ``broadcast_multigpu``: each array of
+    ``tensor_list`` stands for one "device" of this process. On ``src``,
+    ``tensor_list[src_tensor]`` is sent (MPI_Bcast) and copied into the other arrays
+    of ``src``'s list; on every other member the data arrive in ``tensor_list[0]`` and
+    are copied into the rest. All arrays, on every rank, have the same number of
+    elements and one dtype; ``len(tensor_list)`` must be the same on every rank (as in
+    torch). Every array changes except ``tensor_list[src_tensor]`` on ``src``.
+
+    Raises:
+        TypeError: non-arrays, differing dtypes, ``src``/``src_tensor`` not ints.
+        ValueError: ``src`` not in the group, an empty list, ``src_tensor`` out of range,
+        arrays of different sizes, a read-only or non-contiguous array.
+
+    Source: torch.distributed.broadcast_multigpu (torch <= 2.1 docs); MPI-4.1 §6.4 (MPI_Bcast).
+    """
+    g = member(group)
+    if g is None:
+        return None
+    op = "broadcast_multigpu"
+    arrs = _array_list(tensor_list, op, "tensor_list", None, True)
+    root = group_root(g, src, op, "src")
+    if not isinstance(src_tensor, (int, np.integer)) or isinstance(src_tensor, bool):
+        raise TypeError(f"{prefix(op)} src_tensor must be an int, got {type(src_tensor).__name__}")
+    if not 0 <= src_tensor < len(arrs):
+        raise ValueError(f"{prefix(op)} src_tensor must index tensor_list, in [0, {len(arrs)}), "
+                         f"got {src_tensor}")
+    for i, a in enumerate(arrs):
+        if a.size != arrs[0].size:
+            raise ValueError(f"{prefix(op)} tensor_list[{i}] must have as many elements as "
+                             f"tensor_list[0], {arrs[0].size}, got {a.size} (shape {a.shape})")
+    lead = arrs[src_tensor] if g.rank() == root else arrs[0]
+    copies = [(a, lead) for a in arrs if a is not lead]
+    args = ([lead, mpi_datatype(lead.dtype)], root)
+    return launch(g, op, _communicate, (g.comm.Bcast, args, None, (), (), copies), async_op, tuple(tensor_list))
