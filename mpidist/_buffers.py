@@ -3,6 +3,13 @@
 Host arrays only in this release; a device array (``__cuda_array_interface__``) is
 refused with a clear error here, before any pointer can reach an MPI that is not
 CUDA-aware (which would dereference it and segfault).
+
+Dtypes: every numpy bool, integer, float and complex type, plus the types of
+``ml_dtypes`` (bfloat16, float8_*, int4, ...) when it is installed. Those with a predefined MPI
+datatype travel as it and are reduced by MPI itself (the fast path); the others
+(float16, bfloat16, non-native byte order) travel as an opaque contiguous run of bytes
+per element, registered here so a user-defined MPI reduction can tell which numpy
+dtype it is reducing (:func:`dtype_of`).
 """
 from __future__ import annotations
 
@@ -11,16 +18,17 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 
 from mpidist._array import is_device_array
 from mpidist.errors import prefix
 
-__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype"]
+__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "value_kind", "dtype_of"]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
 # (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
-# non-native byte order) travel as derived types and are reduced by mpidist itself.
+# non-native byte order) travel as opaque byte runs and are reduced by mpidist itself
+# (the ring, or a user-defined MPI op: reduce_op.to_mpi_op).
+_NUMERIC_KINDS = "biufc"
 _PREDEFINED = {
     ("b", 1): MPI.C_BOOL,
     ("i", 1): MPI.INT8_T, ("i", 2): MPI.INT16_T, ("i", 4): MPI.INT32_T, ("i", 8): MPI.INT64_T,
@@ -28,6 +36,35 @@ _PREDEFINED = {
     ("f", 4): MPI.FLOAT, ("f", 8): MPI.DOUBLE,
     ("c", 8): MPI.C_FLOAT_COMPLEX, ("c", 16): MPI.C_DOUBLE_COMPLEX,
 }
+# C long double (x86-64: 80-bit extended in 16 bytes) where it differs from double.
+if np.dtype(np.longdouble).itemsize > 8:
+    _PREDEFINED["f", np.dtype(np.longdouble).itemsize] = MPI.LONG_DOUBLE
+    _PREDEFINED["c", np.dtype(np.clongdouble).itemsize] = MPI.C_LONG_DOUBLE_COMPLEX
+# Handle of each opaque datatype made by mpi_datatype -> the numpy dtype it carries.
+_OPAQUE: dict = {}
+
+
+@lru_cache(maxsize=None)
+def value_kind(dtype: np.dtype) -> str:
+    """numpy's ``dtype.kind``, except that ml_dtypes' types report what they hold.
+
+    bfloat16 and the float8 types (numpy kind ``"V"``) give ``"f"``, int4/uint4 give
+    ``"i"``/``"u"``, complex32 ``"c"``; any other dtype keeps its kind (and
+    :func:`host_array` refuses it unless that is bool/int/uint/float/complex).
+    """
+    if dtype.kind in _NUMERIC_KINDS or dtype.type.__module__.split(".", 1)[0] != "ml_dtypes":
+        return dtype.kind
+    import ml_dtypes  # noqa: PLC0415  (optional; only reached for one of its dtypes)
+
+    if "complex" in dtype.name:
+        return "c"
+    for info, kind in ((ml_dtypes.finfo, "f"), (ml_dtypes.iinfo, "")):
+        try:
+            found = info(dtype)
+        except Exception:  # noqa: BLE001, S112  (not of this family: try the next)
+            continue
+        return kind or ("i" if found.min < 0 else "u")
+    return dtype.kind
 
 
 def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
@@ -49,7 +86,7 @@ def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
                          f"shape {x.shape} and strides {x.strides}")
     if writable and not x.flags.writeable:
         raise ValueError(f"{prefix(op)} {arg} must be writable, got a read-only array")
-    if x.dtype.kind in "OSUVMm":
+    if x.dtype.kind not in _NUMERIC_KINDS and value_kind(x.dtype) not in _NUMERIC_KINDS:
         raise TypeError(f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; "
                         f"expected a numeric or bool dtype")
     return x
@@ -57,10 +94,26 @@ def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
-    """The MPI datatype matching a numpy dtype (cached): predefined where one exists."""
+    """The MPI datatype matching a numpy dtype (cached).
+
+    Predefined where one exists (MPI reduces those itself); otherwise a committed
+    contiguous run of ``dtype.itemsize`` bytes, one per dtype, registered for
+    :func:`dtype_of`.
+    """
     if dtype.isnative and (dtype.kind, dtype.itemsize) in _PREDEFINED:
         return _PREDEFINED[dtype.kind, dtype.itemsize]
-    return from_numpy_dtype(dtype).Commit()
+    datatype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+    _OPAQUE[datatype.handle] = dtype
+    return datatype
+
+
+def dtype_of(datatype: MPI.Datatype) -> np.dtype:
+    """The numpy dtype of an opaque datatype made by :func:`mpi_datatype`.
+
+    For user-defined MPI reductions, which get the datatype of the buffers they combine.
+    Raises KeyError for any other datatype.
+    """
+    return _OPAQUE[datatype.handle]
 
 
 @lru_cache(maxsize=None)

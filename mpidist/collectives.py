@@ -8,35 +8,52 @@ src/dst are global ranks, as in torch.
 """
 from __future__ import annotations
 
-from typing import Optional
+import datetime
+import threading
+import time
+import weakref
+from typing import Any, Optional, Union
 
 import numpy as np
 from mpi4py import MPI
 
+from mpidist import _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import group_root, launch, member
+from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
-from mpidist.errors import prefix
+from mpidist.errors import DistError, prefix
 from mpidist.group import ProcessGroup
-from mpidist.reduce_op import ReduceOp, check_op_dtype, to_mpi_op
+from mpidist.reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
 from mpidist.work import Work
 
-__all__ = ["all_reduce", "broadcast", "barrier", "ALGORITHMS"]
+__all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
 
 #: Values of all_reduce's ``algorithm`` argument.
 ALGORITHMS = ("mpi", "ring")
 
+Op = Union[ReduceOp, PremulSum]
 
-def _mpi_all_reduce(comm: MPI.Comm, arr: np.ndarray, op: ReduceOp) -> None:
-    comm.Allreduce(MPI.IN_PLACE, [arr, mpi_datatype(arr.dtype)], to_mpi_op(op, arr.dtype))
+
+def _mpi_all_reduce(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
+    op, _ = scaled(op, arr, arr)
+    g.comm.Allreduce(MPI.IN_PLACE, [arr, mpi_datatype(arr.dtype)], to_mpi_op(op, arr.dtype))
     if op is ReduceOp.AVG:
-        arr /= comm.Get_size()
+        arr /= g.size()
 
 
-def _ring(g: ProcessGroup, arr: np.ndarray, op: ReduceOp) -> None:
+def _ring(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
+    op, _ = scaled(op, arr, arr)
     ring_all_reduce(g.ring_comm, arr, op)
     if op is ReduceOp.AVG:
         arr /= g.size()
+
+
+def all_reduce_body(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
+    """What ``all_reduce(arr, op, g)`` runs with ``algorithm=None``: MPI_Allreduce, or the
+    ring where MPI cannot reduce the dtype. Not public (not in ``__all__``): shared with
+    the multi-array forms in :mod:`mpidist.reductions`, which call it on the engine."""
+    (_mpi_all_reduce if mpi_reducible(arr.dtype) else _ring)(g, arr, op)
 
 
 def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
@@ -46,8 +63,9 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
     Args:
         tensor: C-contiguous, writable numpy array, any shape; same shape and dtype on
             every rank. Overwritten on every member rank.
-        op: a :class:`ReduceOp`. AVG needs a float or complex dtype; MIN/MAX are not
-            defined for complex; bitwise ops need integers or bool.
+        op: a :class:`ReduceOp`, or :func:`mpidist.make_premul_sum` ``(factor)`` for
+            PREMUL_SUM. AVG needs a float or complex dtype; MIN/MAX are not defined for
+            complex; bitwise ops need integers or bool.
         group: the process group (default: all ranks).
         async_op: return a :class:`Work` instead of blocking.
         algorithm: mpidist extension. ``"mpi"`` (MPI_Allreduce), ``"ring"`` (mpidist's
@@ -73,7 +91,7 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
         if not mpi_reducible(arr.dtype):
             raise TypeError(f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {arr.dtype}; "
                             f"use algorithm='ring' or None")
-        return launch(g, "all_reduce", _mpi_all_reduce, (g.comm, arr, op), async_op, (tensor,))
+        return launch(g, "all_reduce", _mpi_all_reduce, (g, arr, op), async_op, (tensor,))
     if algorithm == "ring":
         return launch(g, "all_reduce", _ring, (g, arr, op), async_op, (tensor,))
     raise ValueError(f"{prefix('all_reduce')} algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
@@ -104,3 +122,134 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     if g is None:
         return None
     return launch(g, "barrier", g.comm.Barrier, (), async_op)
+
+
+# -- monitored_barrier ---------------------------------------------------------------------
+# Point-to-point on the group's own communicator, with the reserved tags of mpidist._tags:
+# call k of a group uses monitored_barrier_tag(k), so a message that a failed call left
+# behind never matches a later call. Messages a failed call could not complete stay
+# posted in _mb_orphans (with their buffers) and are drained by later calls.
+_mb_calls: "weakref.WeakKeyDictionary[ProcessGroup, int]" = weakref.WeakKeyDictionary()
+_mb_orphans: list = []
+_mb_lock = threading.Lock()
+
+
+def _mb_drain() -> int:
+    """Complete what earlier failed calls left pending, where possible; how many remain."""
+    with _mb_lock:
+        _mb_orphans[:] = [(req, buf) for req, buf in _mb_orphans if not req.Test()]
+        return len(_mb_orphans)
+
+
+def _mb_tag(g: ProcessGroup) -> int:
+    """This call's tag on ``g`` (every member counts its calls the same way)."""
+    _mb_drain()
+    with _mb_lock:
+        seq = _mb_calls.get(g, 0)
+        _mb_calls[g] = seq + 1
+    return monitored_barrier_tag(seq)
+
+
+def _seconds(timeout: Any, op: str) -> float:
+    if timeout is None:
+        timeout = _runtime.state().timeout
+    if isinstance(timeout, datetime.timedelta):
+        secs = timeout.total_seconds()
+    elif isinstance(timeout, (int, float, np.integer, np.floating)) and not isinstance(timeout, bool):
+        secs = float(timeout)
+    else:
+        raise TypeError(f"{prefix(op)} timeout must be a datetime.timedelta, seconds, or None, got "
+                        f"{type(timeout).__name__}")
+    if not secs > 0:
+        raise ValueError(f"{prefix(op)} timeout must be positive, got {secs} s")
+    return secs
+
+
+def _wait_until(reqs: list, deadline: float) -> list:
+    """Poll ``reqs`` until all complete or ``deadline``; which completed. Leaves the rest
+    pending, parked in _mb_orphans with their buffers (given as ``(request, buffer)``)."""
+    pending = dict(enumerate(reqs))
+    pause = 1e-5
+    while pending:
+        pending = {i: rb for i, rb in pending.items() if not rb[0].Test()}
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    with _mb_lock:
+        _mb_orphans.extend(pending.values())
+    return [i not in pending for i in range(len(reqs))]
+
+
+def _missing_text(missing: list, wait_all: bool) -> str:
+    return str(missing if wait_all else missing[:1])
+
+
+def _mb_root(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) -> None:
+    """Group rank 0: wait for every check-in until the deadline, then send each other rank
+    the verdict (one int8 per group rank: 1 = arrived in time)."""
+    deadline = time.monotonic() + secs
+    n = g.size()
+    tokens = np.zeros(n, np.int8)
+    arrived = _wait_until([(g.comm.Irecv(tokens[r:r + 1], r, tag), tokens) for r in range(1, n)], deadline)
+    verdict = np.array([1] + arrived, np.int8)
+    _wait_until([(g.comm.Isend(verdict, r, tag), verdict) for r in range(1, n)], time.monotonic())
+    missing = [g.ranks[r] for r in range(1, n) if not verdict[r]]
+    if missing:
+        raise DistError(f"{prefix(op)} rank(s) {_missing_text(missing, wait_all)} did not reach the "
+                        f"barrier within {secs} s")
+
+
+def _mb_other(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) -> None:
+    """Any other member: check in with group rank 0, then wait for its verdict."""
+    limit = secs + min(secs, 5.0)  # grace: rank 0 may have entered a little later
+    token, verdict = np.ones(1, np.int8), np.zeros(g.size(), np.int8)
+    _, got = _wait_until([(g.comm.Isend(token, 0, tag), token), (g.comm.Irecv(verdict, 0, tag), verdict)],
+                         time.monotonic() + limit)
+    if not got:
+        raise DistError(f"{prefix(op)} no word from rank {g.ranks[0]} (group rank 0) within {limit} s: "
+                        f"it has not reached the barrier")
+    missing = [g.ranks[r] for r in range(1, g.size()) if not verdict[r]]
+    if missing:
+        raise DistError(f"{prefix(op)} rank {g.ranks[0]} reports that rank(s) "
+                        f"{_missing_text(missing, wait_all)} did not reach the barrier within {secs} s")
+
+
+def monitored_barrier(group: Optional[ProcessGroup] = None,
+                      timeout: Union[datetime.timedelta, float, None] = None,
+                      wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not arrive (torch.distributed.monitored_barrier).
+
+    Group rank 0 waits up to ``timeout`` for every other member to check in (point-to-
+    point on the group's communicator), then sends each of them its verdict. If all
+    arrived, every rank returns None. Otherwise rank 0 raises :class:`DistError`
+    ``"[rank 0/n] monitored_barrier: rank(s) [2] did not reach the barrier within 1.0 s"``
+    naming every missing rank with ``wait_all_ranks=True``, else the first (lowest)
+    one; the other ranks, late ones included, raise DistError quoting rank 0's verdict
+    once they get it. A non-root rank waits at most ``timeout + min(timeout, 5 s)``
+    for the verdict (the grace covers rank 0 entering later), then raises DistError.
+
+    Args:
+        group: the process group (default: all ranks); a non-member returns None.
+        timeout: ``datetime.timedelta`` or seconds; default: init_process_group's timeout.
+        wait_all_ranks: name all missing ranks, not only the first.
+
+    Ranks are global ranks. Nothing is left hanging after a failure: messages that could
+    not complete stay posted and are drained by later calls, each of which uses its own
+    tag (MPI_TAG_UB - 4096 .. MPI_TAG_UB - 1 are reserved for this on the group's
+    communicator; do not use them with send/recv on the same group).
+
+    Raises:
+        TypeError / ValueError: bad ``timeout`` (not a timedelta or number, not positive).
+        DistError: a rank did not arrive in time (see above).
+    """
+    op = "monitored_barrier"
+    g = member(group)
+    if g is None:
+        return None
+    secs = _seconds(timeout, op)
+    tag = _mb_tag(g)
+    if g.size() == 1:
+        return None
+    body = _mb_root if g.rank() == 0 else _mb_other
+    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False)

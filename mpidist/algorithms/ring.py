@@ -78,6 +78,8 @@ def ring_all_reduce(comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
         ValueError: unsupported op/dtype pair (see ``check_op_dtype``), or ``buf``
             is not C-contiguous or not writeable.
     """
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"ring_all_reduce: op must be a ReduceOp (apply a PremulSum's factor first), got {op!r}")
     check_op_dtype(op, buf.dtype, "ring_all_reduce")
     if not buf.flags.c_contiguous or not getattr(buf.flags, "writeable", True):
         raise ValueError("ring_all_reduce needs a writeable C-contiguous buffer")

@@ -1,0 +1,26 @@
+"""The tag layout on a group's communicator, in one place.
+
+User array messages (send/recv/isend/irecv, P2POp) take tags ``0 .. USER_TAG_MAX``.
+Above them mpidist reserves, so its own messages never match a user's:
+
+* ``MONITORED_BARRIER_TAGS`` tags just below MPI_TAG_UB for monitored_barrier (call k
+  of a group uses ``TAG_UB - 1 - k % MONITORED_BARRIER_TAGS``);
+* ``OBJECT_TAG = MPI_TAG_UB`` for send_object_list / recv_object_list.
+
+MPI guarantees MPI_TAG_UB >= 32767, so users always keep at least 28,671 tags.
+"""
+from __future__ import annotations
+
+from mpi4py import MPI
+
+__all__ = ["TAG_UB", "OBJECT_TAG", "MONITORED_BARRIER_TAGS", "USER_TAG_MAX", "monitored_barrier_tag"]
+
+TAG_UB: int = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+OBJECT_TAG: int = TAG_UB
+MONITORED_BARRIER_TAGS: int = 4096
+USER_TAG_MAX: int = TAG_UB - 1 - MONITORED_BARRIER_TAGS
+
+
+def monitored_barrier_tag(call_index: int) -> int:
+    """The tag of a group's ``call_index``-th monitored_barrier."""
+    return TAG_UB - 1 - call_index % MONITORED_BARRIER_TAGS
