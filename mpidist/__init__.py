@@ -17,7 +17,7 @@ from mpidist._runtime import (
     is_nccl_available,
 )
 from mpidist import gather_scatter, objects, reductions
-from mpidist.collectives import all_reduce, barrier, broadcast
+from mpidist.collectives import all_reduce, barrier, broadcast, monitored_barrier
 from mpidist.errors import DistBackendError, DistError
 from mpidist.gather_scatter import *  # noqa: F403  (exactly gather_scatter.__all__)
 from mpidist.group import ProcessGroup
@@ -31,7 +31,7 @@ from mpidist.groups import (
     new_subgroups,
 )
 from mpidist.objects import *  # noqa: F403  (exactly objects.__all__)
-from mpidist.p2p import irecv, isend, recv, send
+from mpidist.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from mpidist.reduce_op import ReduceOp
 from mpidist.reductions import *  # noqa: F403  (exactly reductions.__all__)
 from mpidist.work import Work
@@ -39,10 +39,11 @@ from mpidist.work import Work
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "DistBackendError", "DistError", "GroupMember", "ProcessGroup", "ReduceOp", "Work",
-    "all_reduce", "barrier", "broadcast", "destroy_process_group",
+    "Backend", "DistBackendError", "DistError", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",
+    "all_reduce", "barrier", "batch_isend_irecv", "broadcast", "destroy_process_group",
     "get_backend", "get_global_rank", "get_group_rank", "get_local_world_size", "get_node_local_rank",
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
-    "is_initialized", "is_mpi_available", "is_nccl_available", "isend", "new_group", "new_subgroups",
+    "is_initialized", "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group",
+    "new_subgroups",
     "recv", "send",
 ] + gather_scatter.__all__ + objects.__all__ + reductions.__all__

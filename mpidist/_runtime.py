@@ -182,7 +182,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         st.world.free()
         _state = None
     else:
-        resolve_group(group).free()
+        pg = resolve_group(group)  # raises for a group destroyed already
+        if pg.comm is not None:  # a non-member (NON_GROUP_MEMBER) has nothing to free
+            pg.free()
 
 
 def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:

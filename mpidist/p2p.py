@@ -1,11 +1,15 @@
-"""Point-to-point: send, recv, isend, irecv with torch.distributed semantics.
+"""Point-to-point: send, recv, isend, irecv, batch_isend_irecv with torch.distributed semantics.
 
-``dst``/``src`` are global ranks even when ``group`` is given. Messages travel on the
-group's private communicator, so they never match a user's own MPI traffic.
+``dst``/``src``/``peer`` are global ranks even when ``group`` is given. Messages travel
+on the group's private communicator, so they never match a user's own MPI traffic.
+
+Tags: array messages take tags 0 .. ``mpidist._tags.USER_TAG_MAX``; the tags above are
+reserved for mpidist's own messages on the group's communicator (object point-to-point,
+monitored_barrier), so they never match a user's (see :mod:`mpidist._tags`).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -13,35 +17,30 @@ from mpi4py import MPI
 from mpidist import _runtime
 from mpidist._buffers import host_array, mpi_datatype
 from mpidist._dispatch import group_root
+from mpidist._tags import USER_TAG_MAX
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import RequestWork, Work
 
-__all__ = ["send", "recv", "isend", "irecv"]
+__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
 
-def _check_tag(tag: Any, op: str) -> int:
+def _check_tag(tag: Any, op: str, arg: str = "tag") -> int:
     if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
-        raise TypeError(f"{prefix(op)} tag must be an int, got {type(tag).__name__}")
-    upper = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-    if not 0 <= tag <= upper:
-        raise ValueError(f"{prefix(op)} tag must be in [0, {upper}] (MPI_TAG_UB), got {tag}")
+        raise TypeError(f"{prefix(op)} {arg} must be an int, got {type(tag).__name__}")
+    if not 0 <= tag <= USER_TAG_MAX:
+        raise ValueError(f"{prefix(op)} {arg} must be in [0, {USER_TAG_MAX}] (tags above are reserved "
+                         f"for mpidist's own messages), got {tag}")
     return int(tag)
 
 
-def _peer(g: ProcessGroup, peer: Any, op: str, arg: str) -> int:
+def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str) -> int:
     """Group rank of global rank ``peer``; it must be a member and not the caller."""
-    peer_rank = group_root(g, peer, op, arg)
-    if peer_rank == g.rank():
+    rank = group_root(g, peer, op, arg)
+    if rank == g.rank():
         raise ValueError(f"{prefix(op)} {arg}={peer} is the calling rank itself; "
                          f"expected another member of the group")
-    return peer_rank
-
-
-def _setup(op: str, tensor: Any, group: Optional[ProcessGroup], tag: Any, writable: bool):
-    g = _runtime.resolve_group(group)
-    arr = host_array(tensor, op, "tensor", writable=writable)
-    return g, arr, _check_tag(tag, op)
+    return rank
 
 
 def _finisher(g: ProcessGroup, arr: np.ndarray, op: str):
@@ -61,7 +60,7 @@ def _finisher(g: ProcessGroup, arr: np.ndarray, op: str):
     return finish
 
 
-class _mpi_errors:  # noqa: N801  (used as a context manager: ``with _mpi_errors(op):``)
+class mpi_errors:  # noqa: N801  (used as a context manager: ``with mpi_errors(op):``)
     """Turn an ``MPI.Exception`` raised inside the block into mpidist's error."""
 
     def __init__(self, op: str) -> None:
@@ -76,60 +75,138 @@ class _mpi_errors:  # noqa: N801  (used as a context manager: ``with _mpi_errors
         return False
 
 
-def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Optional[Work]:
-    """Start sending ``tensor`` to global rank ``dst``; returns a Work (None for non-members).
+def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag: Any, receive: bool,
+             where: str = ""):
+    """Validate one p2p op: ``(group, array, peer's group rank, tag)``, or None on a non-member.
 
-    ``tensor`` must stay unmodified until the Work completes.
+    ``peer`` None on a receive means any source. ``where`` prefixes the argument names
+    (``"p2p_op_list[2]."``) when the op comes from a batch.
     """
-    g, arr, tag = _setup("isend", tensor, group, tag, writable=False)
+    g = _runtime.resolve_group(group)
+    arr = host_array(tensor, op, f"{where}tensor", writable=receive)
+    tag = _check_tag(tag, op, f"{where}tag")
     if g.comm is None:
         return None
-    peer = _peer(g, dst, "isend", "dst")
-    with _mpi_errors("isend"):
+    if receive and peer is None:
+        return g, arr, MPI.ANY_SOURCE, tag
+    return g, arr, peer_rank(g, peer, op, f"{where}peer" if where else ("src" if receive else "dst")), tag
+
+
+def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int) -> Work:
+    with mpi_errors("isend"):
         req = g.comm.Isend([arr, mpi_datatype(arr.dtype)], peer, tag)
     return RequestWork("isend", prefix("isend"), req)
 
 
+def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int) -> Work:
+    with mpi_errors("irecv"):
+        req = g.comm.Irecv([arr, mpi_datatype(arr.dtype)], peer, tag)
+    return RequestWork("irecv", prefix("irecv"), req, (arr,), _finisher(g, arr, "irecv"))
+
+
+def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Optional[Work]:
+    """Start sending ``tensor`` to global rank ``dst`` (MPI_Isend); returns a Work.
+
+    ``tensor`` (C-contiguous numpy array, any numeric dtype) must stay unmodified until
+    the Work completes. Returns None on a non-member. ``tag``: 0 .. ``mpidist._tags.USER_TAG_MAX``.
+
+    Raises:
+        TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller).
+    """
+    args = _prepare("isend", tensor, dst, group, tag, receive=False)
+    return None if args is None else _post_isend(*args)
+
+
 def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
           tag: int = 0) -> Optional[Work]:
-    """Start receiving into ``tensor`` from global rank ``src`` (any source if None).
+    """Start receiving into ``tensor`` from global rank ``src`` (any source if None; MPI_Irecv).
 
-    The returned Work's ``source_rank()`` gives the sender's global rank. On completion
-    a message of another size raises ValueError from ``wait()``.
+    ``tensor`` (writable, C-contiguous) is overwritten when the Work completes; its
+    ``source_rank()`` gives the sender's global rank. A message of another size makes
+    ``wait()`` raise ValueError. Returns None on a non-member.
     """
-    g, arr, tag = _setup("irecv", tensor, group, tag, writable=True)
-    if g.comm is None:
-        return None
-    peer = MPI.ANY_SOURCE if src is None else _peer(g, src, "irecv", "src")
-    with _mpi_errors("irecv"):
-        req = g.comm.Irecv([arr, mpi_datatype(arr.dtype)], peer, tag)
-    return RequestWork("irecv", prefix("irecv"), req, (tensor,), _finisher(g, arr, "irecv"))
+    args = _prepare("irecv", tensor, src, group, tag, receive=True)
+    return None if args is None else _post_irecv(*args)
 
 
 def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
-    """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused."""
-    g, arr, tag = _setup("send", tensor, group, tag, writable=False)
-    if g.comm is None:
+    """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused (MPI_Send)."""
+    args = _prepare("send", tensor, dst, group, tag, receive=False)
+    if args is None:
         return None
-    peer = _peer(g, dst, "send", "dst")
-    with _mpi_errors("send"):
+    g, arr, peer, tag = args
+    with mpi_errors("send"):
         g.comm.Send([arr, mpi_datatype(arr.dtype)], peer, tag)
     return None
 
 
 def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
          tag: int = 0) -> int:
-    """Receive into ``tensor`` from global rank ``src`` (any source if None).
+    """Receive into ``tensor`` from global rank ``src`` (any source if None; MPI_Recv).
 
     Returns the sender's global rank (-1 on a non-member). Raises ValueError if the
     message does not have exactly ``tensor.size`` elements.
     """
-    g, arr, tag = _setup("recv", tensor, group, tag, writable=True)
-    if g.comm is None:
+    args = _prepare("recv", tensor, src, group, tag, receive=True)
+    if args is None:
         return -1
-    peer = MPI.ANY_SOURCE if src is None else _peer(g, src, "recv", "src")
+    g, arr, peer, tag = args
     status = MPI.Status()
-    with _mpi_errors("recv"):
+    with mpi_errors("recv"):
         g.comm.Recv([arr, mpi_datatype(arr.dtype)], peer, tag, status)
     return _finisher(g, arr, "recv")(status)
 
+
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv` (``torch.distributed.P2POp``).
+
+    Args:
+        op: :func:`mpidist.isend` or :func:`mpidist.irecv`.
+        tensor: the array to send, or to receive into (writable for irecv).
+        peer: the other side's global rank (None on an irecv: any source).
+        group: the process group (default: all ranks).
+        tag: 0 .. ``mpidist._tags.USER_TAG_MAX``.
+
+    Raises:
+        ValueError: ``op`` is neither isend nor irecv. TypeError / ValueError: a bad array.
+    """
+
+    __slots__ = ("op", "tensor", "peer", "group", "tag")
+
+    def __init__(self, op: Any, tensor: np.ndarray, peer: Optional[int], group: Optional[ProcessGroup] = None,
+                 tag: int = 0) -> None:
+        if op is not isend and op is not irecv:
+            raise ValueError(f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got "
+                             f"{getattr(op, '__name__', repr(op))}")
+        host_array(tensor, "P2POp", "tensor", writable=op is irecv)
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag}, shape={self.tensor.shape})"
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
+    """Post every op of ``p2p_op_list`` (no wait in between) and return their Works, in order.
+
+    Every op is validated before any is posted, so a bad op posts nothing. Ops on a
+    group the caller is not in are skipped (no Work), as torch does. Wait on every
+    returned Work before reusing the arrays.
+
+    Raises:
+        ValueError: the list is empty or holds something other than :class:`P2POp`;
+            TypeError / ValueError: a bad array, peer or tag (the message names the op's index).
+    """
+    op = "batch_isend_irecv"
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError(f"{prefix(op)} p2p_op_list must be a non-empty list of P2POp, got "
+                         f"{p2p_op_list!r:.80}")
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise ValueError(f"{prefix(op)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
+    posts = []
+    for i, p in enumerate(p2p_op_list):
+        receive = p.op is irecv
+        args = _prepare(op, p.tensor, p.peer, p.group, p.tag, receive, f"p2p_op_list[{i}].")
+        if args is not None:
+            posts.append((_post_irecv if receive else _post_isend, args))
+    return [post(*args) for post, args in posts]

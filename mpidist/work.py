@@ -8,13 +8,19 @@ Three kinds of handle share one interface (``torch.distributed.Work``):
   the blocking MPI call (mpi4py releases the GIL there) while the caller's thread runs.
 * :class:`CompletedWork` for ops that finished before returning (one-rank groups, or an
   MPI without ``MPI_THREAD_MULTIPLE``, where async ops run eagerly).
+
+Every kind has ``get_future()``: a ``concurrent.futures.Future`` whose result is the
+list of arrays the op wrote (``result()``), or whose exception is the op's error. Its
+done-callbacks run on the thread that sees the op complete (see each class).
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import queue
 import threading
 import time
+from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from mpi4py import MPI
@@ -22,6 +28,27 @@ from mpi4py import MPI
 from mpidist.errors import DistError, from_mpi
 
 __all__ = ["Work", "RequestWork", "FutureWork", "CompletedWork", "Engine"]
+
+_CREATE_LOCK = threading.Lock()  # makes get_future() hand out one future per Work
+
+
+def _settle(future: concurrent.futures.Future, error: Optional[BaseException], outputs: tuple) -> None:
+    """Complete ``future`` with ``list(outputs)`` or ``error``, unless another thread already did."""
+    try:
+        if error is None:
+            future.set_result(list(outputs))
+        else:
+            future.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _seconds(timeout: Any) -> Optional[float]:
+    if timeout is None:
+        return None
+    if hasattr(timeout, "total_seconds"):
+        return float(timeout.total_seconds())
+    return float(timeout)
 
 
 class Work:
@@ -37,27 +64,33 @@ class Work:
         self._where = where  # "[rank r/n] op:" prefix for messages
 
     def wait(self, timeout: Any = None) -> bool:
+        """Block until the op completes; True, or the op's error, or DistError on timeout."""
         raise NotImplementedError
 
     def is_completed(self) -> bool:
+        """True once the op finished (successfully or not); never blocks."""
         raise NotImplementedError
 
     def is_success(self) -> bool:
-        """True once the op completed without an error."""
+        """True once the op completed without an error (False while pending)."""
         return self.is_completed() and self.exception() is None
 
     def exception(self) -> Optional[BaseException]:
-        """The error the op raised, or None."""
+        """The error the op raised, or None (also while it is pending)."""
         return None
 
     def result(self) -> list:
-        """The arrays the op wrote (after ``wait``), as a list, like torch."""
+        """The arrays the op wrote, as a list, like torch; waits for the op first."""
         self.wait()
         return list(self._outputs())
 
     def source_rank(self) -> int:
         """The global rank a receive got its message from (recv-type ops only)."""
         raise ValueError(f"{self._where} source_rank() is only defined for receive operations")
+
+    def get_future(self) -> concurrent.futures.Future:
+        """A future completed with ``result()``'s list, or with the op's error."""
+        raise NotImplementedError
 
     def _outputs(self) -> tuple:
         return ()
@@ -70,21 +103,17 @@ class Work:
         return f"<{type(self).__name__} {self._op} {state}>"
 
 
-def _seconds(timeout: Any) -> Optional[float]:
-    if timeout is None:
-        return None
-    if hasattr(timeout, "total_seconds"):
-        return float(timeout.total_seconds())
-    return float(timeout)
-
-
 class CompletedWork(Work):
-    """A Work whose op already finished (``outputs`` are the arrays it wrote)."""
+    """A Work whose op already finished (``outputs`` are the arrays it wrote).
+
+    ``get_future()`` returns an already-completed future.
+    """
 
     def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None) -> None:
         super().__init__(op, where)
         self._outs = outputs
         self._source = source
+        self._future: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
         return True
@@ -97,12 +126,54 @@ class CompletedWork(Work):
             return super().source_rank()
         return self._source
 
+    def get_future(self) -> concurrent.futures.Future:
+        with _CREATE_LOCK:
+            if self._future is None:
+                self._future = concurrent.futures.Future()
+                _settle(self._future, None, self._outs)
+        return self._future
+
     def _outputs(self) -> tuple:
         return self._outs
 
 
+class _RequestFuture(concurrent.futures.Future):
+    """The future of a :class:`RequestWork`: ``result()``/``exception()`` drive the request.
+
+    So waiting on the future can never hang on a request nobody tests, even without
+    the progress thread (an MPI without ``MPI_THREAD_MULTIPLE``).
+    """
+
+    def __init__(self, work: "RequestWork") -> None:
+        super().__init__()
+        self._work = work
+
+    def result(self, timeout: Any = None) -> Any:
+        self._drive(timeout)
+        return super().result(0)
+
+    def exception(self, timeout: Any = None) -> Optional[BaseException]:
+        self._drive(timeout)
+        return super().exception(0)
+
+    def _drive(self, timeout: Any) -> None:
+        if not self.done() and self._work._progress(_seconds(timeout)):
+            self._work._settle()
+
+
 class RequestWork(Work):
-    """A Work over an MPI request; ``finish(status)`` runs once when it completes."""
+    """A Work over an MPI request; ``finish(status)`` runs once when it completes.
+
+    The request is tested or waited on under a lock, so ``wait``, ``is_completed``, the
+    future and mpidist's progress thread may touch it from different threads.
+
+    ``get_future()``: the future completes as soon as any of these sees the request
+    complete: ``wait()``, ``is_completed()``, the future's own ``result()`` or
+    ``exception()``, or, under ``MPI_THREAD_MULTIPLE``, mpidist's progress thread, which
+    tests the request every 20 us to 1 ms until it completes. Done-callbacks run on the
+    thread that saw completion. The future never holds the request's lock while it runs
+    callbacks, so a callback may call any method of this Work.
+    """
 
     def __init__(self, op: str, where: str, request: MPI.Request, outputs: tuple = (),
                  finish: Optional[Callable[[MPI.Status], Optional[int]]] = None) -> None:
@@ -114,44 +185,66 @@ class RequestWork(Work):
         self._done = False
         self._error: Optional[BaseException] = None
         self._source: Optional[int] = None
+        self._lock = threading.Lock()
+        self._future: Optional[_RequestFuture] = None
 
-    def _complete(self) -> None:
-        self._done = True
-        if self._finish is not None:
-            try:
-                self._source = self._finish(self._status)
-            except BaseException as exc:  # noqa: BLE001  (kept, re-raised by wait)
-                self._error = exc
-
-    def _test(self) -> bool:
+    def _advance(self, mpi_call: Callable[[MPI.Status], bool]) -> None:
+        """Test or Wait on the request (lock held); on completion record source or error."""
         try:
-            return self._req.Test(self._status)
+            if not mpi_call(self._status):
+                return
         except MPI.Exception as exc:
             self._error = from_mpi(self._op, exc)
-            self._done = True
-            return False
+        else:
+            if self._finish is not None:
+                try:
+                    self._source = self._finish(self._status)
+                except BaseException as exc:  # noqa: BLE001  (kept, re-raised by wait)
+                    self._error = exc
+        self._done = True
 
-    def is_completed(self) -> bool:
-        if not self._done and self._test():
-            self._complete()
+    def _poll(self) -> bool:
+        """Test the request once (skipped if another thread holds it); True when done."""
+        if self._done:
+            return True
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._done:
+                    self._advance(self._req.Test)
+            finally:
+                self._lock.release()
+            if self._done:
+                self._settle()
         return self._done
 
+    def _progress(self, limit: Optional[float]) -> bool:
+        """Drive the request for up to ``limit`` seconds (None: until done); True when done."""
+        if limit is None:
+            if not self._done:
+                with self._lock:
+                    if not self._done:
+                        self._advance(self._req.Wait)
+                self._settle()
+            return True
+        deadline = time.monotonic() + limit
+        while not self._poll():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(50e-6)
+        return True
+
+    def _settle(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            _settle(future, self._error, self._outs)
+
+    def is_completed(self) -> bool:
+        return self._poll()
+
     def wait(self, timeout: Any = None) -> bool:
-        if not self._done:
-            limit = _seconds(timeout)
-            if limit is None:
-                try:
-                    self._req.Wait(self._status)
-                    self._complete()
-                except MPI.Exception as exc:
-                    self._error = from_mpi(self._op, exc)
-                    self._done = True
-            else:
-                deadline = time.monotonic() + limit
-                while not self.is_completed():
-                    if time.monotonic() > deadline:
-                        raise self._timeout_error(limit)
-                    time.sleep(50e-6)
+        limit = _seconds(timeout)
+        if not self._progress(limit):
+            raise self._timeout_error(limit or 0.0)
         if self._error is not None:
             raise self._error
         return True
@@ -165,17 +258,101 @@ class RequestWork(Work):
             return super().source_rank()
         return self._source
 
+    def get_future(self) -> concurrent.futures.Future:
+        with _CREATE_LOCK:
+            if self._future is None:
+                self._future = _RequestFuture(self)
+                fresh = True
+            else:
+                fresh = False
+        if fresh:
+            if self._done:
+                self._settle()
+            elif _thread_multiple():
+                _PROGRESS.watch(self)
+        return self._future
+
     def _outputs(self) -> tuple:
         return self._outs
 
 
+@lru_cache(maxsize=None)
+def _thread_multiple() -> bool:
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+class _Progress:
+    """One daemon thread that tests the requests of RequestWorks whose future was taken.
+
+    It polls (20 us, doubling to 1 ms while nothing completes) only while such a
+    request is pending, and stops at interpreter exit, before mpi4py finalizes MPI.
+    """
+
+    _MIN_PAUSE, _MAX_PAUSE = 20e-6, 1e-3
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._works: list = []
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+
+    def watch(self, work: RequestWork) -> None:
+        with self._cond:
+            if self._stopped:
+                return
+            self._works.append(work)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="mpidist-progress", daemon=True)
+                self._thread.start()
+                atexit.register(self.stop)
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        pause = self._MIN_PAUSE
+        while True:
+            with self._cond:
+                while not self._works and not self._stopped:
+                    self._cond.wait()
+                    pause = self._MIN_PAUSE
+                if self._stopped:
+                    return
+                works = list(self._works)
+            if any([w._poll() for w in works]):
+                with self._cond:
+                    self._works = [w for w in self._works if not w._done]
+                pause = self._MIN_PAUSE
+            else:
+                pause = min(2 * pause, self._MAX_PAUSE)
+            time.sleep(pause)
+
+    def stop(self) -> None:
+        """Stop polling and join the thread (registered with atexit)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+_PROGRESS = _Progress()
+
+
 class FutureWork(Work):
-    """A Work over a ``concurrent.futures.Future`` completed by an :class:`Engine`."""
+    """A Work over a ``concurrent.futures.Future`` completed by an :class:`Engine`.
+
+    ``get_future()`` is a second future, completed with the list of output arrays (or
+    the op's error) on the group's engine thread right after the op ran, so its
+    callbacks run there, in op order. A callback may issue ops on the same group (they
+    run at once, in order), but must not ``wait()`` on a later op of that group: the
+    engine thread that would run it is busy running the callback.
+    """
 
     def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = ()) -> None:
         super().__init__(op, where)
         self._future = future
         self._outs = outputs
+        self._derived: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
         limit = _seconds(timeout)
@@ -192,8 +369,12 @@ class FutureWork(Work):
         return self._future.exception() if self._future.done() else None
 
     def get_future(self) -> concurrent.futures.Future:
-        """The underlying future; its result is the list of output arrays."""
-        return self._future
+        with _CREATE_LOCK:
+            if self._derived is not None:
+                return self._derived
+            derived = self._derived = concurrent.futures.Future()
+        self._future.add_done_callback(lambda f: _settle(derived, f.exception(), self._outs))
+        return derived
 
     def _outputs(self) -> tuple:
         return self._outs
@@ -205,7 +386,8 @@ class Engine:
     Collectives on a communicator must be issued in the same order on every rank, so
     a group's ops never run concurrently: ``run_sync`` runs inline when nothing is
     queued (no thread hop on the latency-critical path) and otherwise queues behind
-    the pending ops and waits.
+    the pending ops and waits. Called on the engine thread itself (from a future's
+    callback), it runs inline: queuing there would wait on itself.
     """
 
     def __init__(self, name: str) -> None:
@@ -243,7 +425,7 @@ class Engine:
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` after every op queued before it, and return its result."""
-        if self._pending == 0:
+        if self._pending == 0 or threading.current_thread() is self._thread:
             return fn(*args)
         return self.submit(fn, *args).result()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mpidist._tags import USER_TAG_MAX
+
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
@@ -75,8 +77,10 @@ def test_bad_peers_and_tags_rejected(dist, world):
         dist.isend(x, rank)
     with pytest.raises(ValueError, match=r"recv: src=-3"):
         dist.recv(x, -3)
-    with pytest.raises(ValueError, match=r"send: tag must be in \[0, \d+\] \(MPI_TAG_UB\), got -1"):
+    with pytest.raises(ValueError, match=rf"send: tag must be in \[0, {USER_TAG_MAX}\] \(tags above are reserved"):
         dist.send(x, (rank + 1) % size, tag=-1)
+    with pytest.raises(ValueError, match=rf"isend: tag must be in \[0, {USER_TAG_MAX}\]"):
+        dist.isend(x, (rank + 1) % size, tag=USER_TAG_MAX + 1)
     with pytest.raises(TypeError, match=r"irecv: tag must be an int, got str"):
         dist.irecv(x, (rank + 1) % size, tag="a")
     y = np.zeros(2)

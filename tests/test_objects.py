@@ -1,0 +1,364 @@
+"""Object collectives and object point-to-point, over every kind of group."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpi4py.util import pkl5
+
+from mpidist._tags import OBJECT_TAG, USER_TAG_MAX
+
+pytestmark = pytest.mark.mpi
+
+SENTINEL = "unset"
+
+
+def rank_object(r: int, salt: int = 0):
+    """Rank ``r``'s object: nested containers, numpy arrays of several dtypes, None, text."""
+    rng = np.random.default_rng([5, r, salt])
+    return {
+        "rank": r,
+        "arr": rng.standard_normal((r + 1, 3)).astype(np.float32),
+        "none": None,
+        "nested": [r, (r, "x" * r), {"deep": [np.arange(r + salt, dtype=np.int64)], "b": b"\x00" * r}],
+        "text": f"from {r} salt {salt}",
+        "big": 2**70 + r,
+        "empty": np.empty((0, 2), dtype=np.complex128),
+    }
+
+
+def assert_same(got, want):
+    """Recursive equality that compares numpy arrays by dtype, shape and values."""
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert_same(a, b)
+    else:
+        assert got == want
+
+
+def is_member(dist, members):
+    return dist.get_rank() in members
+
+
+# ---------------------------------------------------------------- broadcast_object_list
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_broadcast_object_list_from_every_src(dist, any_group, n):
+    g, members = any_group
+    rank = dist.get_rank()
+    for src in members:
+        objs = [rank_object(rank, i) for i in range(n)] if rank == src else [SENTINEL] * n
+        if not is_member(dist, members):
+            assert dist.broadcast_object_list(objs, src=src, group=g) is None
+            assert objs == [SENTINEL] * n
+            continue
+        assert dist.broadcast_object_list(objs, src=src, group=g) is None
+        assert_same(objs, [rank_object(src, i) for i in range(n)])
+
+
+def test_broadcast_object_list_of_plain_values(dist, any_group):
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    src = members[-1]
+    want = [None, 0, 3.5, "s", b"b", (1, 2), [], {}, {"k": None}, np.float64(2.5), True]
+    objs = list(want) if dist.get_rank() == src else [SENTINEL] * len(want)
+    dist.broadcast_object_list(objs, src=src, group=g)
+    assert_same(objs, want)
+
+
+def test_broadcast_object_list_length_mismatch_raises_on_receiver(dist, world):
+    rank, size = world
+    objs = [1, 2] if rank == 0 else [SENTINEL] * 3
+    if rank == 0:
+        dist.broadcast_object_list(objs, src=0)
+        assert objs == [1, 2]
+    else:
+        with pytest.raises(ValueError, match=rf"\[rank {rank}/{size}\] broadcast_object_list: received 2 "
+                                             rf"objects from rank 0, expected len\(object_list\) = 3; every "
+                                             rf"rank must pass a list of the same length"):
+            dist.broadcast_object_list(objs, src=0)
+        assert objs == [SENTINEL] * 3
+
+
+# ---------------------------------------------------------------- all_gather_object
+
+def test_all_gather_object(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    out = [SENTINEL] * len(members)
+    assert dist.all_gather_object(out, rank_object(rank), group=g) is None
+    if is_member(dist, members):
+        assert_same(out, [rank_object(r) for r in members])
+    else:
+        assert out == [SENTINEL] * len(members)
+
+
+def test_all_gather_object_of_none_and_varied_sizes(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    if not is_member(dist, members):
+        return
+    # rank r contributes None or an array of r * 1000 bytes: sizes differ across ranks
+    obj = None if rank % 2 else np.full(rank * 1000, rank, dtype=np.uint8)
+    out = [SENTINEL] * len(members)
+    dist.all_gather_object(out, obj, group=g)
+    assert_same(out, [None if r % 2 else np.full(r * 1000, r, dtype=np.uint8) for r in members])
+
+
+# ---------------------------------------------------------------- gather_object
+
+def test_gather_object_to_every_dst(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    for dst in members:
+        out = [SENTINEL] * len(members) if rank == dst else None
+        assert dist.gather_object(rank_object(rank, dst), out, dst=dst, group=g) is None
+        if rank == dst:
+            assert_same(out, [rank_object(r, dst) for r in members])
+
+
+def test_gather_object_accepts_empty_list_off_dst(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    if not is_member(dist, members):
+        return
+    out = [SENTINEL] * len(members) if rank == members[0] else []
+    dist.gather_object(rank, out, dst=members[0], group=g)
+    assert out == (members if rank == members[0] else [])
+
+
+# ---------------------------------------------------------------- scatter_object_list
+
+def test_scatter_object_list_from_every_src(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    for src in members:
+        inputs = [rank_object(src, dst) for dst in members] if rank == src else None
+        out = [SENTINEL, "kept"]
+        assert dist.scatter_object_list(out, inputs, src=src, group=g) is None
+        if is_member(dist, members):
+            assert_same(out, [rank_object(src, rank), "kept"])
+        else:
+            assert out == [SENTINEL, "kept"]
+
+
+def test_scatter_object_list_ignores_input_off_src(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    if not is_member(dist, members):
+        return
+    src = members[0]
+    inputs = [f"to {r}" for r in members] if rank == src else ["garbage"]
+    out = [None]
+    dist.scatter_object_list(out, inputs, src=src, group=g)
+    assert out == [f"to {rank}"]
+
+
+# ---------------------------------------------------------------- big objects
+
+def test_64mib_object_round_trips_through_pkl5(dist, world, monkeypatch):
+    rank, size = world
+    calls = []
+    real_bcast = pkl5.Intracomm.bcast
+
+    def spy(self, obj, root=0):
+        calls.append(root)
+        return real_bcast(self, obj, root)
+
+    monkeypatch.setattr(pkl5.Intracomm, "bcast", spy)
+    want = bytes(range(256)) * (64 * 2**20 // 256)
+    objs = [want if rank == 0 else None, np.arange(2**20, dtype=np.float64)]
+    dist.broadcast_object_list(objs, src=0)
+    assert calls == [0], "broadcast_object_list did not go through mpi4py.util.pkl5"
+    assert objs[0] == want
+    np.testing.assert_array_equal(objs[1], np.arange(2**20, dtype=np.float64))
+    if size > 1:
+        if rank == 0:
+            dist.send_object_list([want], dst=1)
+        elif rank == 1:
+            got = [None]
+            assert dist.recv_object_list(got, src=0) == 0
+            assert got[0] == want
+
+
+@pytest.mark.skipif(os.environ.get("MPIDIST_BIG_TESTS") != "1",
+                    reason="needs ~2.2 GiB per rank; set MPIDIST_BIG_TESTS=1")
+def test_object_over_2gib(dist, world):
+    """A numpy array of 2**31 + 8 bytes: over MPI's int count, so pkl5's large-count path."""
+    rank, size = world
+    n = 2**31 + 8
+    big = np.arange(n // 8, dtype=np.uint64).view(np.uint8) if rank == 0 else None
+    objs = [big]
+    dist.broadcast_object_list(objs, src=0)
+    got = objs[0]
+    assert got.shape == (n,) and got.dtype == np.uint8
+    assert got[-8:].tobytes() == big_tail(n)
+    del objs, got
+    if size > 1:
+        if rank == 0:
+            dist.send_object_list([big], dst=size - 1)
+        elif rank == size - 1:
+            out = [None]
+            assert dist.recv_object_list(out, src=0) == 0
+            assert out[0].shape == (n,) and out[0][-8:].tobytes() == big_tail(n)
+
+
+def big_tail(n: int) -> bytes:
+    """The last 8 bytes of ``np.arange(n // 8, dtype=uint64).view(uint8)``."""
+    return np.array([n // 8 - 1], dtype=np.uint64).tobytes()
+
+
+# ---------------------------------------------------------------- send/recv_object_list
+
+def test_send_recv_object_list_ring(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    if not is_member(dist, members):
+        assert dist.send_object_list([1], members[0], group=g) is None
+        assert dist.recv_object_list([None], members[0], group=g) == -1
+        return
+    if len(members) < 2:
+        return
+    me = members.index(rank)
+    right, left = members[(me + 1) % len(members)], members[(me - 1) % len(members)]
+    got = [SENTINEL, SENTINEL]
+    if me % 2 == 0:
+        assert dist.send_object_list([rank_object(rank), None], right, group=g) is None
+        assert dist.recv_object_list(got, left, group=g) == left
+    else:
+        assert dist.recv_object_list(got, left, group=g) == left
+        dist.send_object_list([rank_object(rank), None], right, group=g)
+    assert_same(got, [rank_object(left), None])
+
+
+def test_recv_object_list_from_any_source(dist, any_group):
+    g, members = any_group
+    rank = dist.get_rank()
+    if not is_member(dist, members) or len(members) < 2:
+        return
+    root = members[0]
+    if rank == root:
+        senders = set()
+        for _ in range(len(members) - 1):
+            got = [None]
+            src = dist.recv_object_list(got, group=g)
+            assert_same(got[0], rank_object(src))
+            senders.add(src)
+        assert senders == set(members[1:])
+    else:
+        dist.send_object_list([rank_object(rank)], root, group=g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_object_and_array_messages_never_match(dist, world):
+    """An array send and an object send to the same rank, received in the other order."""
+    rank, _ = world
+    if rank == 0:
+        work = dist.isend(np.arange(4.0), 1, tag=0)
+        dist.send_object_list(["obj"], 1)
+        work.wait()
+    elif rank == 1:
+        got = [None]
+        assert dist.recv_object_list(got, src=0) == 0 and got == ["obj"]
+        arr = np.empty(4)
+        assert dist.recv(arr, src=0, tag=0) == 0
+        np.testing.assert_array_equal(arr, np.arange(4.0))
+    with pytest.raises(ValueError, match=rf"send: tag must be in \[0, {USER_TAG_MAX}\]"):
+        dist.send(np.ones(1), (rank + 1) % world[1], tag=OBJECT_TAG)
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_object_list_length_mismatch(dist, world):
+    rank, size = world
+    if rank == 0:
+        dist.send_object_list([1, 2], 1)
+        dist.send_object_list(["next"], 1)
+    elif rank == 1:
+        out = [SENTINEL] * 3
+        with pytest.raises(ValueError, match=rf"\[rank 1/{size}\] recv_object_list: received 2 objects from "
+                                             rf"rank 0, expected len\(object_list\) = 3"):
+            dist.recv_object_list(out, 0)
+        assert out == [SENTINEL] * 3
+        # the bad message was consumed: the next one arrives intact
+        out = [None]
+        dist.recv_object_list(out, 0)
+        assert out == ["next"]
+    dist.barrier()
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_lists_rejected_before_communicating(dist, world):
+    rank, size = world
+    p = rf"\[rank {rank}/{size}\]"
+    with pytest.raises(TypeError, match=rf"{p} broadcast_object_list: object_list must be a list, got tuple"):
+        dist.broadcast_object_list((1,), src=0)
+    with pytest.raises(ValueError, match=rf"{p} all_gather_object: object_list must have one item per "
+                                         rf"group member \({size}\), got {size + 1}"):
+        dist.all_gather_object([None] * (size + 1), 1)
+    with pytest.raises(TypeError, match=rf"{p} all_gather_object: object_list must be a list, got NoneType"):
+        dist.all_gather_object(None, 1)
+    if rank == 0:
+        with pytest.raises(ValueError, match=rf"{p} gather_object: object_gather_list must have one item "
+                                             rf"per group member \({size}\), got {size + 2}"):
+            dist.gather_object(1, [None] * (size + 2), dst=0)
+        with pytest.raises(TypeError, match=rf"{p} gather_object: object_gather_list must be a list, got NoneType"):
+            dist.gather_object(1, None, dst=0)
+        with pytest.raises(ValueError, match=rf"{p} scatter_object_list: scatter_object_input_list must have "
+                                             rf"one item per group member \({size}\), got {size + 1}"):
+            dist.scatter_object_list([None], [0] * (size + 1), src=0)
+    else:
+        with pytest.raises(ValueError, match=rf"{p} gather_object: object_gather_list must be None on ranks "
+                                             rf"other than dst=0, got a list of {size} items"):
+            dist.gather_object(1, [None] * size, dst=0)
+        with pytest.raises(ValueError, match=rf"{p} scatter_object_list: scatter_object_output_list must hold "
+                                             rf"at least 1 item, got an empty list"):
+            dist.scatter_object_list([], None, src=0)
+    with pytest.raises(TypeError, match=rf"{p} scatter_object_list: scatter_object_output_list must be a "
+                                        rf"list, got dict"):
+        dist.scatter_object_list({}, None, src=0)
+    dist.barrier()
+
+
+def test_bad_ranks_rejected(dist, world):
+    rank, size = world
+    with pytest.raises(ValueError, match=rf"broadcast_object_list: src={size}: global rank {size} is not part"):
+        dist.broadcast_object_list([1], src=size)
+    with pytest.raises(ValueError, match=r"gather_object: dst=-1: global rank -1 is not part"):
+        dist.gather_object(1, None, dst=-1)
+    with pytest.raises(TypeError, match=r"scatter_object_list: src must be an int \(a global rank\), got str"):
+        dist.scatter_object_list([None], None, src="0")
+    with pytest.raises(ValueError, match=rf"send_object_list: dst={rank} is the calling rank itself"):
+        dist.send_object_list([1], rank)
+    with pytest.raises(ValueError, match=rf"recv_object_list: src={size + 3}: global rank {size + 3} is not part"):
+        dist.recv_object_list([1], size + 3)
+    with pytest.raises(TypeError, match=r"send_object_list: object_list must be a list, got str"):
+        dist.send_object_list("abc", (rank + 1) % size)
+    dist.barrier()
+
+
+def test_object_collectives_are_ordered_with_async_ops(dist, world):
+    """A sync object collective issued behind pending async ops runs after them."""
+    rank, size = world
+    xs = [np.full(100_000, float(rank + i)) for i in range(3)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    out = [None] * size
+    dist.all_gather_object(out, {"r": rank})
+    assert out == [{"r": r} for r in range(size)]
+    for i, (w, x) in enumerate(zip(works, xs)):
+        w.wait()
+        np.testing.assert_array_equal(x, np.full(100_000, size * (size - 1) / 2 + size * i))
+    assert MPI.COMM_WORLD.allreduce(1) == size
