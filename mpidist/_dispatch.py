@@ -45,6 +45,8 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
 
 def member(group: Optional[ProcessGroup]) -> Optional[ProcessGroup]:
     """The resolved group if the caller is a member, else None (the op is a no-op)."""
+    if group is None:  # the common case, kept to one attribute lookup
+        return _runtime.state().world
     g = _runtime.resolve_group(group)
     return g if g.comm is not None else None
 

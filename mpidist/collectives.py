@@ -22,7 +22,7 @@ from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import group_root, launch, member
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
-from mpidist.errors import DistError, prefix
+from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.group import ProcessGroup
 from mpidist.reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
 from mpidist.work import Work
@@ -84,17 +84,50 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
     if g is None:
         return None
     arr = host_array(tensor, "all_reduce", "tensor", writable=True)
-    check_op_dtype(op, arr.dtype, prefix("all_reduce"))
+    if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
+        plan = _PLANS.get((arr.dtype, op._value_, algorithm)) or _plan(arr.dtype, op, algorithm)
+        if plan[0] is _mpi_all_reduce and not async_op and g.engine.idle():
+            # the latency path: no thread hop, no closure, validated once per (dtype, op)
+            try:
+                g.comm.Allreduce(MPI.IN_PLACE, [arr, plan[1]], plan[2])
+            except MPI.Exception as exc:
+                raise from_mpi("all_reduce", exc) from exc
+            if op is ReduceOp.AVG:
+                arr /= g.size()
+            return None
+        body = plan[0]
+    else:
+        check_op_dtype(op, arr.dtype, prefix("all_reduce"))
+        body = _choose(arr.dtype, algorithm)
+    return launch(g, "all_reduce", body, (g, arr, op), async_op, (tensor,))
+
+
+# (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op): validated once, then
+# reused (keyed on the enum's value: hashing an Enum member runs Python code).
+_PLANS: dict = {}
+
+
+def _choose(dtype: np.dtype, algorithm: Optional[str]):
+    """The all_reduce body for ``algorithm`` on ``dtype``; raises for a bad choice."""
     if algorithm is None:
-        algorithm = "mpi" if mpi_reducible(arr.dtype) else "ring"
+        return _mpi_all_reduce if mpi_reducible(dtype) else _ring
     if algorithm == "mpi":
-        if not mpi_reducible(arr.dtype):
-            raise TypeError(f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {arr.dtype}; "
+        if not mpi_reducible(dtype):
+            raise TypeError(f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {dtype}; "
                             f"use algorithm='ring' or None")
-        return launch(g, "all_reduce", _mpi_all_reduce, (g, arr, op), async_op, (tensor,))
+        return _mpi_all_reduce
     if algorithm == "ring":
-        return launch(g, "all_reduce", _ring, (g, arr, op), async_op, (tensor,))
+        return _ring
     raise ValueError(f"{prefix('all_reduce')} algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
+
+
+def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> tuple:
+    check_op_dtype(op, dtype, prefix("all_reduce"))
+    body = _choose(dtype, algorithm)
+    mpi = body is _mpi_all_reduce
+    plan = (body, mpi_datatype(dtype) if mpi else None, to_mpi_op(op, dtype) if mpi else None)
+    _PLANS[(dtype, op._value_, algorithm)] = plan
+    return plan
 
 
 def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None,

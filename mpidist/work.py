@@ -423,9 +423,13 @@ class Engine:
         self._queue.put((future, fn, args))
         return future
 
+    def idle(self) -> bool:
+        """True when no queued op is pending, so the caller may run an op inline."""
+        return self._pending == 0 or threading.current_thread() is self._thread
+
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` after every op queued before it, and return its result."""
-        if self._pending == 0 or threading.current_thread() is self._thread:
+        if self.idle():
             return fn(*args)
         return self.submit(fn, *args).result()
 
