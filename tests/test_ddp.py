@@ -93,7 +93,7 @@ def test_allreduce_starts_before_backward_ends(dist, world):
     original = first.backward
 
     def spy(grad):
-        launched_when_first_layer_ran.append(ddp._next_launch)
+        launched_when_first_layer_ran.append(ddp.reducer._next)
         return original(grad)
 
     first.backward = spy

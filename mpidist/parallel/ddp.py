@@ -1,94 +1,184 @@
-"""DistributedDataParallel for mpidist's array models: bucketed gradient averaging
-overlapped with backward.
+"""DistributedDataParallel for mpidist's array models, with torch's arguments and features.
 
-The scheme is torch's DDP Reducer (Li et al., "PyTorch Distributed: Experiences on
-Accelerating Data Parallel Training", VLDB 2020) and Horovod's Tensor Fusion: gradients
-are packed into buckets of about ``bucket_cap_mb`` in reverse parameter order (the
-order backward produces them), and each bucket's all-reduce starts, asynchronously, as
-soon as its last gradient is ready, while backward goes on computing earlier layers.
+Bucketed gradient averaging overlapped with backward (:mod:`mpidist.parallel.reducer`),
+``no_sync`` accumulation, ``find_unused_parameters``, ``gradient_as_bucket_view``,
+communication hooks (:mod:`mpidist.parallel.comm_hooks`), ``join`` for uneven inputs
+(torch's ``Join`` protocol) and a Chrome-trace timeline (:mod:`mpidist.parallel.timeline`).
+docs/ddp.md lists every difference from torch.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-from dataclasses import dataclass, field
-from typing import Any, Optional
+import inspect
+import numbers
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from mpidist import _runtime
-from mpidist._array import array_module
 from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
-from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist.errors import prefix
+from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist.group import ProcessGroup
+from mpidist.parallel.reducer import DEFAULT_FIRST_BUCKET_BYTES, Reducer
+from mpidist.parallel.timeline import Timeline, timeline_from_env
 from mpidist.reduce_op import ReduceOp
-from mpidist.work import Work
 
 __all__ = ["DistributedDataParallel"]
 
+_OP = "DistributedDataParallel"
 
-@dataclass
-class _Bucket:
-    """Gradients of ``params`` packed end to end in ``flat`` (one dtype per bucket)."""
 
-    params: list
-    offsets: list
-    flat: Any
-    pending: int = 0
-    work: Optional[Work] = None
-    ready: set = field(default_factory=set)
+@dataclass(frozen=True)
+class _JoinConfig:
+    enable: bool
+    divide_by_initial_world_size: bool
+    throw_on_early_termination: bool
+
+
+@dataclass(frozen=True)
+class _JoinInfo:
+    """What one join all-reduce told every rank about the current step."""
+
+    active: int            # ranks that still have inputs
+    authority: int         # global rank of the highest active rank (-1: none)
+    grads: bool            # some active rank reduces gradients this step
+    buffers: bool          # some active rank broadcasts buffers this step
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{prefix(_OP)} {name} must be a bool, got {type(value).__name__}")
 
 
 class DistributedDataParallel:
-    """Wrap ``module`` so that backward leaves the gradient averaged over the group.
+    """Wrap ``module`` so that backward leaves every gradient averaged over the group.
+
+    Same constructor as ``torch.nn.parallel.DistributedDataParallel``:
 
     Args:
-        module: an :class:`mpidist.nn.Module` (parameters numpy or cupy arrays). Its
-            parameters are broadcast from the group's rank 0 at construction, so every
-            rank starts from the same weights; the module is used in place.
-        process_group: the group to average over (default: all ranks).
-        bucket_cap_mb: bucket size in MiB (2**20 bytes), as torch's ``bucket_cap_mb``.
-        broadcast_buffers: broadcast the module's buffers from rank 0 at every forward.
+        module: an :class:`mpidist.nn.Module` with at least one parameter (numpy arrays).
+            Its parameters (and buffers, if ``broadcast_buffers``) are broadcast from the
+            group's rank 0 at construction; the module is used in place.
+        device_ids, output_device: torch places a single-device module with them; for
+            host arrays only ``None`` (or ``[]`` for ``device_ids``) is accepted.
+        dim: torch scatters inputs along ``dim`` to ``device_ids``; only 0 (no scatter).
+        broadcast_buffers: broadcast the module's buffers from rank 0 (in join mode: the
+            highest rank still active) at the start of each forward that follows a
+            synchronized step (torch's ``require_forward_param_sync``).
+        process_group: the group to average over (default: all ranks); must contain
+            this rank.
+        bucket_cap_mb: bucket size in MiB. ``None`` (default): 25 MiB, and the first
+            bucket launched (the last layers' gradients) is capped at 1 MiB
+            (torch's ``_DEFAULT_FIRST_BUCKET_BYTES``) so it can start early; an explicit
+            value caps every bucket, the first included (torch >= 2.3).
+        find_unused_parameters: allow parameters that get no gradient in a step: their
+            slots are zero-filled (Horovod's approach), so every rank reduces every
+            bucket; one extra small all-reduce per step finds the parameters no rank
+            used, whose ``.grad`` is then left untouched (torch).
+        check_reduction: deprecated in torch and ignored (a FutureWarning when True).
+        gradient_as_bucket_view: make each ``p.grad`` a view into its bucket's flat
+            buffer: no grad-sized copies after the reduction and no separate grad arrays
+            (saves the gradients' size in memory).
+        static_graph: promise that the set of parameters that get gradients is the same
+            every step. Unused parameters are then allowed (as with
+            find_unused_parameters) but the used-parameter all-reduce runs only in the
+            first step; a later change is a RuntimeError.
         algorithm: mpidist extension: ``"mpi"`` (MPI_Allreduce) or ``"ring"``
-            (:func:`mpidist.algorithms.ring_all_reduce`).
+            (:func:`mpidist.algorithms.ring_all_reduce`) for the built-in reduction;
+            buckets of a dtype MPI cannot sum (float16, bfloat16) use the ring.
 
-    Differences from torch: there is no autograd, so call ``ddp.backward(grad_output)``
-    (the gradient of the loss with respect to the module's output, e.g.
-    ``criterion.backward()``) where torch calls ``loss.backward()``. It returns when
-    every parameter's ``.grad`` holds the group average (sum / world size) of the
-    ranks' gradients; results are bitwise identical on every rank.
+    There is no autograd: call ``ddp.backward(grad_output)`` (the gradient of the loss
+    with respect to the module's output, e.g. ``criterion.backward()``) where torch calls
+    ``loss.backward()``. It returns when every parameter's ``.grad`` holds the group
+    average (gradient / world size, summed) of the ranks' gradients, bitwise identical on
+    every rank. Whether a step is synchronized is decided at its forward, as in torch
+    (``no_sync`` must wrap the forward).
 
     Raises:
-        ValueError: the ranks' models differ in parameter shapes or dtypes (checked at
-            construction, naming the ranks), bad ``bucket_cap_mb`` or ``algorithm``.
-        RuntimeError: a parameter got no gradient in a backward pass.
+        TypeError: an argument of the wrong type; ``module`` is not an mpidist Module.
+        ValueError: device_ids / output_device / dim that do not apply to host arrays;
+            bad ``bucket_cap_mb`` or ``algorithm``; this rank is not in
+            ``process_group``; the ranks' models differ in parameter shapes or dtypes
+            (naming the ranks).
+        RuntimeError: the module has no parameters.
     """
 
-    def __init__(self, module: Any, process_group: Optional[ProcessGroup] = None,
-                 bucket_cap_mb: float = 25, broadcast_buffers: bool = True, *,
-                 algorithm: str = "mpi") -> None:
-        where = prefix("DistributedDataParallel")
+    def __init__(self, module: Any, device_ids: Optional[list] = None, output_device: Any = None, dim: int = 0,
+                 broadcast_buffers: bool = True, process_group: Optional[ProcessGroup] = None,
+                 bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,
+                 check_reduction: bool = False, gradient_as_bucket_view: bool = False,
+                 static_graph: bool = False, *, algorithm: str = "mpi") -> None:
+        where = prefix(_OP)
+        self._check_placement(device_ids, output_device, dim)
+        for name, flag in (("broadcast_buffers", broadcast_buffers), ("find_unused_parameters", find_unused_parameters),
+                           ("check_reduction", check_reduction), ("gradient_as_bucket_view", gradient_as_bucket_view),
+                           ("static_graph", static_graph)):
+            _check_bool(name, flag)
+        if check_reduction:
+            warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
+                          "and ignored.", FutureWarning, stacklevel=2)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"{where} algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        if bucket_cap_mb is not None and (not isinstance(bucket_cap_mb, numbers.Real) or isinstance(bucket_cap_mb, bool)
+                                          or not bucket_cap_mb > 0):
+            raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r} "
+                             f"(None: the default, 25 MiB)")
+        if not (callable(getattr(module, "parameters", None)) and callable(getattr(module, "backward", None))):
+            raise TypeError(f"{where} module must be an mpidist.nn.Module (with parameters() and backward()), "
+                            f"got {type(module).__name__}")
         self.module = module
+        self.device_ids, self.output_device, self.dim = None, None, 0
         self.process_group = _runtime.resolve_group(process_group)
+        if not self.process_group.is_member():
+            raise ValueError(f"{where} this rank is not a member of process_group")
         self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
         self.algorithm = algorithm
-        self.bucket_cap_mb = bucket_cap_mb
+        self.bucket_bytes_cap_default = bucket_cap_mb is None
+        self.bucket_cap_mb = 25 if bucket_cap_mb is None else bucket_cap_mb
+        self.bucket_bytes_cap = int(self.bucket_cap_mb * 2**20)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self._sync_this_step = True
+        self._div = self.process_group.size()  # what the built-in reduction divides by (set at forward)
+        self._join_config: Optional[_JoinConfig] = None
         self._params = list(module.parameters())
+        if not self._params:
+            raise RuntimeError(f"{where} DistributedDataParallel is not needed when a module has no parameters")
         self._src = self.process_group.global_rank(0)
         self._verify_same_model(where)
-        for p in self._params:
-            broadcast(p.data, self._src, self.process_group)
-        self._sync_buffers()
-        self._buckets = self._build_buckets(int(bucket_cap_mb * 2**20))
-        self._bucket_of = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
-        self._next_launch = 0
-        self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._params]
+        self._sync_module_states(self._src, self.broadcast_buffers)
+        self._timeline: Optional[Timeline] = timeline_from_env(_runtime.state().rank)
+        first = DEFAULT_FIRST_BUCKET_BYTES if self.bucket_bytes_cap_default else self.bucket_bytes_cap
+        self.reducer = Reducer(self._params, self.process_group, cap_bytes=self.bucket_bytes_cap, first_cap_bytes=first,
+                               gradient_as_bucket_view=gradient_as_bucket_view, algorithm=algorithm,
+                               find_unused_parameters=find_unused_parameters, static_graph=static_graph,
+                               timeline=self._timeline)
+        if self._timeline is not None:
+            self._instrument_layers(self._timeline)
 
     # -- construction -----------------------------------------------------------------
+    @staticmethod
+    def _check_placement(device_ids: Any, output_device: Any, dim: Any) -> None:
+        where = prefix(_OP)
+        if device_ids is not None and not (isinstance(device_ids, (list, tuple)) and len(device_ids) == 0):
+            raise ValueError(f"{where} device_ids must be None (or []) for a module on host (numpy) arrays, got "
+                             f"{device_ids!r}: each process trains its own host copy, there is no device to "
+                             f"place the module on")
+        if output_device is not None:
+            raise ValueError(f"{where} output_device must be None for a module on host (numpy) arrays, got "
+                             f"{output_device!r}: outputs stay where the module computes them")
+        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim != 0:
+            raise ValueError(f"{where} dim must be 0, got {dim!r}: torch scatters inputs along dim over "
+                             f"device_ids; with host arrays each process uses its input as given")
+
     def _verify_same_model(self, where: str) -> None:
         spec = ";".join(f"{tuple(p.shape)}:{np.dtype(p.dtype).str}" for p in self._params)
         digest = np.frombuffer(hashlib.sha256(spec.encode()).digest()[:8], dtype=np.int64).copy()
@@ -100,79 +190,217 @@ class DistributedDataParallel:
             raise ValueError(f"{where} the model's parameter shapes/dtypes on ranks {differ} differ from "
                              f"rank {g.ranks[0]}'s; every rank must build the same model")
 
-    def _build_buckets(self, cap_bytes: int) -> list:
-        buckets: list = []
-        current: list = []
-        size = 0
-        for p in reversed(self._params):
-            if current and (size + p.data.nbytes > cap_bytes or p.dtype != current[0].dtype):
-                buckets.append(current)
-                current, size = [], 0
-            current.append(p)
-            size += p.data.nbytes
-        if current:
-            buckets.append(current)
-        out = []
-        for params in buckets:
-            offsets = np.cumsum([0] + [p.data.size for p in params]).tolist()
-            xp = array_module(params[0].data)
-            out.append(_Bucket(params, offsets, xp.empty(offsets[-1], dtype=params[0].dtype)))
-        return out
+    def _sync_module_states(self, src: int, with_buffers: bool) -> None:
+        """Broadcast parameters (and buffers) from global rank ``src`` (torch's _sync_module_states)."""
+        if self.process_group.size() == 1:
+            return
+        for p in self._params:
+            broadcast(p.data, src, self.process_group)
+        if with_buffers:
+            self._broadcast_buffers(src)
 
-    def _sync_buffers(self) -> None:
-        if self.broadcast_buffers and self.process_group.size() > 1:
-            for _, buf in self.module.named_buffers():
-                broadcast(buf, self._src, self.process_group)
+    def _broadcast_buffers(self, src: int) -> None:
+        for buf in self.module.buffers():
+            broadcast(buf, src, self.process_group)
+
+    def _instrument_layers(self, tl: Timeline) -> None:
+        """Record each leaf module's forward and backward on the timeline (instance wrappers)."""
+        for name, mod in self.module.named_modules():
+            if name and not mod.children():
+                for phase in ("forward", "backward"):
+                    setattr(mod, phase, _timed(tl, f"{phase}:{name}", getattr(mod, phase)))
 
     # -- the step ---------------------------------------------------------------------
-    def forward(self, *inputs: Any) -> Any:
-        """Run the module's forward (after broadcasting buffers from rank 0 if asked)."""
-        self._sync_buffers()
-        return self.module(*inputs)
+    def _will_sync_buffers(self) -> bool:
+        return (self.require_forward_param_sync and self.broadcast_buffers and self.process_group.size() > 1
+                and bool(self.module.buffers()))
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the module's forward, after the step's join and buffer synchronization.
+
+        Raises RuntimeError in join mode with ``throw_on_early_termination`` once a rank has
+        run out of inputs (on every rank).
+        """
+        tl = self._timeline
+        start = tl.now() if tl is not None else 0.0
+        self._sync_this_step = self.require_backward_grad_sync
+        self._div = self.process_group.size()
+        buffers, src = self._will_sync_buffers(), self._src
+        if self._join_config is not None:
+            info = self._join_all_reduce(active=True, buffers=buffers)
+            self._check_early_termination(info)
+            if not self._join_config.divide_by_initial_world_size:
+                self._div = info.active
+            buffers, src = info.buffers, info.authority
+        if buffers:
+            self._timed_broadcast_buffers(src)
+        out = self.module(*inputs, **kwargs)
+        self.require_forward_param_sync = self._sync_this_step
+        if tl is not None:
+            tl.complete("forward", "step", start)
+        return out
 
     __call__ = forward
 
-    def _grad_ready(self, param: Any) -> None:
-        bucket, i = self._bucket_of[id(param)]
-        if id(param) in bucket.ready:
-            return
-        bucket.ready.add(id(param))
-        lo, hi = bucket.offsets[i], bucket.offsets[i + 1]
-        bucket.flat[lo:hi] = param.grad.reshape(-1)
-        if len(bucket.ready) == len(bucket.params):
-            self._launch_ready()
-
-    def _launch_ready(self) -> None:
-        # Launch in bucket order only, so every rank issues the same collectives in the
-        # same order even if buckets fill in a different order.
-        while (self._next_launch < len(self._buckets)
-               and len(self._buckets[self._next_launch].ready) == len(self._buckets[self._next_launch].params)):
-            b = self._buckets[self._next_launch]
-            b.work = all_reduce(b.flat, ReduceOp.AVG, self.process_group, async_op=True,
-                                algorithm=self.algorithm)
-            self._next_launch += 1
+    def _timed_broadcast_buffers(self, src: int) -> None:
+        tl = self._timeline
+        start = tl.now() if tl is not None else 0.0
+        self._broadcast_buffers(src)
+        if tl is not None:
+            tl.complete("broadcast_buffers", "step", start, args={"src": src})
 
     def backward(self, grad_output: Any) -> Any:
         """Backward through the module, averaging gradients across the group on the way.
 
-        Returns the module's gradient with respect to its input. When it returns, every
-        parameter's ``.grad`` holds the average over the group's ranks.
+        Returns the module's gradient with respect to its input. In a synchronized step,
+        when it returns every parameter's ``.grad`` holds the group average; under
+        :meth:`no_sync` gradients just accumulate locally.
+
+        Raises:
+            RuntimeError: a parameter got no gradient (without find_unused_parameters or
+                static_graph), or see :meth:`Reducer.finalize`; raised after this rank's
+                collectives completed, so the other ranks do not hang.
         """
-        self._next_launch = 0
-        for b in self._buckets:
-            b.ready.clear()
-            b.work = None
-        grad_input = self.module.backward(grad_output)
-        if self._next_launch != len(self._buckets):
-            missing = [p.name for p in self._params if id(p) not in self._bucket_of[id(p)][0].ready]
-            raise RuntimeError(f"{prefix('DistributedDataParallel.backward')} parameters got no gradient "
-                               f"in this backward pass: {missing}; every parameter must take part in "
-                               f"the loss")
-        for b in self._buckets:
-            b.work.wait()
-            for i, p in enumerate(b.params):
-                p.grad[...] = b.flat[b.offsets[i]:b.offsets[i + 1]].reshape(p.grad.shape)
+        if not self._sync_this_step:
+            return self.module.backward(grad_output)
+        tl = self._timeline
+        start = tl.now() if tl is not None else 0.0
+        reducer = self.reducer
+        reducer.prepare(self._div)
+        try:
+            grad_input = self.module.backward(grad_output)
+        except BaseException:
+            reducer.reset()
+            raise
+        if tl is None:
+            reducer.finalize()
+            return grad_input
+        sync = tl.now()
+        try:
+            reducer.finalize()
+        finally:
+            tl.complete("synchronize", "step", sync)
+            tl.complete("backward", "step", start)
+            tl.flush()
         return grad_input
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Steps whose forward runs inside accumulate gradients locally, without communication.
+
+        The first synchronized backward afterwards reduces the accumulated gradients
+        (torch: ``DistributedDataParallel.no_sync``).
+        """
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    # -- communication hooks -------------------------------------------------------------
+    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+        """Reduce each bucket with ``hook(state, bucket) -> concurrent.futures.Future`` (torch's API).
+
+        ``bucket`` is a :class:`mpidist.parallel.comm_hooks.GradBucket` whose ``buffer()``
+        holds this rank's gradients (not divided by the world size); the future must
+        complete with the reduced flat array (DDP copies it into the bucket unless it is
+        the bucket's own buffer). Built-in hooks: :mod:`mpidist.parallel.comm_hooks`.
+
+        Raises:
+            TypeError: ``hook`` is not callable with two positional arguments.
+            RuntimeError: a hook is registered already (torch allows one).
+        """
+        where = prefix("DistributedDataParallel.register_comm_hook")
+        if not callable(hook):
+            raise TypeError(f"{where} hook must be callable, got {type(hook).__name__}")
+        try:
+            inspect.signature(hook).bind(state, None)
+        except TypeError:
+            raise TypeError(f"{where} hook must take two positional arguments (state, bucket), got "
+                            f"{getattr(hook, '__name__', hook)}{inspect.signature(hook)}") from None
+        except ValueError:
+            pass  # no signature to inspect (a builtin): trust it
+        if self.reducer.hook is not None:
+            raise RuntimeError(f"{where} register_comm_hook can only be called once")
+        self.reducer.hook, self.reducer.hook_state = hook, state
+
+    # -- join (uneven inputs) -------------------------------------------------------------
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> "_Join":
+        """Context manager for ranks with different numbers of inputs (torch's DDP ``join``).
+
+        Inside it every forward first joins one small all-reduce of "still active" flags.
+        A rank that leaves the block (out of inputs) then shadows the others: for each of
+        their steps it joins that all-reduce, their buffer broadcast and their gradient
+        reductions (with zero gradients, through the comm hook if any), until every rank
+        has left; finally the parameters (and buffers) are broadcast from the last rank to
+        leave, so all ranks end with the same model.
+
+        Args:
+            divide_by_initial_world_size: divide the gradient sum by the group size (True)
+                or by the number of ranks still active in the step (False; built-in
+                reduction only: hooks divide as they do).
+            enable: False makes the context manager do nothing.
+            throw_on_early_termination: raise RuntimeError on every rank as soon as one
+                rank runs out of inputs, instead of shadowing.
+
+        Every forward inside must be followed by ``ddp.backward`` (or be under
+        :meth:`no_sync`); run evaluation through ``ddp.module``.
+        """
+        for name, flag in (("divide_by_initial_world_size", divide_by_initial_world_size), ("enable", enable),
+                           ("throw_on_early_termination", throw_on_early_termination)):
+            _check_bool(name, flag)
+        return _Join(self, _JoinConfig(enable, divide_by_initial_world_size, throw_on_early_termination))
+
+    def _join_all_reduce(self, active: bool, buffers: bool = False) -> _JoinInfo:
+        """The per-step join all-reduce: [active flag per group rank..., grads, buffers] summed."""
+        g = self.process_group
+        n = g.size()
+        flags = np.zeros(n + 2, dtype=np.int64)
+        if active:
+            flags[g.rank()] = 1
+            flags[n] = int(self._sync_this_step)
+            flags[n + 1] = int(buffers)
+        all_reduce(flags, ReduceOp.SUM, g)
+        alive = np.flatnonzero(flags[:n])
+        authority = g.ranks[int(alive[-1])] if alive.size else -1
+        return _JoinInfo(int(alive.size), authority, bool(flags[n]), bool(flags[n + 1]))
+
+    def _check_early_termination(self, info: _JoinInfo) -> None:
+        if self._join_config.throw_on_early_termination and info.active < self.process_group.size():
+            raise RuntimeError(f"{prefix(_OP)} detected at least one rank that exhausted inputs; throwing "
+                               f"across all ranks (throw_on_early_termination=True)")
+
+    def _shadow_until_all_joined(self, config: _JoinConfig) -> None:
+        """A rank out of inputs: mirror the others' collectives until every rank is out."""
+        tl = self._timeline
+        is_last = True
+        while True:
+            start = tl.now() if tl is not None else 0.0
+            info = self._join_all_reduce(active=False)
+            if info.active == 0:
+                break
+            if config.throw_on_early_termination:
+                raise RuntimeError(f"{prefix(_OP)} rank {_runtime.state().rank} exhausted all inputs "
+                                   f"(throw_on_early_termination=True)")
+            is_last = False
+            if info.buffers:
+                self._broadcast_buffers(info.authority)
+            if info.grads:
+                self.reducer.shadow()
+            if tl is not None:
+                tl.complete("join_shadow", "step", start, args={"active": info.active})
+        self._sync_final_model(is_last)
+        if tl is not None:
+            tl.flush()
+
+    def _sync_final_model(self, is_last_joiner: bool) -> None:
+        """Broadcast the model from the highest rank among the last to join (torch)."""
+        g = self.process_group
+        rank = np.array([g.rank() if is_last_joiner else -1], dtype=np.int64)
+        all_reduce(rank, ReduceOp.MAX, g)
+        self._sync_module_states(g.ranks[int(rank[0])], self.broadcast_buffers)
 
     # -- conveniences forwarded to the module -------------------------------------------
     def parameters(self) -> list:
@@ -180,6 +408,12 @@ class DistributedDataParallel:
 
     def named_parameters(self) -> list:
         return list(self.module.named_parameters())
+
+    def buffers(self) -> list:
+        return self.module.buffers()
+
+    def named_buffers(self) -> list:
+        return self.module.named_buffers()
 
     def state_dict(self) -> dict:
         return self.module.state_dict()
@@ -200,4 +434,47 @@ class DistributedDataParallel:
     @property
     def bucket_sizes(self) -> list:
         """Number of elements in each bucket, in launch order."""
-        return [b.flat.size for b in self._buckets]
+        return [b.flat.size for b in self.reducer.buckets]
+
+    @property
+    def bucket_parameter_names(self) -> list:
+        """Names of the parameters in each bucket, in launch order."""
+        return [[p.name for p in b.params] for b in self.reducer.buckets]
+
+
+class _Join:
+    """What :meth:`DistributedDataParallel.join` returns (a context manager)."""
+
+    def __init__(self, ddp: DistributedDataParallel, config: _JoinConfig) -> None:
+        self._ddp = ddp
+        self._config = config
+
+    def __enter__(self) -> "_Join":
+        if not self._config.enable:
+            return self
+        if self._ddp._join_config is not None:
+            raise RuntimeError(f"{prefix('DistributedDataParallel.join')} join() contexts cannot be nested")
+        self._ddp._join_config = self._config
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if not self._config.enable:
+            return False
+        try:
+            if exc_type is None:
+                self._ddp._shadow_until_all_joined(self._config)
+        finally:
+            self._ddp._join_config = None
+        return False
+
+
+def _timed(tl: Timeline, name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        start = tl.now()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            tl.complete(name, "layers", start)
+    return run
+
