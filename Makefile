@@ -25,7 +25,7 @@ $(STAMP): setup.cfg pyproject.toml
 run: install
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist.examples.train_digits --out $(OUT) $(RUN_ARGS)
 
-test: test-serial test-mpi
+test: test-serial test-mpi test-slurm
 
 test-serial: install
 	timeout -k 10 $(TEST_TIMEOUT) $(PYTEST)
@@ -36,5 +36,32 @@ test-mpi: install
 	  timeout -k 10 $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) -q; \
 	done
 
+# jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,
+# 1.5-2 min), then the main job across two "hosts" (network namespaces) through
+# jobs/mpirun.sh --hostfile (tests/slurm/two_hosts.sh, 10 s). Installs the Debian packages
+# when they are missing (needs root); prints "SKIPPED: ..." and succeeds where it cannot.
+SLURM_TEST_TIMEOUT ?= 900
+.PHONY: test-slurm
+test-slurm: install
+	PY="$(abspath $(PY))" MPIDIST_VENV="$(abspath $(VENV))" timeout --foreground -k 60 $(SLURM_TEST_TIMEOUT) tests/slurm/run.sh
+	PY="$(abspath $(PY))" timeout --foreground -k 30 300 tests/slurm/two_hosts.sh
+
 clean:
 	rm -rf $(VENV) out build *.egg-info
+
+# Benchmarks (benchmarks/bench_allreduce.py): results land in benchmarks/results/.
+BENCH         := $(PY) benchmarks/bench_allreduce.py
+BENCH_TIMEOUT ?= 1200
+
+.PHONY: bench bench-quick
+
+bench: install
+	@set -e; for n in 2 4; do \
+	  echo "== all_reduce benchmark under mpiexec -n $$n"; \
+	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(BENCH); \
+	done
+
+# Smoke run (< 60 s): sizes to 1 MiB, fewer repetitions; writes to out/ so that it
+# never overwrites bench's results. Its last lines are the headline ratios.
+bench-quick: install
+	timeout -k 10 60 $(MPIEXEC) -n 2 $(BENCH) --max-bytes 1M --quick --out out/bench-quick

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import launcher_free_env
-from mpidist.checkpoint import load_checkpoint
+from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import write_idx
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -74,3 +77,148 @@ def test_bad_flags_fail_fast(tmp_path):
     out = subprocess.run([*JOB, "--data", str(tmp_path / "missing"), "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=60, env=launcher_free_env())
     assert out.returncode != 0 and "FileNotFoundError" in out.stderr
+
+
+# --- SIGTERM -> checkpoint at a step boundary on every rank; --resume -> bitwise the same run ---
+
+RESUME_N = 3
+STEPS = 30  # steps per epoch at RESUME_N ranks: ceil(ceil(1437 / 3) / 16)
+EPOCHS = 20  # the stop is asked for after epoch 3: leave the signal time to arrive
+
+
+def start_job(n: int, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([MPIEXEC, "-n", str(n), *JOB, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=launcher_free_env(OMP_NUM_THREADS="1"))
+
+
+def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, timeout: float = 120) -> tuple[str, str]:
+    """Read the job's stdout until epoch ``epoch`` is reported, call ``kill(job)``, wait for the end."""
+    lines = []
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if line.startswith(f"epoch {epoch:3d}/"):
+                kill(job)
+                break
+        out, err = job.communicate(timeout=timeout)
+    except BaseException:
+        job.kill()
+        job.communicate()
+        raise
+    return "".join(lines) + out, err
+
+
+def rank_pids(out_dir: Path) -> list[int]:
+    """PIDs of the Python ranks whose command line names ``out_dir`` (not mpiexec itself)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if proc.name.isdigit() and argv[0] == sys.executable.encode() and str(out_dir).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def same_run(a: dict, b: dict) -> None:
+    """Two checkpoints of the same run: every array bitwise equal; history equal but for timings."""
+    assert set(a) == set(b)
+    differ = [k for k in a if k != "history" and not (a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]))]
+    assert not differ, differ
+    untimed = [[{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(c["history"].tobytes())]
+               for c in (a, b)]
+    assert untimed[0] == untimed[1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    job = run_job(RESUME_N, "--out", str(out), "--epochs", str(EPOCHS))
+    assert job.returncode == 0, job.stdout + job.stderr
+    return load_checkpoint(out / "checkpoint.npz")
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """The same job, given SIGTERM (mpiexec forwards it to every rank) after epoch 3."""
+    out = tmp_path_factory.mktemp("interrupted")
+    job = start_job(RESUME_N, "--out", str(out), "--epochs", str(EPOCHS))
+    stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM))
+    return out, job.returncode, stdout, stderr
+
+
+def check_stopped(out: Path, rc: int, stdout: str, stderr: str, n: int, signame: str) -> dict:
+    assert rc == 0, stdout + stderr
+    assert f"stopped by {signame} after" in stdout and "continue with --resume" in stdout, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    ckpt = load_checkpoint(out / "checkpoint.npz")
+    epoch, step = int(ckpt["epoch"]), int(ckpt["step"])
+    assert 3 <= epoch < EPOCHS and 0 <= step < STEPS, (epoch, step)
+    assert f"after {epoch} epochs and {step}/{STEPS} steps" in stdout
+    assert ckpt["loss_totals"].shape == (n, 2) and ckpt["loss_totals"].dtype == np.float64
+    assert (ckpt["loss_totals"][:, 1] == (16 * step if step else 0)).all(), ckpt["loss_totals"]
+    history = json.loads((out / "metrics.json").read_text())
+    assert [h["epoch"] for h in history] == list(range(1, epoch + 1))
+    assert json.loads(ckpt["history"].tobytes()) == history
+    assert json.loads(ckpt["config"].tobytes())["world_size"] == n
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz", "metrics.json", "training.png"]
+    return ckpt
+
+
+def test_sigterm_to_mpiexec_checkpoints_and_exits_cleanly(interrupted):
+    check_stopped(*interrupted, n=RESUME_N, signame="SIGTERM")
+
+
+def test_stop_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """Only one rank gets the signal (SIGUSR1, the other stop signal): the per-step
+    all_reduce(MAX) makes every rank stop after the same step, and the job exits cleanly."""
+    def kill_one(job):
+        pids = rank_pids(tmp_path)
+        assert len(pids) == RESUME_N, pids
+        os.kill(max(pids), signal.SIGUSR1)
+
+    job = start_job(RESUME_N, "--out", str(tmp_path), "--epochs", str(EPOCHS))
+    stdout, stderr = stop_after_epoch(job, 3, kill_one)
+    check_stopped(tmp_path, job.returncode, stdout, stderr, n=RESUME_N, signame="SIGUSR1")
+
+
+def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(interrupted, uninterrupted, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(interrupted[0], out)
+    stopped = load_checkpoint(out / "checkpoint.npz")
+    job = run_job(RESUME_N, "--out", str(out), "--epochs", str(EPOCHS), "--resume")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert (f"resumed from {out / 'checkpoint.npz'}: {int(stopped['epoch'])} epochs and "
+            f"{int(stopped['step'])}/{STEPS} steps done") in job.stdout
+    assert "final test accuracy" in job.stdout
+    resumed = load_checkpoint(out / "checkpoint.npz")
+    assert int(resumed["epoch"]) == EPOCHS and int(resumed["step"]) == 0
+    same_run(resumed, uninterrupted)
+    assert json.loads((out / "metrics.json").read_text()) == json.loads(resumed["history"].tobytes())
+
+
+def test_resume_refuses_other_settings_or_world_size(interrupted, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(interrupted[0], out)
+    job = run_job(RESUME_N, "--out", str(out), "--resume", "--seed", "1", "--lr", "0.1")
+    assert job.returncode != 0
+    assert "the checkpoint was written with other settings (checkpoint, now): " \
+           "{'seed': (0, 1), 'lr': (0.05, 0.1)}" in job.stderr
+    ckpt = load_checkpoint(out / "checkpoint.npz")
+    ckpt["step"] = np.array(max(1, int(ckpt["step"])))  # mid-epoch, even if the stop fell on a boundary
+    save_checkpoint(out / "checkpoint.npz", ckpt)
+    job = run_job(2, "--out", str(out), "--resume")
+    assert job.returncode != 0
+    assert (f"the checkpoint stopped in the middle of epoch {int(ckpt['epoch']) + 1} on {RESUME_N} ranks; "
+            f"resume it on {RESUME_N} ranks") in job.stderr
+
+
+def test_resume_without_checkpoint_starts_afresh_but_a_named_one_must_exist(tmp_path):
+    job = run_job(2, "--out", str(tmp_path / "fresh"), "--epochs", "1", "--resume")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "resumed from" not in job.stdout
+    assert int(load_checkpoint(tmp_path / "fresh" / "checkpoint.npz")["epoch"]) == 1
+    out = subprocess.run([*JOB, "--out", str(tmp_path), "--resume", str(tmp_path / "nope.npz")],
+                         capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    assert out.returncode != 0 and f"--resume {tmp_path / 'nope.npz'}: no such checkpoint" in out.stderr

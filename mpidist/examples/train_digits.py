@@ -7,16 +7,25 @@ rank trains on its DistributedSampler shard with a per-rank batch; gradients are
 averaged by DistributedDataParallel. Rank 0 shows progress and writes, under
 ``--out``: ``checkpoint.npz`` (atomic, no pickle; every rank loads it back and checks
 it), ``metrics.json`` and ``training.png`` (loss and test accuracy per epoch).
+
+SIGTERM or SIGUSR1 (a Slurm time limit, preemption, ``scancel --signal=TERM``,
+``kill`` on mpiexec) makes every rank stop at the same step boundary: the ranks agree
+with a one-element all_reduce(MAX) after each step, rank 0 writes the checkpoint, and
+the job exits with code 0. ``--resume`` continues from that checkpoint (model,
+momentum buffers, epoch, step within the epoch, per-rank loss sums, history); the
+sampler's shuffle is a function of (seed, epoch), so the resumed run ends with
+parameters bitwise identical to an uninterrupted one on the same number of ranks.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -28,6 +37,11 @@ from mpidist.data import DistributedSampler, load_digits_split, load_mnist
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# A resumed run must use the same values as the checkpointed one (--epochs may grow).
+RESUME_KEYS = ("dataset", "seed", "batch_size", "lr", "momentum", "hidden")
+_AUTO = ""  # --resume without a path: --out/checkpoint.npz if it exists
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -44,6 +58,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0,
                    help="BLAS threads per rank (default: cores on the node / ranks on the node)")
+    p.add_argument("--resume", nargs="?", const=_AUTO, default=None, metavar="CKPT",
+                   help="continue from checkpoint CKPT (without CKPT: OUT/checkpoint.npz, or start afresh "
+                        "if there is none, as a requeued job wants)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size", "hidden"):
@@ -52,6 +69,31 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.lr <= 0:
         p.error(f"--lr must be > 0, got {args.lr}")
     return args
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGUSR1 on any rank; :meth:`agreed` makes all ranks see it at the same step."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._buf = np.zeros(1, dtype=np.int32)
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def agreed(self) -> bool:
+        """Collective: True on every rank once any rank got a stop signal (1-element all_reduce MAX)."""
+        self._buf[0] = self.signum
+        mpidist.all_reduce(self._buf, op=ReduceOp.MAX)
+        return bool(self._buf[0])
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(int(self._buf[0])).name if self._buf[0] else "no signal"
 
 
 def build_model(n_in: int, hidden: int, n_out: int, seed: int) -> Sequential:
@@ -91,25 +133,143 @@ def save_plot(path: Path, history: list[dict]) -> None:
     plt.close(fig)
 
 
+def _json_bytes(obj: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
+
+
+def _from_json_bytes(arr: np.ndarray) -> Any:
+    return json.loads(arr.tobytes().decode())
+
+
+def training_state(model: Sequential, optimizer: SGD, epoch: int, step: int, totals: np.ndarray,
+                   history: list[dict], config: dict) -> dict[str, np.ndarray]:
+    """Everything a resumed run needs, as named arrays (history and config as JSON bytes).
+
+    ``epoch``: epochs completed; ``step``: steps completed in the next epoch; ``loss_totals``:
+    every rank's (summed loss * samples, samples) of that epoch so far, shape (world, 2).
+    """
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    state.update({f"optimizer.{k}": v for k, v in optimizer.state_dict().items()})
+    state.update({"epoch": np.array(epoch), "step": np.array(step), "loss_totals": totals,
+                  "history": _json_bytes(history), "config": _json_bytes(config)})
+    return state
+
+
+def save_training_state(path: Path, state: dict[str, np.ndarray], rank: int, world: int) -> None:
+    """Collective: rank 0 writes ``path`` (atomically); every rank then reads it back and checks it
+    against its own state (all but the history, whose timings are rank 0's)."""
+    if rank == 0:
+        save_checkpoint(path, state)
+    mpidist.barrier()
+    loaded = load_checkpoint(path)
+    if set(loaded) != set(state) or any(not np.array_equal(loaded[k], np.asarray(v))
+                                        for k, v in state.items() if k != "history"):
+        raise RuntimeError(f"[rank {rank}/{world}] checkpoint {path} does not match this rank's state")
+
+
+def resume_path(args: argparse.Namespace) -> Optional[Path]:
+    """The checkpoint to resume from, or None to start afresh."""
+    if args.resume is None:
+        return None
+    if args.resume == _AUTO:
+        path = args.out / "checkpoint.npz"
+        return path if path.exists() else None
+    path = Path(args.resume)
+    if not path.exists():
+        raise FileNotFoundError(f"--resume {path}: no such checkpoint")
+    return path
+
+
+def restore(path: Path, model: Sequential, optimizer: SGD, config: dict, world: int,
+            rank: int) -> tuple[int, int, np.ndarray, list[dict]]:
+    """Load ``path`` into model and optimizer; return (epoch, step, this rank's loss totals, history).
+
+    Raises:
+        ValueError: the checkpoint's config differs in a RESUME_KEYS entry, or it stopped
+            mid-epoch on a different number of ranks.
+    """
+    ckpt = load_checkpoint(path)
+    saved = _from_json_bytes(ckpt["config"])
+    differ = {k: (saved.get(k), config[k]) for k in RESUME_KEYS if saved.get(k) != config[k]}
+    if differ:
+        raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint was written with other "
+                         f"settings (checkpoint, now): {differ}")
+    epoch, step, totals = int(ckpt["epoch"]), int(ckpt["step"]), ckpt["loss_totals"]
+    if step and len(totals) != world:
+        raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint stopped in the middle of "
+                         f"epoch {epoch + 1} on {len(totals)} ranks; resume it on {len(totals)} ranks")
+    model.load_state_dict({k[6:]: v for k, v in ckpt.items() if k.startswith("model.")})
+    optimizer.load_state_dict({k[10:]: v for k, v in ckpt.items() if k.startswith("optimizer.")})
+    mine = totals[rank].copy() if step else np.zeros(2)
+    return epoch, step, mine, _from_json_bytes(ckpt["history"])
+
+
+def write_outputs(args: argparse.Namespace, state: dict[str, np.ndarray], history: list[dict],
+                  rank: int, world: int) -> Path:
+    """Collective: checkpoint (checked on every rank); rank 0 also writes metrics.json and the plot."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    ckpt = args.out / "checkpoint.npz"
+    save_training_state(ckpt, state, rank, world)
+    if rank == 0:
+        (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
+        if history:
+            save_plot(args.out / "training.png", history)
+    return ckpt
+
+
+def load_data(args: argparse.Namespace) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(dataset name, x_train, y_train, x_test, y_test)."""
+    if args.data is None:
+        return ("sklearn digits", *load_digits_split(seed=args.seed))
+    return (f"MNIST ({args.data})", *load_mnist(args.data))
+
+
+def train_steps(ddp: DistributedDataParallel, optimizer: SGD, criterion: CrossEntropyLoss, x: np.ndarray,
+                y: np.ndarray, order: np.ndarray, batch: int, step: int, steps: int, totals: np.ndarray,
+                stop: StopFlag, bar: Any) -> tuple[int, bool]:
+    """Run steps ``step..steps-1`` of an epoch, adding (loss * samples, samples) to ``totals``.
+
+    Returns (steps done, stopped): after each step every rank learns whether any rank got a
+    stop signal, so all of them stop after the same step.
+    """
+    while step < steps:
+        idx = order[step * batch:(step + 1) * batch]
+        optimizer.zero_grad()
+        loss = criterion(ddp(x[idx]), y[idx])
+        ddp.backward(criterion.backward())
+        optimizer.step()
+        totals += (loss * len(idx), len(idx))
+        step += 1
+        if bar is not None:
+            bar.update()
+        if stop.agreed():
+            return step, True
+    return step, False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    stop = StopFlag()
+    stop.install()  # before anything slow, so an early SIGTERM is not fatal
     mpidist.init_process_group("mpi")
     rank, world = mpidist.get_rank(), mpidist.get_world_size()
     # Ranks sharing a node must not each start a BLAS thread per core: oversubscribed,
     # spinning BLAS threads slow every rank down several times.
     threads = args.threads or max(1, (os.cpu_count() or 1) // mpidist.get_local_world_size())
     threadpool_limits(limits=threads)
-    if args.data is None:
-        dataset = "sklearn digits"
-        x_train, y_train, x_test, y_test = load_digits_split(seed=args.seed)
-    else:
-        dataset = f"MNIST ({args.data})"
-        x_train, y_train, x_test, y_test = load_mnist(args.data)
+    dataset, x_train, y_train, x_test, y_test = load_data(args)
     n_classes = int(max(y_train.max(), y_test.max())) + 1
+    config = {"dataset": dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
+              "momentum": args.momentum, "hidden": args.hidden, "algorithm": args.algorithm,
+              "world_size": world}
 
     model = build_model(x_train.shape[1], args.hidden, n_classes, args.seed + rank)  # rank 0's weights win
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
     optimizer = SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    epoch, step, totals, history = 0, 0, np.zeros(2), []
+    source = resume_path(args)
+    if source is not None:
+        epoch, step, totals, history = restore(source, model, optimizer, config, world, rank)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
     criterion = CrossEntropyLoss()
     sampler = DistributedSampler(x_train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     steps = -(-len(sampler) // args.batch_size)
@@ -118,55 +278,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if rank == 0:
         print(f"mpidist: {world} ranks, {dataset}: {len(x_train)} train / {len(x_test)} test samples, "
               f"{steps} steps/epoch of {args.batch_size} per rank, algorithm={args.algorithm}", flush=True)
+        if source is not None:
+            print(f"resumed from {source}: {epoch} epochs and {step}/{steps} steps done", flush=True)
         if not args.no_progress:
             from tqdm import tqdm  # noqa: PLC0415
 
-            bar = tqdm(total=steps * args.epochs, unit="step", file=sys.stderr, dynamic_ncols=True)
+            bar = tqdm(total=steps * args.epochs, initial=min(steps * epoch + step, steps * args.epochs),
+                       unit="step", file=sys.stderr, dynamic_ncols=True)
 
-    history: list[dict] = []
-    for epoch in range(args.epochs):
+    stopped = False
+    while epoch < args.epochs and not stopped:
         sampler.set_epoch(epoch)
         order = np.fromiter(sampler, dtype=np.int64)
-        totals = np.zeros(2)  # summed loss * samples, samples
-        start = time.perf_counter()
-        for step in range(steps):
-            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
-            optimizer.zero_grad()
-            loss = criterion(ddp(x_train[idx]), y_train[idx])
-            ddp.backward(criterion.backward())
-            optimizer.step()
-            totals += (loss * len(idx), len(idx))
-            if bar is not None:
-                bar.update()
-        mpidist.all_reduce(totals)
+        resumed_samples, start = totals[1], time.perf_counter()
+        step, stopped = train_steps(ddp, optimizer, criterion, x_train, y_train, order, args.batch_size,
+                                    step, steps, totals, stop, bar)
+        if step < steps:  # stopped mid-epoch: the checkpoint keeps every rank's partial sums
+            break
+        summed = np.array([totals[0], totals[1], totals[1] - resumed_samples])  # the last: samples run now
+        mpidist.all_reduce(summed)
         elapsed = time.perf_counter() - start
         accuracy = evaluate(model, x_test, y_test, rank, world)
-        record = {"epoch": epoch + 1, "loss": totals[0] / totals[1], "test_accuracy": accuracy,
-                  "samples_per_s": totals[1] / elapsed, "dataset": dataset, "world_size": world}
-        history.append(record)
+        history.append({"epoch": epoch + 1, "loss": summed[0] / summed[1], "test_accuracy": accuracy,
+                        "samples_per_s": summed[2] / elapsed, "dataset": dataset, "world_size": world})
         if rank == 0:
-            line = (f"epoch {epoch + 1:3d}/{args.epochs}  loss {record['loss']:.4f}  "
-                    f"test acc {accuracy:.4f}  {record['samples_per_s']:,.0f} samples/s")
+            line = (f"epoch {epoch + 1:3d}/{args.epochs}  loss {history[-1]['loss']:.4f}  "
+                    f"test acc {accuracy:.4f}  {history[-1]['samples_per_s']:,.0f} samples/s")
             (bar.write(line) if bar is not None else print(line, flush=True))
+        epoch, step, totals = epoch + 1, 0, np.zeros(2)
     if bar is not None:
         bar.close()
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    ckpt = args.out / "checkpoint.npz"
-    state = {f"model.{k}": v for k, v in model.state_dict().items()}
-    state.update({f"optimizer.{k}": v for k, v in optimizer.state_dict().items()})
-    state["epoch"] = np.array(args.epochs)
+    every = np.zeros((world, 2))
+    if step:
+        mpidist.all_gather_into_tensor(every, totals)
+    state = training_state(model, optimizer, epoch, step, every, history, config)
+    ckpt = write_outputs(args, state, history, rank, world)
     if rank == 0:
-        save_checkpoint(ckpt, state)
-        (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
-        save_plot(args.out / "training.png", history)
-    mpidist.barrier()
-    loaded = load_checkpoint(ckpt)
-    if any(not np.array_equal(loaded[k], np.asarray(v)) for k, v in state.items()):
-        raise RuntimeError(f"[rank {rank}/{world}] checkpoint {ckpt} does not match this rank's model")
-    if rank == 0:
-        print(f"final test accuracy {history[-1]['test_accuracy']:.4f}; wrote {ckpt}, "
-              f"{args.out / 'metrics.json'}, {args.out / 'training.png'}", flush=True)
+        if stopped:
+            print(f"stopped by {stop.name} after {epoch} epochs and {step}/{steps} steps; wrote {ckpt}; "
+                  f"continue with --resume", flush=True)
+        else:
+            final = f"final test accuracy {history[-1]['test_accuracy']:.4f}; " if history else ""
+            print(f"{final}wrote {ckpt}, {args.out / 'metrics.json'}, {args.out / 'training.png'}", flush=True)
     mpidist.destroy_process_group()
     return 0
 
