@@ -1,5 +1,6 @@
 """What every public op does between validation and MPI: resolve the group, map ranks,
-run inline or on the group's engine, and turn MPI errors into mpidist's.
+record the op (flight recorder, timeout watchdog), check it (MPIDIST_DEBUG=DETAIL),
+run it inline or on the group's engine, and turn MPI errors into mpidist's.
 """
 from __future__ import annotations
 
@@ -8,39 +9,102 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _runtime
-from mpidist.errors import from_mpi, prefix
+from mpidist import _debug, _recorder as R, _runtime, work
+from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.group import ProcessGroup
-from mpidist.work import CompletedWork, FutureWork, Work
+from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root"]
+__all__ = ["launch", "member", "group_root", "p2p_call"]
 
 
-def _guarded(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list,
+             check: Optional[Callable[[], None]]) -> Callable[..., Any]:
+    """``fn`` wrapped to run as ``rec``: it becomes the group's op in flight, its end (or
+    failure) is recorded, the DETAIL check (if any) runs first, MPI errors become mpidist's."""
     def run(*args: Any) -> Any:
+        if rec[R.STATE] is R.SCHEDULED:  # it was queued on the engine: it starts now
+            rec[R.T_START] = R._now()
+            rec[R.STATE] = R.STARTED
+        g.engine.current = rec
         try:
-            return fn(*args)
+            if check is not None:
+                check()
+            out = fn(*args)
         except MPI.Exception as exc:
+            R.fail(rec)
             raise from_mpi(op, exc) from exc
+        except BaseException:
+            R.fail(rec)
+            raise
+        R.end(rec)
+        return out
     return run
 
 
 def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool,
-           outputs: tuple = ()) -> Optional[Work]:
+           outputs: tuple = (), *, shapes: Any = None, dtype: Any = None, root: int = -1, count: int = -1,
+           redop: Any = None, limit: Optional[float] = None) -> Optional[Work]:
     """Run ``fn(*args)`` in the group's op order; return a Work when ``async_op``.
 
     Sync: inline when nothing is queued, else behind the queued ops; returns None.
     Async: queued on the group's engine thread (``FutureWork``); on a one-rank group,
     or an MPI without MPI_THREAD_MULTIPLE, run at once (``CompletedWork``).
+
+    The keyword arguments describe the call for the flight recorder and the DETAIL
+    check: ``shapes`` (a shape, or a list of shapes), ``dtype``, ``root`` (global rank,
+    -1 if none), ``count`` (the element count every member must pass, -1 if it may
+    differ between ranks), ``redop`` (the reduction), ``limit`` (a timeout in seconds
+    other than the group's, for ops with their own, e.g. monitored_barrier).
+
+    With MPIDIST_ABORT_ON_TIMEOUT=0 a sync op runs on the engine thread and the caller
+    waits at most the timeout (then DistError), since a stuck MPI call cannot be
+    interrupted on the caller's own thread.
     """
-    run = _guarded(op, fn)
-    if not async_op:
-        group.engine.run_sync(run, *args)
-        return None
-    if group.size() == 1 or not _runtime.state().thread_multiple:
-        group.engine.run_sync(run, *args)
-        return CompletedWork(op, prefix(op), outputs)
-    return FutureWork(op, prefix(op), group.engine.submit(run, *args), outputs)
+    eng = group.engine
+    if eng.broken is not None:
+        raise DistError(f"{prefix(op)} group {group.group_name!r} is unusable: {eng.broken}")
+    eager = async_op and (group.size() == 1 or not _runtime.state().thread_multiple)
+    queued = (async_op and not eager) or not work.ABORT_ON_TIMEOUT or not eng.runs_inline()
+    rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
+    if limit is not None:
+        rec[R.LIMIT] = limit
+    check = _debug.checker(group, op, rec, count, dtype, root, redop) if _debug.DETAIL else None
+    run = _guarded(group, op, fn, rec, check)
+    if async_op and not eager:
+        return FutureWork(op, prefix(op), eng.submit(run, *args), outputs, rec)
+    if work.ABORT_ON_TIMEOUT or not _runtime.state().thread_multiple:
+        eng.run_sync(run, *args, rec=rec)
+    else:
+        bounded_result(eng.submit(run, *args), rec)
+    return CompletedWork(op, prefix(op), outputs) if async_op else None
+
+
+class p2p_call:  # noqa: N801  (a context manager: ``with p2p_call(g, "send", ...):``)
+    """Record a blocking point-to-point call, let the watchdog watch it while it blocks,
+    and turn an ``MPI.Exception`` raised inside the block into mpidist's error.
+
+    ``peer`` is the other side's global rank (-1: any source).
+    """
+
+    __slots__ = ("op", "rec")
+
+    def __init__(self, g: ProcessGroup, op: str, shapes: Any, dtype: Any, peer: int) -> None:
+        self.op = op
+        self.rec = R.begin_p2p(g, op, shapes, dtype, peer)
+
+    def __enter__(self) -> list:
+        R.watched[id(self.rec)] = self.rec
+        return self.rec
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        R.watched.pop(id(self.rec), None)
+        if exc is None:
+            R.end(self.rec)
+            return False
+        R.fail(self.rec)
+        if isinstance(exc, MPI.Exception):
+            raise from_mpi(self.op, exc) from exc
+        return False
 
 
 def member(group: Optional[ProcessGroup]) -> Optional[ProcessGroup]:

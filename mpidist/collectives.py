@@ -20,6 +20,7 @@ from mpi4py import MPI
 from mpidist import _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import group_root, launch, member
+from mpidist._recorder import begin, end, fail
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.errors import DistError, from_mpi, prefix
@@ -87,19 +88,24 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
     if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
         plan = _PLANS.get((arr.dtype, op._value_, algorithm)) or _plan(arr.dtype, op, algorithm)
         if plan[0] is _mpi_all_reduce and not async_op and g.engine.idle():
-            # the latency path: no thread hop, no closure, validated once per (dtype, op)
+            # the latency path: no thread hop, no closure, validated once per (dtype, op);
+            # recorded (sequence number, flight recorder, timeout watchdog) as launch would
+            rec = begin(g, "all_reduce", arr.shape, arr.dtype)
             try:
                 g.comm.Allreduce(MPI.IN_PLACE, [arr, plan[1]], plan[2])
             except MPI.Exception as exc:
+                fail(rec)
                 raise from_mpi("all_reduce", exc) from exc
             if op is ReduceOp.AVG:
                 arr /= g.size()
+            end(rec)
             return None
         body = plan[0]
     else:
         check_op_dtype(op, arr.dtype, prefix("all_reduce"))
         body = _choose(arr.dtype, algorithm)
-    return launch(g, "all_reduce", body, (g, arr, op), async_op, (tensor,))
+    return launch(g, "all_reduce", body, (g, arr, op), async_op, (tensor,), shapes=arr.shape, dtype=arr.dtype,
+                  count=arr.size, redop=op)
 
 
 # (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op): validated once, then
@@ -142,7 +148,8 @@ def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None
         return None
     arr = host_array(tensor, "broadcast", "tensor", writable=True)
     root = group_root(g, src, "broadcast", "src")
-    return launch(g, "broadcast", g.comm.Bcast, ([arr, mpi_datatype(arr.dtype)], root), async_op, (tensor,))
+    return launch(g, "broadcast", g.comm.Bcast, ([arr, mpi_datatype(arr.dtype)], root), async_op, (tensor,),
+                  shapes=arr.shape, dtype=arr.dtype, root=src, count=arr.size)
 
 
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
@@ -285,4 +292,5 @@ def monitored_barrier(group: Optional[ProcessGroup] = None,
     if g.size() == 1:
         return None
     body = _mb_root if g.rank() == 0 else _mb_other
-    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False)
+    # its own timeout, plus the grace of _mb_other, bounds it: the watchdog stays out of its way
+    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0)

@@ -186,7 +186,8 @@ def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.nd
     send = _send_part(inp, buf, rank_displs[g.rank()], dt)
     args = (send, [buf, list(rank_counts), rank_displs, dt])
     return launch(g, op, _communicate, (g.comm.Allgatherv, args, buf if staged else None, outs, slot_displs,
-                                        copies), async_op, results)
+                                        copies), async_op, results, shapes=inp.shape, dtype=inp.dtype,
+                  count=total)
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
@@ -255,7 +256,8 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
                          f"(shape {out.shape})")
     dt = mpi_datatype(inp.dtype)
     send = _send_part(inp, out, g.rank() * inp.size, dt)
-    return launch(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,))
+    return launch(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), shapes=inp.shape,
+                  dtype=inp.dtype, count=out.size)
 
 
 def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
@@ -351,7 +353,8 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         if _given(gather_list):
             raise ValueError(f"{prefix(op)} gather_list must not be given on a rank other than dst={dst} "
                              f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
-        return launch(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, ())
+        return launch(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), shapes=inp.shape,
+                      dtype=inp.dtype, root=dst)
     if not _given(gather_list):
         raise ValueError(f"{prefix(op)} gather_list must be given on the destination rank dst={dst}: "
                          f"a list of {g.size()} arrays, got {gather_list!r}")
@@ -363,7 +366,7 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
     buf, staged = _recv_buffer(outs, total)
     args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
     return launch(g, op, _communicate, (g.comm.Gatherv, args, buf if staged else None, outs, displs),
-                  async_op, tuple(gather_list))
+                  async_op, tuple(gather_list), shapes=inp.shape, dtype=inp.dtype, root=dst)
 
 
 def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: int = 0,
@@ -402,7 +405,8 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         if _given(scatter_list):
             raise ValueError(f"{prefix(op)} scatter_list must not be given on a rank other than src={src} "
                              f"(torch: 'must NOT be specified on non-source ranks'); pass None")
-        return launch(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,))
+        return launch(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), shapes=out.shape,
+                      dtype=out.dtype, root=src)
     if not _given(scatter_list):
         raise ValueError(f"{prefix(op)} scatter_list must be given on the source rank src={src}: "
                          f"a list of {g.size()} arrays, got {scatter_list!r}")
@@ -416,7 +420,8 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
     if slot is False:
         send = np.concatenate([a.reshape(-1) for a in inps])
     recv = MPI.IN_PLACE if slot else [out, dt]
-    return launch(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,))
+    return launch(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,),
+                  shapes=out.shape, dtype=out.dtype, root=src)
 
 
 # -- all-to-all -----------------------------------------------------------------------------
@@ -439,7 +444,7 @@ def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: list[i
     dt = mpi_datatype(buf.dtype)
     args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
     return launch(g, op, _communicate, (g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs),
-                  async_op, results)
+                  async_op, results, shapes=send.shape, dtype=buf.dtype)
 
 
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
@@ -568,4 +573,5 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[
     lead = arrs[src_tensor] if g.rank() == root else arrs[0]
     copies = [(a, lead) for a in arrs if a is not lead]
     args = ([lead, mpi_datatype(lead.dtype)], root)
-    return launch(g, op, _communicate, (g.comm.Bcast, args, None, (), (), copies), async_op, tuple(tensor_list))
+    return launch(g, op, _communicate, (g.comm.Bcast, args, None, (), (), copies), async_op, tuple(tensor_list),
+                  shapes=[a.shape for a in arrs], dtype=lead.dtype, root=src, count=lead.size)

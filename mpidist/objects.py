@@ -32,11 +32,11 @@ from typing import Any, Optional
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._dispatch import group_root, launch, member
+from mpidist._dispatch import group_root, launch, member, p2p_call
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
-from mpidist.p2p import mpi_errors, peer_rank
+from mpidist.p2p import peer_rank
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
            "send_object_list", "recv_object_list"]
@@ -104,7 +104,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Optional[Proce
         return None
     _check_list(object_list, op, "object_list")
     root = group_root(g, src, op, "src")
-    launch(g, op, _bcast, (g, object_list, root), False)
+    launch(g, op, _bcast, (g, object_list, root), False, root=src)
     return None
 
 
@@ -151,7 +151,7 @@ def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: int 
                          f"got a list of {len(object_gather_list)} items")
     else:
         object_gather_list = None
-    launch(g, op, _gather, (g, object_gather_list, obj, root), False)
+    launch(g, op, _gather, (g, object_gather_list, obj, root), False, root=dst)
     return None
 
 
@@ -177,7 +177,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     inputs = None
     if g.rank() == root:
         inputs = _check_list(scatter_object_input_list, op, "scatter_object_input_list", g.size())
-    launch(g, op, _scatter, (g, scatter_object_output_list, inputs, root), False)
+    launch(g, op, _scatter, (g, scatter_object_output_list, inputs, root), False, root=src)
     return None
 
 
@@ -199,7 +199,7 @@ def send_object_list(object_list: list, dst: int, group: Optional[ProcessGroup] 
         return None
     _check_list(object_list, op, "object_list")
     peer = peer_rank(g, dst, op, "dst")
-    with mpi_errors(op):
+    with p2p_call(g, op, None, None, int(dst)):
         pkl5.Intracomm(g.comm).send(object_list, peer, OBJECT_TAG)
     return None
 
@@ -223,7 +223,7 @@ def recv_object_list(object_list: list, src: Optional[int] = None, group: Option
     _check_list(object_list, op, "object_list")
     peer = MPI.ANY_SOURCE if src is None else peer_rank(g, src, op, "src")
     status = MPI.Status()
-    with mpi_errors(op):
+    with p2p_call(g, op, None, None, -1 if src is None else int(src)):
         got = pkl5.Intracomm(g.comm).recv(None, peer, OBJECT_TAG, status)
     sender = g.ranks[status.Get_source()]
     _fill(object_list, got, op, sender)

@@ -14,9 +14,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _runtime
+from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
-from mpidist._dispatch import group_root
+from mpidist._dispatch import group_root, p2p_call
+from mpidist._recorder import begin_p2p
 from mpidist._tags import USER_TAG_MAX
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist.group import ProcessGroup
@@ -92,16 +93,23 @@ def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag
     return g, arr, peer_rank(g, peer, op, f"{where}peer" if where else ("src" if receive else "dst")), tag
 
 
-def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int) -> Work:
-    with mpi_errors("isend"):
+def _global(g: ProcessGroup, peer: int) -> int:
+    """The global rank of group rank ``peer`` (-1 for MPI.ANY_SOURCE), for the recorder."""
+    return g.ranks[peer] if peer >= 0 else -1
+
+
+def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "isend") -> Work:
+    rec = begin_p2p(g, op, arr.shape, arr.dtype, _global(g, peer))
+    with mpi_errors(op):
         req = g.comm.Isend([arr, mpi_datatype(arr.dtype)], peer, tag)
-    return RequestWork("isend", prefix("isend"), req)
+    return RequestWork(op, prefix(op), req, rec=rec)
 
 
-def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int) -> Work:
-    with mpi_errors("irecv"):
+def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "irecv") -> Work:
+    rec = begin_p2p(g, op, arr.shape, arr.dtype, _global(g, peer))
+    with mpi_errors(op):
         req = g.comm.Irecv([arr, mpi_datatype(arr.dtype)], peer, tag)
-    return RequestWork("irecv", prefix("irecv"), req, (arr,), _finisher(g, arr, "irecv"))
+    return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op), rec=rec)
 
 
 def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Optional[Work]:
@@ -135,7 +143,10 @@ def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag
     if args is None:
         return None
     g, arr, peer, tag = args
-    with mpi_errors("send"):
+    if not work.ABORT_ON_TIMEOUT:  # a wait that can raise DistError past the timeout
+        _post_isend(g, arr, peer, tag, "send").wait()
+        return None
+    with p2p_call(g, "send", arr.shape, arr.dtype, _global(g, peer)):
         g.comm.Send([arr, mpi_datatype(arr.dtype)], peer, tag)
     return None
 
@@ -151,8 +162,10 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
     if args is None:
         return -1
     g, arr, peer, tag = args
+    if not work.ABORT_ON_TIMEOUT:  # a wait that can raise DistError past the timeout
+        return _post_irecv(g, arr, peer, tag, "recv").source_rank()
     status = MPI.Status()
-    with mpi_errors("recv"):
+    with p2p_call(g, "recv", arr.shape, arr.dtype, _global(g, peer)):
         g.comm.Recv([arr, mpi_datatype(arr.dtype)], peer, tag, status)
     return _finisher(g, arr, "recv")(status)
 

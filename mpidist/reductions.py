@@ -109,7 +109,8 @@ def reduce(tensor: np.ndarray, dst: int, op: Op = ReduceOp.SUM, group: Optional[
     root = group_root(g, dst, name, "dst")
     arr = host_array(tensor, name, "tensor", writable=g.rank() == root)
     op = check_op_dtype(op, arr.dtype, prefix(name))
-    return launch(g, name, _reduce, (g, arr, op, root, g.size()), async_op, (tensor,))
+    return launch(g, name, _reduce, (g, arr, op, root, g.size()), async_op, (tensor,), shapes=arr.shape,
+                  dtype=arr.dtype, root=dst, count=arr.size, redop=op)
 
 
 # -- reduce_scatter ----------------------------------------------------------------------------
@@ -167,7 +168,8 @@ def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op 
     inputs = _array_list(input_list, name, "input_list", writable=False, length=g.size(), ref=out,
                          ref_arg="output")
     op = check_op_dtype(op, out.dtype, prefix(name))
-    return launch(g, name, _reduce_scatter_list, (g, out, inputs, op), async_op, (output,))
+    return launch(g, name, _reduce_scatter_list, (g, out, inputs, op), async_op, (output,), shapes=out.shape,
+                  dtype=out.dtype, count=out.size, redop=op)
 
 
 def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
@@ -200,7 +202,8 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
         raise ValueError(f"{prefix(name)} input must hold world_size * output.size = {g.size()} * "
                          f"{out.size} = {g.size() * out.size} elements, got {inp.size} (shape {inp.shape})")
     op = check_op_dtype(op, out.dtype, prefix(name))
-    return launch(g, name, _reduce_scatter_tensor, (g, out, inp, op), async_op, (output,))
+    return launch(g, name, _reduce_scatter_tensor, (g, out, inp, op), async_op, (output,), shapes=inp.shape,
+                  dtype=out.dtype, count=out.size, redop=op)
 
 
 # -- the seeds' multi-array ("multigpu") forms ------------------------------------------------
@@ -269,7 +272,8 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
     name = "all_reduce_multigpu"
     arrays = _array_list(tensor_list, name, "tensor_list", writable=True, distinct=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
-    return launch(g, name, _all_reduce_multi, (g, arrays, op), async_op, tuple(tensor_list))
+    return launch(g, name, _all_reduce_multi, (g, arrays, op), async_op, tuple(tensor_list),
+                  shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=arrays[0].size, redop=op)
 
 
 def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = ReduceOp.SUM,
@@ -313,4 +317,5 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = Reduce
         host_array(arrays[dst_tensor], name, f"tensor_list[{dst_tensor}]", writable=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
     return launch(g, name, _reduce_multi, (g, arrays, op, root, int(dst_tensor)), async_op,
-                  tuple(tensor_list))
+                  tuple(tensor_list), shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, root=dst,
+                  count=arrays[0].size, redop=op)

@@ -25,11 +25,37 @@ from typing import Any, Callable, Optional
 
 from mpi4py import MPI
 
+from mpidist import _recorder as R
 from mpidist.errors import DistError, from_mpi
 
 __all__ = ["Work", "RequestWork", "FutureWork", "CompletedWork", "Engine"]
 
 _CREATE_LOCK = threading.Lock()  # makes get_future() hand out one future per Work
+#: False when MPIDIST_ABORT_ON_TIMEOUT=0: a wait past the timeout raises DistError instead
+#: of letting the watchdog abort the job (set by init_process_group).
+ABORT_ON_TIMEOUT = True
+_POLL_S = 0.02  # how often a bounded wait looks whether the watchdog declared a timeout
+#: Point-to-point Works given up on after a timeout (MPIDIST_ABORT_ON_TIMEOUT=0): their
+#: requests are still posted, so they and their buffers are kept for the process's life.
+_ABANDONED: list = []
+
+
+def _timed_out(rec: Optional[list]) -> None:
+    """Raise the watchdog's DistError if it declared ``rec`` timed out."""
+    if rec is not None and rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None:
+        raise DistError(rec[R.INFO])
+
+
+def bounded_result(future: concurrent.futures.Future, rec: Optional[list]) -> Any:
+    """``future.result()``, but raise the watchdog's DistError once it declares ``rec`` timed
+    out (MPIDIST_ABORT_ON_TIMEOUT=0); with the default abort, simply ``future.result()``."""
+    if ABORT_ON_TIMEOUT or rec is None:
+        return future.result()
+    while True:
+        try:
+            return future.result(_POLL_S)
+        except concurrent.futures.TimeoutError:
+            _timed_out(rec)
 
 
 def _settle(future: concurrent.futures.Future, error: Optional[BaseException], outputs: tuple) -> None:
@@ -56,7 +82,11 @@ class Work:
 
     ``wait(timeout)`` blocks until the op is done and returns True, or raises
     :class:`DistError` after ``timeout`` seconds (a float or ``datetime.timedelta``)
-    naming the op and rank; it re-raises the op's own error if it failed.
+    naming the op and rank; it re-raises the op's own error if it failed. With
+    ``timeout=None`` the process group's timeout (init_process_group's, or
+    MPIDIST_TIMEOUT, counted from the op's issue) bounds it: past it the watchdog
+    aborts the job, or with MPIDIST_ABORT_ON_TIMEOUT=0 ``wait`` raises the watchdog's
+    DistError (op, group, sequence number, ranks that had not arrived).
     """
 
     def __init__(self, op: str, where: str) -> None:
@@ -176,8 +206,10 @@ class RequestWork(Work):
     """
 
     def __init__(self, op: str, where: str, request: MPI.Request, outputs: tuple = (),
-                 finish: Optional[Callable[[MPI.Status], Optional[int]]] = None) -> None:
+                 finish: Optional[Callable[[MPI.Status], Optional[int]]] = None,
+                 rec: Optional[list] = None) -> None:
         super().__init__(op, where)
+        self._rec = rec  # the flight recorder's entry
         self._req = request
         self._outs = outputs
         self._finish = finish
@@ -202,6 +234,8 @@ class RequestWork(Work):
                 except BaseException as exc:  # noqa: BLE001  (kept, re-raised by wait)
                     self._error = exc
         self._done = True
+        if self._rec is not None:
+            (R.end if self._error is None else R.fail)(self._rec)
 
     def _poll(self) -> bool:
         """Test the request once (skipped if another thread holds it); True when done."""
@@ -218,13 +252,11 @@ class RequestWork(Work):
         return self._done
 
     def _progress(self, limit: Optional[float]) -> bool:
-        """Drive the request for up to ``limit`` seconds (None: until done); True when done."""
+        """Drive the request for up to ``limit`` seconds (None: until done, or until the
+        watchdog declares it timed out); True when done."""
         if limit is None:
             if not self._done:
-                with self._lock:
-                    if not self._done:
-                        self._advance(self._req.Wait)
-                self._settle()
+                self._wait_watched()
             return True
         deadline = time.monotonic() + limit
         while not self._poll():
@@ -232,6 +264,29 @@ class RequestWork(Work):
                 return False
             time.sleep(50e-6)
         return True
+
+    def _wait_watched(self) -> None:
+        """Wait until done while the watchdog watches this request: it aborts the job past
+        the timeout, or (MPIDIST_ABORT_ON_TIMEOUT=0) marks the entry, and this raises."""
+        rec = self._rec
+        if rec is not None:
+            R.watched[id(rec)] = rec
+        try:
+            if ABORT_ON_TIMEOUT or rec is None:
+                with self._lock:
+                    if not self._done:
+                        self._advance(self._req.Wait)
+            else:
+                while not self._poll():
+                    if rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None:
+                        # MPI may still write into the buffer later: keep request and buffer alive
+                        _ABANDONED.append(self)
+                        _timed_out(rec)
+                    time.sleep(50e-6)
+        finally:
+            if rec is not None:
+                R.watched.pop(id(rec), None)
+        self._settle()
 
     def _settle(self) -> None:
         future = self._future
@@ -348,14 +403,22 @@ class FutureWork(Work):
     engine thread that would run it is busy running the callback.
     """
 
-    def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = ()) -> None:
+    def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (),
+                 rec: Optional[list] = None) -> None:
         super().__init__(op, where)
         self._future = future
         self._outs = outputs
+        self._rec = rec  # the flight recorder's entry, watched by the timeout watchdog
         self._derived: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
+        """Block until done. ``timeout=None``: the group's timeout (init_process_group's,
+        counted from the op's issue) applies: past it the watchdog aborts the job, or with
+        MPIDIST_ABORT_ON_TIMEOUT=0 this raises its DistError."""
         limit = _seconds(timeout)
+        if limit is None:
+            bounded_result(self._future, self._rec)
+            return True
         try:
             self._future.result(limit)
         except concurrent.futures.TimeoutError:
@@ -388,7 +451,17 @@ class Engine:
     queued (no thread hop on the latency-critical path) and otherwise queues behind
     the pending ops and waits. Called on the engine thread itself (from a future's
     callback), it runs inline: queuing there would wait on itself.
+
+    It also carries the group's reliability state: ``seq`` (collectives issued on the
+    group: the flight recorder's sequence number), ``p2p_seq``, ``current`` (the
+    recorder entry of the op running now, which the timeout watchdog watches), ``key``
+    (:func:`mpidist._recorder.group_key`) and ``broken`` (why the group is unusable
+    after a timeout with MPIDIST_ABORT_ON_TIMEOUT=0, else None).
     """
+
+    #: False disables the ops' inline latency paths (``idle()``), so every op goes through
+    #: ``_dispatch.launch`` (MPIDIST_DEBUG=DETAIL checks, MPIDIST_ABORT_ON_TIMEOUT=0 waits).
+    inline = True
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -396,6 +469,11 @@ class Engine:
         self._lock = threading.Lock()
         self._pending = 0
         self._thread: Optional[threading.Thread] = None
+        self.seq = 0
+        self.p2p_seq = 0
+        self.current: Optional[list] = None
+        self.key: Optional[str] = None
+        self.broken: Optional[str] = None
 
     def _loop(self) -> None:
         while True:
@@ -424,14 +502,25 @@ class Engine:
         return future
 
     def idle(self) -> bool:
-        """True when no queued op is pending, so the caller may run an op inline."""
+        """True when an op may take its inline latency path: nothing is queued (or this is
+        the engine thread) and no debug or no-abort mode needs every op to go through
+        ``_dispatch.launch``."""
+        return self.inline and (self._pending == 0 or threading.current_thread() is self._thread)
+
+    def runs_inline(self) -> bool:
+        """True when :meth:`run_sync` would run its op inline: nothing is queued, or this
+        is the engine thread."""
         return self._pending == 0 or threading.current_thread() is self._thread
 
-    def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` after every op queued before it, and return its result."""
-        if self.idle():
+    def run_sync(self, fn: Callable[..., Any], *args: Any, rec: Optional[list] = None) -> Any:
+        """Run ``fn(*args)`` after every op queued before it, and return its result.
+
+        Inline when nothing is queued; else queued and waited for (bounded by the
+        timeout of ``rec``, the op's recorder entry, when MPIDIST_ABORT_ON_TIMEOUT=0).
+        """
+        if self.runs_inline():
             return fn(*args)
-        return self.submit(fn, *args).result()
+        return bounded_result(self.submit(fn, *args), rec)
 
     def shutdown(self) -> None:
         """Finish queued ops and stop the thread."""
