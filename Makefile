@@ -23,7 +23,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@touch $(STAMP)
 
 run: install
-	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist.examples.train_digits --out $(OUT) $(RUN_ARGS)
+	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_digits --out $(OUT) $(RUN_ARGS)
 
 test: test-serial test-mpi test-slurm
 
@@ -33,7 +33,7 @@ test-serial: install
 test-mpi: install
 	@set -e; for n in 2 3 4; do \
 	  echo "== pytest under mpiexec -n $$n"; \
-	  timeout -k 10 $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) -q; \
+	  timeout -k 10 $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpidist -m pytest --with-mpi -q; \
 	done
 
 # jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,

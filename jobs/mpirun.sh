@@ -14,12 +14,12 @@ usage: $prog [-n N] [--hostfile FILE] [--timeout SECONDS] [-- COMMAND [ARGS...]]
 
 Runs COMMAND on N MPI ranks with mpiexec and exits with its exit code.
 Default COMMAND (the main job):
-  python -m mpidist.examples.train_digits --out out/digits
+  python -m mpidist -m mpidist.examples.train_digits --out out/digits
 
 options:
   -n, --np N          number of ranks (default: \$MPIDIST_NP or 4)
   --hostfile FILE     hosts to run on; passed as -f (MPICH/hydra) or --hostfile (Open MPI)
-  --timeout SECONDS   wall-clock limit (default: \$MPIDIST_TIMEOUT or 600); when it expires
+  --timeout SECONDS   wall-clock limit (default: \$MPIDIST_WALLTIME or 600); when it expires
                       the job gets SIGTERM, then SIGKILL 10 s later, and $prog exits 124 (137)
   -h, --help          this text
 
@@ -32,7 +32,7 @@ environment:
 
 examples:
   $prog -n 4
-  $prog -n 2 --timeout 120 -- python -m mpidist.examples.train_digits --out /tmp/d --epochs 2
+  $prog -n 2 --timeout 120 -- python -m mpidist -m mpidist.examples.train_digits --out /tmp/d --epochs 2
   $prog -n 8 --hostfile hosts.txt -- python -m pytest --with-mpi -q tests/
 EOF
 }
@@ -41,7 +41,7 @@ die() { echo "$prog: $*" >&2; exit 2; }
 
 np="${MPIDIST_NP:-4}"
 hostfile=""
-limit="${MPIDIST_TIMEOUT:-600}"
+limit="${MPIDIST_WALLTIME:-600}"
 cmd=()
 while (( $# > 0 )); do
     case "$1" in
@@ -67,7 +67,7 @@ if [[ -n "$hostfile" ]]; then
     hostfile="$(cd "$(dirname "$hostfile")" && pwd)/$(basename "$hostfile")"
 fi
 if (( ${#cmd[@]} == 0 )); then
-    cmd=(python -m mpidist.examples.train_digits --out out/digits)
+    cmd=(python -m mpidist -m mpidist.examples.train_digits --out out/digits)
 fi
 
 # The venv's bin/ first on PATH: its mpiexec (the pip MPICH) and python, then the system's.

@@ -17,7 +17,7 @@ from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import write_idx
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
-JOB = [sys.executable, "-m", "mpidist.examples.train_digits", "--no-progress"]
+JOB = [sys.executable, "-m", "mpidist", "-m", "mpidist.examples.train_digits", "--no-progress"]
 
 
 def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
