@@ -49,19 +49,33 @@ test-slurm: install
 clean:
 	rm -rf $(VENV) out build *.egg-info
 
-# Benchmarks (benchmarks/bench_allreduce.py): results land in benchmarks/results/.
+# Benchmarks: results land in benchmarks/results/. bench_allreduce.py: all_reduce variants;
+# bench_collectives.py: every collective vs raw mpi4py, mpidist's ring and torch.distributed
+# gloo (the `bench` extra: CPU torch), nccl-tests' layout; bench_ddp_hooks.py: DDP comm hooks.
 BENCH         := $(PY) benchmarks/bench_allreduce.py
+BENCH_COLL    := $(PY) benchmarks/bench_collectives.py
 BENCH_TIMEOUT ?= 1200
+BENCH_STAMP   := $(VENV)/.bench-installed-stamp
 
-.PHONY: bench bench-quick
+.PHONY: bench bench-quick bench-install
 
-bench: install
+bench-install: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
+	@touch $(BENCH_STAMP)
+
+bench: bench-install
 	@set -e; for n in 2 4; do \
 	  echo "== all_reduce benchmark under mpiexec -n $$n"; \
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(BENCH); \
+	  echo "== collectives benchmark under mpiexec -n $$n"; \
+	  OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(BENCH_COLL); \
 	done
+	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_ddp_hooks.py
 
-# Smoke run (< 60 s): sizes to 1 MiB, fewer repetitions; writes to out/ so that it
-# never overwrites bench's results. Its last lines are the headline ratios.
+# Smoke run (< 60 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
+# out/ so that it never overwrites bench's results. Its last lines are the headline
+# ratios and the targets' verdicts (gloo columns when torch is installed).
 bench-quick: install
-	timeout -k 10 60 $(MPIEXEC) -n 2 $(BENCH) --max-bytes 1M --quick --out out/bench-quick
+	OMP_NUM_THREADS=1 timeout -k 10 60 $(MPIEXEC) -n 2 $(BENCH_COLL) --quick --max-bytes 1M --ops all_reduce --out out/bench-quick
