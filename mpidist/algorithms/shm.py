@@ -1,0 +1,347 @@
+"""Intra-node all-reduce through an MPI-3 shared-memory window.
+
+The ranks of a communicator that live on one node map one shared-memory window
+(``MPI_Win_allocate_shared``) and reduce by reading each other's slots directly with
+numpy ufuncs instead of sending messages: the "MPI+MPI" hybrid model of Hoefler et
+al., "MPI+MPI: a new hybrid approach to parallel programming with MPI plus shared
+memory", Computing 95(12), 2013. With ``n > 2`` ranks the reduction is the
+reduce-scatter + all-gather of Rabenseifner ("Optimization of collective reduction
+operations", ICCS 2004), with shared memory as the wire; with 2 ranks each rank reads
+the whole of its peer's input and reduces every element itself, which needs one
+synchronization per chunk instead of two and no second pass over the result.
+
+Synchronization follows the MPI-3 unified memory model (MPI-4.1 §12.7): the window is
+locked once with ``MPI_Win_lock_all``; a phase ends with ``MPI_Win_sync`` (a memory
+barrier: this rank's stores are visible), then a barrier on per-rank counters that live
+in the window (each alone on its page), then ``MPI_Win_sync`` again before the peers'
+data is read. A waiting rank checks its peers' counters for about 50 us (not at all
+when the node has more ranks than cores), then yields the core with ``sched_yield``
+between checks for about 100 us, then sleeps between checks (10 us doubling up to
+1 ms): yielding and sleeping release the GIL and the core to the caller's other
+threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from mpidist._buffers import host_array
+from mpidist.errors import prefix
+from mpidist.reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
+
+__all__ = ["ShmAllReduce", "shm_all_reduce", "shm_applicable", "shm_release", "DEFAULT_SLOT_BYTES"]
+
+#: Window bytes per rank (besides one page for its counter). A chunk of the buffer
+#: occupies it: ``n * slot/n`` bytes with ``n > 2`` ranks, half of it with 2 ranks
+#: (double buffered). Small enough that a chunk's working set stays in the caches
+#: (here 1 MiB L2 per core, 32 MiB shared L3); large enough that the synchronizations
+#: and numpy calls per chunk cost little (measured: benchmarks/results/shm_np2.md).
+DEFAULT_SLOT_BYTES = 2 << 20
+
+_LINE = 64           # cache line: slices start on one, so two writers never share a line
+_HEADER = 4096       # each rank's counter sits alone on the first page of its segment
+_SPINS = 1000        # counter checks (about 50 us) before yielding the core between checks
+_YIELDS = 100        # sched_yield calls (about 100 us) before sleeping between checks
+_SLEEP_MAX = 1e-3    # longest sleep between checks (s); sleeps double from 10 us
+
+
+def shm_applicable(comm: MPI.Comm) -> bool:
+    """True when all ranks of ``comm`` share memory (one node), on every rank.
+
+    Collective over ``comm``: splits it with ``MPI_COMM_TYPE_SHARED`` and compares the
+    sizes. A communicator spanning nodes gives False on every rank.
+    """
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        local = node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()
+    return bool(comm.allreduce(local, op=MPI.LAND))
+
+
+def _ufunc(op: ReduceOp, dtype: np.dtype) -> np.ufunc:
+    """The numpy ufunc of ``op`` on ``dtype`` (bool: the logical one), as local_reduce uses."""
+    return getattr(np, _BOOL_OPS[op][1] if dtype.kind == "b" else _UFUNCS[op])
+
+
+def _part(m: int, n: int, align: int) -> int:
+    """Length of the first ``n - 1`` parts of ``m`` elements cut in cache-line multiples."""
+    part = -(-m // n)
+    return -(-part // align) * align
+
+
+class _Views:
+    """A dtype's views of the window: ``slots[k][j]`` is the j-th of rank k's ``parts``
+    equal regions, ``q`` elements each."""
+
+    __slots__ = ("q", "align", "slots")
+
+    def __init__(self, mems: list, parts: int, part_bytes: int, dtype: np.dtype) -> None:
+        self.q = part_bytes // dtype.itemsize
+        self.align = max(1, _LINE // dtype.itemsize)
+        self.slots = [[np.frombuffer(m, dtype, count=self.q, offset=_HEADER + j * part_bytes)
+                       for j in range(parts)] for m in mems]
+
+
+class ShmAllReduce:
+    """All-reduce over a shared-memory window, for a communicator confined to one node.
+
+    ``ShmAllReduce(comm)`` is collective over ``comm`` (all ranks on one node: see
+    :func:`shm_applicable`); it duplicates ``comm`` and allocates a window of
+    ``4 KiB + slot_bytes`` per rank, kept until :meth:`free` (collective). Then
+    ``obj(buf, op)`` (collective; same shape and dtype on every rank) reduces ``buf`` in
+    place. Calls on one object must not overlap (one thread at a time).
+
+    Algorithm: ``buf`` is processed in chunks that fit the window (pipelined, so memory
+    stays bounded whatever the size). Every element's result is the left fold over
+    ranks 0..n-1, ``acc = x_0 op x_1``, then ``acc = acc op x_k`` for ``k = 2 .. n-1``
+    (``x_k``: rank k's input), whatever the chunking.
+
+    * ``n > 2``, per chunk of ``slot_bytes`` cut into ``n`` slices (slice ``j`` owned by
+      rank ``j``): (1) each rank copies the slices it does not own into its slot;
+      barrier; (2) each rank folds its slice from its own buffer and the peers' slots
+      into its slot; barrier; (3) each rank copies every folded slice from its owner's
+      slot into ``buf`` (during step 1 of the next chunk). Each result is computed once
+      and copied, so it is bitwise identical everywhere. Traffic per rank and chunk of
+      ``C`` bytes: ``(n-1)/n C`` copied in, ``C`` read and ``C/n`` written by the fold,
+      ``C`` copied out.
+    * ``n == 2``, per chunk of ``slot_bytes / 2`` (the two halves of the slot alternate,
+      double buffering): each rank copies the chunk into its half-slot; barrier; each
+      rank computes ``buf = x_0 op x_1`` reading its peer's half-slot. Both ranks run the
+      same ufunc on the same operands in the same order, so the results are bitwise
+      identical. Traffic per rank and chunk: ``C`` copied in, ``2 C`` read and ``C``
+      written by the fold; one barrier.
+
+    The input is read from and the output written to ``buf`` once; the rest of the
+    traffic stays in the caches. Memory: ``n (slot_bytes + 4 KiB)`` shared bytes on the
+    node, plus a few numpy views per dtype used.
+
+    Args:
+        comm: intra-node communicator (not modified; a Dup is used).
+        slot_bytes: window bytes per rank, rounded down to a multiple of ``64 n``.
+
+    Raises:
+        ValueError: ``comm`` spans more than one node, or ``slot_bytes < 128 n``
+            (raised on every rank alike).
+    """
+
+    def __init__(self, comm: MPI.Comm, slot_bytes: int = DEFAULT_SLOT_BYTES) -> None:
+        n = comm.Get_size()
+        if slot_bytes < 2 * _LINE * n:
+            raise ValueError(f"{prefix('ShmAllReduce')} slot_bytes must be >= 128 x the {n} ranks = "
+                             f"{2 * _LINE * n}, got {slot_bytes}")
+        if not shm_applicable(comm):
+            raise ValueError(f"{prefix('ShmAllReduce')} the ranks of comm do not all share memory (more than "
+                             f"one node); use another all-reduce algorithm")
+        self.comm = comm.Dup()
+        self.size, self.rank = n, self.comm.Get_rank()
+        self.parts = 2 if n == 2 else n    # regions per slot: halves, or one per slice
+        self.part_bytes = slot_bytes // self.parts // _LINE * _LINE
+        self.slot_bytes = self.part_bytes * self.parts
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")  # each rank's segment page-aligned
+        try:
+            self.win: Optional[MPI.Win] = MPI.Win.Allocate_shared(_HEADER + self.slot_bytes, 1, info, self.comm)
+        finally:
+            info.Free()
+        self._mems = [self.win.Shared_query(k)[0] for k in range(n)]
+        self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]
+        self._views: dict = {}
+        self._checked: set = set()           # (dtype, op) pairs validated already
+        self._epoch = 0
+        self._half = 0                       # n == 2: the half-slot the next chunk uses
+        self._spins = 0 if n > (os.cpu_count() or 1) else _SPINS
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self._flags[self.rank][0] = 0
+        self.win.Sync()
+        self.comm.Barrier()
+
+    # -- synchronization ----------------------------------------------------------------
+    def _barrier(self) -> None:
+        """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync."""
+        win, flags, e = self.win, self._flags, self._epoch + 1
+        self._epoch = e
+        win.Sync()
+        flags[self.rank][0] = e
+        for flag in flags:
+            if flag[0] < e:
+                self._wait(flag, e)
+        win.Sync()
+
+    def _wait(self, flag: memoryview, e: int) -> None:
+        """Until ``flag`` reaches ``e``: spin, then yield the core, then sleep (both release
+        the GIL), so a rank that waits long (its peer computes) leaves the core to others."""
+        for _ in range(self._spins):
+            if flag[0] >= e:
+                return
+        for _ in range(_YIELDS):
+            if flag[0] >= e:
+                return
+            os.sched_yield()
+        pause = 1e-5
+        while flag[0] < e:
+            time.sleep(pause)
+            pause = min(2 * pause, _SLEEP_MAX)
+
+    # -- the collective -----------------------------------------------------------------
+    def __call__(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """All-reduce ``buf`` in place with ``op`` (AVG reduced as SUM: the caller divides).
+
+        Args:
+            buf: C-contiguous writeable numpy array, any shape and numeric dtype (bool,
+                float16, ml_dtypes' types included); same shape and dtype on every rank.
+            op: a :class:`ReduceOp` other than PREMUL_SUM.
+
+        Only ``buf`` changes, on every rank, to the element-wise reduction of all ranks'
+        inputs, bitwise identical everywhere.
+
+        Raises:
+            TypeError: ``buf`` is not a numpy array of a numeric dtype; ``op`` is not a
+                ReduceOp.
+            ValueError: unsupported op/dtype pair (``check_op_dtype``), ``buf`` not
+                C-contiguous or read-only, or the object was freed.
+        """
+        host_array(buf, "shm_all_reduce", "buf", writable=True)
+        if type(op) is not ReduceOp or (buf.dtype, op) not in self._checked:
+            self._check_op(buf.dtype, op)
+        if self.win is None:
+            raise ValueError(f"{prefix('shm_all_reduce')} this ShmAllReduce was freed")
+        if self.size == 1 or buf.size == 0:
+            return
+        views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
+        run = self._pairwise if self.size == 2 else self._scatter_gather
+        run(buf.reshape(-1), views, _ufunc(op, buf.dtype))
+
+    def _check_op(self, dtype: np.dtype, op: Any) -> None:
+        if not isinstance(op, ReduceOp):
+            raise TypeError(f"{prefix('shm_all_reduce')} op must be a ReduceOp (apply a PremulSum's factor "
+                            f"first), got {op!r}")
+        check_op_dtype(op, dtype, prefix("shm_all_reduce"))
+        self._checked.add((dtype, op))
+
+    def _make_views(self, dtype: np.dtype) -> _Views:
+        views = self._views[dtype] = _Views(self._mems, self.parts, self.part_bytes, dtype)
+        return views
+
+    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc) -> None:
+        """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy."""
+        mine, peer, first = views.slots[self.rank], views.slots[1 - self.rank], self.rank == 0
+        half = self._half
+        for start in range(0, flat.size, views.q):
+            chunk = flat[start:start + views.q]
+            m = chunk.size
+            np.copyto(mine[half][:m], chunk)
+            self._barrier()
+            other = peer[half][:m]
+            if first:
+                ufunc(chunk, other, out=chunk)
+            else:
+                ufunc(other, chunk, out=chunk)
+            half ^= 1
+        self._half = half
+
+    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc) -> None:
+        """n > 2: per chunk, deposit / barrier / fold own slice / barrier, then gather."""
+        n = self.size
+        full = [(j * views.q, (j + 1) * views.q) for j in range(n)]
+        pending = None
+        for start in range(0, flat.size, n * views.q):
+            chunk = flat[start:start + n * views.q]
+            bounds = full if chunk.size == n * views.q else self._tail_bounds(chunk.size, views.align)
+            if pending is not None:
+                self._gather(views, *pending)
+            self._deposit(views, chunk, bounds)
+            self._barrier()
+            self._fold(views, chunk, bounds, ufunc)
+            self._barrier()
+            pending = chunk, bounds
+        self._gather(views, *pending)
+
+    def _tail_bounds(self, m: int, align: int) -> list:
+        """Slices of a last chunk of ``m`` elements: cache-line multiples, the last ones
+        shorter or empty. Slice j still lives in region j of each slot."""
+        part, n = _part(m, self.size, align), self.size
+        return [(min(j * part, m), min((j + 1) * part, m)) for j in range(n)]
+
+    def _deposit(self, views: _Views, chunk: np.ndarray, bounds: list) -> None:
+        """Step 1: copy the slices of ``chunk`` that other ranks own into this rank's slot."""
+        mine, r = views.slots[self.rank], self.rank
+        for j, (a, b) in enumerate(bounds):
+            if j != r and b > a:
+                np.copyto(mine[j][:b - a], chunk[a:b])
+
+    def _fold(self, views: _Views, chunk: np.ndarray, bounds: list, ufunc: np.ufunc) -> None:
+        """Step 2: fold this rank's slice over ranks 0..n-1 into its own slot."""
+        r = self.rank
+        a, b = bounds[r]
+        if b == a:
+            return
+        xs = [chunk[a:b] if k == r else views.slots[k][r][:b - a] for k in range(self.size)]
+        out = views.slots[r][r][:b - a]
+        ufunc(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            ufunc(out, x, out=out)
+
+    @staticmethod
+    def _gather(views: _Views, chunk: np.ndarray, bounds: list) -> None:
+        """Step 3: copy every folded slice of ``chunk`` from its owner's slot."""
+        for j, (a, b) in enumerate(bounds):
+            if b > a:
+                np.copyto(chunk[a:b], views.slots[j][j][:b - a])
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def free(self) -> None:
+        """Release the window and the duplicated communicator (collective; idempotent)."""
+        if self.win is None:
+            return
+        self._views.clear()
+        for flag in self._flags:
+            flag.release()
+        self._flags, self._mems = [], []
+        self.win.Unlock_all()
+        self.win.Free()
+        self.win = None
+        self.comm.Free()
+
+    def __enter__(self) -> "ShmAllReduce":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+
+# -- one cached ShmAllReduce per communicator ------------------------------------------------
+_CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def shm_all_reduce(comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
+    """All-reduce ``buf`` in place over the intra-node ``comm`` through shared memory.
+
+    Same contract as ``ShmAllReduce(comm)(buf, op)``: collective; ``buf`` changes on
+    every rank to the bitwise-identical reduction (AVG as SUM: the caller divides). The
+    first call on ``comm`` creates its window (collectively) and keeps it for later
+    calls, until :func:`shm_release` ``(comm)``, which must come before ``comm`` is
+    freed (the cache is keyed by the communicator's handle).
+
+    Raises: as :class:`ShmAllReduce` (ValueError when ``comm`` spans nodes).
+    """
+    state = _CACHE.get(comm.handle)
+    if state is None:
+        state = ShmAllReduce(comm)
+        with _CACHE_LOCK:
+            _CACHE[comm.handle] = state
+    state(buf, op)
+
+
+def shm_release(comm: MPI.Comm) -> None:
+    """Free the window :func:`shm_all_reduce` cached for ``comm`` (collective; no-op if none)."""
+    with _CACHE_LOCK:
+        state = _CACHE.pop(comm.handle, None)
+    if state is not None:
+        state.free()
