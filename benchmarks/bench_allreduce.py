@@ -46,7 +46,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before numpy is imported: no BLAS thread pools
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import csv  # noqa: E402
 import datetime  # noqa: E402
 import math  # noqa: E402
@@ -65,6 +64,8 @@ from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
 
+from _bench_common import human_bytes, parse_bytes, thread_limit, timed  # noqa: E402
+
 DTYPE = np.float32
 MIN_ITERS = 3
 PAGE = 4096
@@ -77,22 +78,6 @@ COLLECTIVES = ("raw", "mpidist", "ring", "async")
 
 
 # ---------------------------------------------------------------- configuration
-
-def parse_bytes(text: str) -> int:
-    """``"8"``, ``"4K"``, ``"64M"``, ``"1G"`` -> bytes (binary multiples, as nccl-tests)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in units:
-        return int(text[:-1]) * units[text[-1]]
-    return int(text)
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
-
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -140,26 +125,6 @@ class Case:
     name: str
     call: Callable[[np.ndarray], object]
     active: bool = True
-
-
-def idle_barrier(comm: MPI.Comm) -> None:
-    """A barrier that sleeps instead of spinning, so idle ranks leave the cores alone."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(1e-3)
-
-
-def timed(comm: MPI.Comm, fn: Callable[[], object], iters: int, active: bool = True) -> float:
-    """Barrier, then ``iters`` calls of ``fn``: the max over ranks of the mean seconds per call."""
-    comm.Barrier()
-    elapsed = 0.0
-    if active:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        elapsed = time.perf_counter() - t0
-    idle_barrier(comm)
-    return comm.allreduce(elapsed / iters, op=MPI.MAX)
 
 
 def calibrate(comm: MPI.Comm, fn: Callable[[], object], target_s: float, active: bool) -> int:
@@ -392,16 +357,6 @@ def save(results: list[dict[str, Result]], n: int, args: argparse.Namespace, lin
 
 
 # ---------------------------------------------------------------- main
-
-def thread_limit() -> contextlib.AbstractContextManager:
-    """threadpoolctl's limit of BLAS/OpenMP pools to 1 thread, when it is installed
-    (the environment variables set at import do the same for pools not yet started)."""
-    try:
-        from threadpoolctl import threadpool_limits  # noqa: PLC0415
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(1)
-
 
 def run_sweep(comm: MPI.Comm, rank: int, args: argparse.Namespace) -> list[dict[str, Result]]:
     cases = make_cases(comm, rank)
