@@ -73,6 +73,11 @@ bench: bench-install
 	  OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(BENCH_COLL); \
 	done
 	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_ddp_hooks.py
+	@set -e; for n in 2 4; do \
+	  echo "== shm all_reduce benchmark under mpiexec -n $$n"; \
+	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_shm.py; \
+	done
+	timeout -k 10 $(BENCH_TIMEOUT) $(PY) benchmarks/bench_ddp_scaling.py
 
 # Smoke run (< 60 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
 # out/ so that it never overwrites bench's results. Its last lines are the headline
