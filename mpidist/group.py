@@ -7,7 +7,7 @@ never meet the group's own.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from mpi4py import MPI
 
@@ -34,6 +34,17 @@ class ProcessGroup:
         self._ring_comm: Optional[MPI.Comm] = None
         self.engine = Engine(name)
         self.destroyed = False
+        self._resources: dict[str, Any] = {}
+
+    def resource(self, key: str, make: Callable[["ProcessGroup"], Any]) -> Any:
+        """The group's resource ``key`` (an intra-node shared-memory window, an NCCL
+        communicator, ...), made by ``make(self)`` on first use and kept until :meth:`free`,
+        which calls its ``free()``. ``make`` may be collective: every member must ask for
+        ``key`` in the same order, as for any collective."""
+        found = self._resources.get(key)
+        if found is None:
+            found = self._resources[key] = make(self)
+        return found
 
     def rank(self) -> int:
         return self._rank
@@ -70,6 +81,9 @@ class ProcessGroup:
     def free(self) -> None:
         """Finish queued ops, then free the communicators. Idempotent."""
         self.engine.shutdown()
+        resources, self._resources = self._resources, {}
+        for res in reversed(list(resources.values())):
+            res.free()
         for comm in (self._ring_comm, self.comm):
             if comm is not None and comm != MPI.COMM_NULL:
                 comm.Free()
