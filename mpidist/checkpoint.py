@@ -2,6 +2,12 @@
 
 The module knows nothing of ranks: in a data-parallel job the caller saves
 from rank 0 only, and every rank may load.
+
+Device (cupy) arrays are saved as host copies and loaded as numpy arrays; a model
+on the GPU gets them back on its device through ``model.load_state_dict`` (and an
+optimizer through ``SGD.load_state_dict``), which copy each array onto its target's
+device: ``save_checkpoint(path, model.state_dict())`` then
+``model.load_state_dict(load_checkpoint(path))`` round-trips on any device.
 """
 from __future__ import annotations
 

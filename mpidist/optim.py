@@ -1,4 +1,8 @@
-"""Optimizers over :class:`mpidist.nn.Parameter` (torch.optim semantics)."""
+"""Optimizers over :class:`mpidist.nn.Parameter` (torch.optim semantics), on numpy or cupy arrays.
+
+The update runs in each parameter's array module; the optimizer's state (momentum buffers)
+lives on its parameter's device and follows it there (``Module.to``) at the next step.
+"""
 from __future__ import annotations
 
 import math
@@ -8,8 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from mpidist._array import array_module
-from mpidist.nn._util import prefix, to_module
+from mpidist.nn._util import check_device, device_of, like, prefix, to_host
 from mpidist.nn.parameter import Parameter
 
 __all__ = ["SGD"]
@@ -34,6 +37,13 @@ def _check_hyper(op: str, lr: Any, momentum: Any, dampening: Any, weight_decay: 
                          f"got momentum={momentum}, dampening={dampening}")
 
 
+def _follow(buf: Any, data: Any) -> Any:
+    """``buf``, or a copy of it on ``data``'s device if the parameter moved since (``Module.to``)."""
+    if type(buf) is np.ndarray and type(data) is np.ndarray or device_of(buf) == device_of(data):
+        return buf
+    return like(buf, data, "SGD.step")
+
+
 class SGD:
     """Stochastic gradient descent, exactly the algorithm of the ``torch.optim.SGD`` docs.
 
@@ -49,7 +59,8 @@ class SGD:
     plain attributes (``opt.lr = ...`` takes effect on the next step).
 
     Raises:
-        TypeError: ``params`` is not an iterable of Parameter; a hyper-parameter has the wrong type.
+        TypeError: ``params`` is not an iterable of Parameter; a hyper-parameter has the wrong type;
+            (at :meth:`step`) a grad on another device than its parameter.
         ValueError: empty or duplicated params; lr, momentum or weight_decay < 0 or not finite;
             nesterov without momentum > 0 and dampening == 0.
     """
@@ -72,7 +83,10 @@ class SGD:
         self._momentum_buffers: List[Optional[Any]] = [None] * len(self.params)
 
     def step(self) -> None:
-        """Update every parameter whose grad is not None, in place. Raises ValueError on a grad shape mismatch."""
+        """Update every parameter whose grad is not None, in place.
+
+        Raises ValueError (grad shape mismatch) or TypeError (grad on another device).
+        """
         lr, m, d, wd = self.lr, self.momentum, self.dampening, self.weight_decay
         for i, p in enumerate(self.params):
             g = p.grad
@@ -81,13 +95,17 @@ class SGD:
             if tuple(g.shape) != p.shape:
                 raise ValueError(f"{prefix('SGD.step')} grad of {p.name or f'params[{i}]'!r} has shape "
                                  f"{tuple(g.shape)}, expected {p.shape}")
+            data = p.data
+            if type(g) is not np.ndarray or type(data) is not np.ndarray:
+                check_device(g, data, f"grad of {p.name or f'params[{i}]'!r}", "its parameter", "SGD.step")
             if wd != 0:
-                g = g + wd * p.data
+                g = g + wd * data
             if m != 0:
                 buf = self._momentum_buffers[i]
                 if buf is None:
                     buf = self._momentum_buffers[i] = g.copy()
                 else:
+                    buf = self._momentum_buffers[i] = _follow(buf, data)
                     buf *= m
                     buf += (1 - d) * g
                 g = g + m * buf if self.nesterov else buf
@@ -106,7 +124,7 @@ class SGD:
 
         Keys: ``"lr"``, ``"momentum"``, ``"dampening"``, ``"weight_decay"`` (0-d float64) and
         ``"nesterov"`` (0-d bool) as numpy arrays; ``"momentum_buffer.<i>"`` for the i-th
-        parameter that has a buffer (same module as the parameter; a reference, not a copy).
+        parameter that has a buffer (on the parameter's device; a reference, not a copy).
         """
         out: Dict[str, Any] = {k: np.asarray(getattr(self, k), dtype=bool if k == "nesterov" else np.float64)
                                for k in _HYPER}
@@ -118,7 +136,8 @@ class SGD:
     def load_state_dict(self, state: Mapping) -> None:
         """Restore hyper-parameters and momentum buffers (copied) from :meth:`state_dict` output.
 
-        Parameters without a ``momentum_buffer.<i>`` entry get none (fresh start). Nothing
+        Buffers may come from any device (e.g. host arrays from :func:`mpidist.load_checkpoint`):
+        each is copied onto its parameter's device. Parameters without a ``momentum_buffer.<i>`` entry get none (fresh start). Nothing
         changes if a check fails.
 
         Raises:
@@ -136,7 +155,7 @@ class SGD:
             raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unknown}")
         hyper: Dict[str, Any] = {}
         for k in _HYPER:
-            v = to_module(state[k], np)
+            v = to_host(state[k])
             if v.ndim != 0:
                 raise ValueError(f"{prefix(op)} {k!r} must be a 0-d array, got shape {tuple(v.shape)}")
             hyper[k] = bool(v) if k == "nesterov" else float(v)
@@ -149,7 +168,7 @@ class SGD:
             if i >= len(self.params):
                 raise ValueError(f"{prefix(op)} {k!r}: index out of range for {len(self.params)} params")
             p = self.params[i]
-            src = to_module(v, array_module(p.data))
+            src = like(v, p.data, op)
             if tuple(src.shape) != p.shape:
                 raise ValueError(f"{prefix(op)} {k!r}: expected shape {p.shape}, got {tuple(src.shape)}")
             if src.dtype != p.dtype:

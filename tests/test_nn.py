@@ -1,4 +1,6 @@
-"""mpidist.nn: gradients vs finite differences, loss values, hooks, state dicts."""
+"""mpidist.nn: gradients vs finite differences, loss values, hooks, state dicts, devices."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -277,3 +279,31 @@ def test_linear_accepts_leading_batch_dims():
     w = rng.normal(size=(2, 4, 2))
     lin(x)
     np.testing.assert_allclose(lin.backward(w), numeric_grad(lambda: float((w * lin(x)).sum()), x), rtol=1e-6)
+
+
+# -- devices (the GPU side: tests/test_ddp_xp.py, tests/gpu/test_gpu_ddp.py) --------------
+def test_to_rejects_unknown_devices():
+    model = mlp()
+    with pytest.raises(ValueError, match=r"Sequential.to: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
+        model.to("tpu")
+    with pytest.raises(TypeError, match=r"Sequential.to: device must be a str \('cpu', 'cuda', 'cuda:N'\) or an "
+                                        r"int, got float"):
+        model.to(1.5)
+    with pytest.raises(ValueError, match=r"Sequential.to: device index must be >= 0, got -1"):
+        model.to(-1)
+    with pytest.raises(ValueError, match=r"Sequential.cuda: device must be a CUDA device \(an int or 'cuda:N'\), "
+                                        r"got 'cpu'"):
+        model.cuda("cpu")
+    arrays = [p.data for p in model.parameters()]
+    assert model.to("cpu") is model and model.cpu() is model
+    assert all(p.data is a for p, a in zip(model.parameters(), arrays))  # already there: no copies
+
+
+def test_cuda_without_cupy_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # "import cupy" raises ImportError
+    params = [p.data for p in mlp().parameters()]
+    model = mlp()
+    with pytest.raises(RuntimeError, match=r"Sequential.to: device 'cuda' needs cupy, which is not installed"):
+        model.to("cuda:0")
+    assert all(type(p.data) is np.ndarray for p in model.parameters())
+    assert [p.data.tobytes() for p in model.parameters()] == [p.tobytes() for p in params]

@@ -7,7 +7,8 @@ learning by Baidu's allreduce and Horovod.
 """
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -40,25 +41,23 @@ def ring_chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _sync(buf: Any) -> None:
-    """Wait for queued GPU work on ``buf``'s stream before MPI touches device memory."""
-    if is_device_array(buf):
-        array_module(buf).cuda.get_current_stream().synchronize()
-
-
-def ring_all_reduce(comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
+def ring_all_reduce(comm: MPI.Comm, buf: Any, op: ReduceOp) -> None:
     """All-reduce ``buf`` in place across ``comm`` with the bandwidth-optimal ring.
 
     Args:
         comm: a communicator reserved for this call (the caller ``Dup``s it), since
             messages use fixed tags. Every rank of ``comm`` must call collectively.
-        buf: C-contiguous numpy (or cupy) array, any shape; same shape and dtype
-            on every rank. Any dtype MPI and ``local_reduce`` support, bool included.
+        buf: C-contiguous numpy or cupy array, any shape; same shape and dtype on
+            every rank. Any dtype MPI and ``local_reduce`` support, bool included. A
+            cupy array needs a CUDA-aware MPI (it reads the device memory directly;
+            another MPI would dereference a device pointer and crash): the caller
+            decides, as :mod:`mpidist.collectives` does.
         op: any :class:`ReduceOp` but PREMUL_SUM. AVG is reduced as SUM here:
             the caller divides by the group size afterwards.
 
     Only ``buf`` changes, on every rank, to the element-wise reduction of all
-    ranks' inputs; one scratch buffer of the largest chunk's size is allocated.
+    ranks' inputs; one scratch buffer of the largest chunk's size is allocated, in
+    ``buf``'s array module and on its device.
 
     Algorithm: the flat array is cut into ``n = comm.Get_size()`` chunks
     (:func:`ring_chunk_bounds`). Reduce-scatter, ``n - 1`` steps: at step ``s``
@@ -68,37 +67,58 @@ def ring_all_reduce(comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
     complete chunks circulate around the ring and are received in place.
     Each rank sends and receives ``2 (n - 1) / n * S`` bytes for ``S = buf.nbytes``.
 
+    On a cupy array the ring runs with ``buf``'s GPU as the current device; each local
+    reduction is a kernel on the current stream, and that stream is synchronized before
+    MPI reads what it produced (once before the first send, then after every reduction).
+
     Reduction order: chunk ``c`` is accumulated around the ring starting at rank
     ``c``, i.e. ``acc = x[c]`` then ``acc = x[c+k] op acc`` for ``k = 1 .. n-1``
     (ranks mod ``n``), and is computed once, on rank ``c - 1``, then copied. So
     results are bitwise identical on every rank, also for floating point.
 
     Raises:
-        TypeError: ``op`` is not a ReduceOp.
+        TypeError: ``op`` is not a ReduceOp; ``buf`` is a device array that is not a
+            cupy array (mpidist cannot reduce it on the device).
         ValueError: unsupported op/dtype pair (see ``check_op_dtype``), or ``buf``
             is not C-contiguous or not writeable.
     """
     if not isinstance(op, ReduceOp):
         raise TypeError(f"ring_all_reduce: op must be a ReduceOp (apply a PremulSum's factor first), got {op!r}")
+    xp = array_module(buf)
+    if xp is np and is_device_array(buf):
+        raise TypeError(f"ring_all_reduce: buf is a device array of type {type(buf).__name__}, which mpidist "
+                        f"cannot reduce on the device (only cupy arrays); copy it to the host first")
     check_op_dtype(op, buf.dtype, "ring_all_reduce")
     if not buf.flags.c_contiguous or not getattr(buf.flags, "writeable", True):
         raise ValueError("ring_all_reduce needs a writeable C-contiguous buffer")
-    n, rank = comm.Get_size(), comm.Get_rank()
-    if n == 1 or buf.size == 0:
+    if comm.Get_size() == 1 or buf.size == 0:
         return
+    if xp is np:
+        _ring(comm, buf, op, np, None)
+    else:
+        with buf.device:
+            _ring(comm, buf, op, xp, xp.cuda.get_current_stream().synchronize)
+
+
+def _ring(comm: MPI.Comm, buf: Any, op: ReduceOp, xp: ModuleType, sync: Optional[Callable[[], None]]) -> None:
+    """The two phases of :func:`ring_all_reduce`; ``sync()`` (device arrays) waits for the
+    stream's queued kernels before MPI reads their output."""
+    n, rank = comm.Get_size(), comm.Get_rank()
     flat = buf.reshape(-1)
     datatype = mpi_datatype(buf.dtype)
     bounds = ring_chunk_bounds(flat.size, n)
-    scratch = array_module(buf).empty(bounds[0][1] - bounds[0][0], dtype=buf.dtype)
+    scratch = xp.empty(bounds[0][1] - bounds[0][0], dtype=buf.dtype)
     right, left = (rank + 1) % n, (rank - 1) % n
-    _sync(buf)
+    if sync is not None:
+        sync()
 
     for s in range(n - 1):  # reduce-scatter
         (a, b), (c, d) = bounds[(rank - s) % n], bounds[(rank - s - 1) % n]
         recv = scratch[: d - c]
         comm.Sendrecv([flat[a:b], datatype], right, 0, [recv, datatype], left, 0)
         local_reduce(op, flat[c:d], recv)
-        _sync(buf)
+        if sync is not None:
+            sync()
 
     for s in range(n - 1):  # all-gather
         (a, b), (c, d) = bounds[(rank + 1 - s) % n], bounds[(rank - s) % n]

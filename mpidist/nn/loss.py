@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from mpidist._array import array_module
-from mpidist.nn._util import check_array, prefix, to_module
+from mpidist.nn._util import check_array, like, prefix
 from mpidist.nn.modules import Module
 
 __all__ = ["CrossEntropyLoss"]
@@ -14,7 +14,8 @@ class CrossEntropyLoss(Module):
     """``loss_i = logsumexp(logits_i) - logits_i[targets_i]``, reduced by mean or sum.
 
     Computed through ``log_softmax`` shifted by the row max, so huge logits stay finite.
-    ``crit(logits, targets)``: logits (N, C) floating, targets (N,) integer in [0, C);
+    ``crit(logits, targets)``: logits (N, C) floating, targets (N,) integer in [0, C) (any
+    device: copied to the logits' device if needed);
     returns the loss as a Python float (mean of an empty batch is nan, as torch) and caches
     the softmax. ``crit.backward(grad_output=1.0)`` returns dL/dlogits, shape (N, C), dtype of
     logits: ``(softmax - onehot(targets)) * grad_output`` (divided by N for "mean").
@@ -42,7 +43,7 @@ class CrossEntropyLoss(Module):
             raise TypeError(f"{prefix(op)} logits must have a floating dtype, got {logits.dtype}")
         xp = array_module(logits)
         n, c = logits.shape
-        t = to_module(targets, xp)
+        t = like(targets, logits, op)
         if t.dtype.kind not in "iu":
             raise TypeError(f"{prefix(op)} targets must be integer class indices, got dtype {t.dtype}")
         if tuple(t.shape) != (n,):

@@ -5,7 +5,9 @@ Follows the ``torch.nn.Module`` / ``torch.nn.Linear`` / ``torch.nn.ReLU`` /
 forward per module instance at a time); ``backward(grad_output)`` accumulates
 parameter gradients, fires each parameter's post-accumulate-grad hooks as its
 gradient becomes ready, and returns the gradient w.r.t. the forward input.
-Compute goes through ``array_module(x)``, so numpy and cupy arrays both work.
+Compute goes through ``array_module(x)``, so numpy and cupy arrays both work;
+``Module.to("cuda")`` moves a model to the GPU (cupy), ``.to("cpu")`` back. Kernels run
+on cupy's current device: keep it the model's (one GPU per process, as torch).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from mpidist._array import array_module
-from mpidist.nn._util import check_array, prefix, to_module
+from mpidist.nn._util import check_array, check_device, cupy_module, like, move, on_device, parse_device, prefix
 from mpidist.nn.parameter import Parameter
 
 __all__ = ["Module", "Linear", "ReLU", "Sequential"]
@@ -153,8 +155,9 @@ class Module:
     def state_dict(self) -> Dict[str, Any]:
         """Parameter data and buffers by dotted name (per module: params, then buffers).
 
-        Values are references to the live arrays, not copies: copy them (or save them, e.g.
-        ``numpy.savez``; cupy arrays need ``.get()`` first) before training on.
+        Values are references to the live arrays (on the module's device), not copies: copy
+        them (or save them: :func:`mpidist.save_checkpoint` copies device arrays to the host)
+        before training on.
         """
         out: Dict[str, Any] = {}
         for mod_name, mod in self.named_modules():
@@ -168,7 +171,9 @@ class Module:
     def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
         """Copy ``state``'s arrays into this module's parameters and buffers in place (``xp.copyto``).
 
-        All checks run before anything is copied, so a failed load changes nothing.
+        Values may live on any device (e.g. host arrays from :func:`mpidist.load_checkpoint`):
+        each is copied onto its target's device. All checks run before anything is copied,
+        so a failed load changes nothing.
 
         Raises:
             TypeError: ``state`` is not a mapping, or a value's dtype differs from the target's.
@@ -187,14 +192,62 @@ class Module:
             if key not in state:
                 continue
             xp = array_module(dst)
-            src = to_module(state[key], xp)
+            src = like(state[key], dst, op)
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"{prefix(op)} {key!r}: expected shape {tuple(dst.shape)}, got {tuple(src.shape)}")
             if src.dtype != dst.dtype:
                 raise TypeError(f"{prefix(op)} {key!r}: expected dtype {dst.dtype}, got {src.dtype}")
             copies.append((xp, dst, src))
         for xp, dst, src in copies:
-            xp.copyto(dst, src)
+            with on_device(dst):
+                xp.copyto(dst, src)
+
+    # -- devices --------------------------------------------------------------
+    def to(self, device: Union[str, int]) -> "Module":
+        """Move every parameter (data and grad) and buffer to ``device``, in place; returns self.
+
+        ``torch.nn.Module.to(device)``: ``"cpu"`` (numpy), ``"cuda"`` (cupy's current device),
+        ``"cuda:N"`` or an int ``N``. Parameters stay the same objects (an optimizer built
+        before keeps working; its state follows on the next step); arrays already on
+        ``device`` are not copied. Move the model before wrapping it in
+        DistributedDataParallel (its buckets live on the parameters' device). No dtype
+        conversion (torch's ``.to(dtype)``).
+
+        Raises:
+            TypeError / ValueError: ``device`` is not one of the forms above.
+            RuntimeError: a ``"cuda"`` device without cupy installed.
+        """
+        op = f"{type(self).__name__}.to"
+        kind, index = parse_device(device, op)
+        if kind == "cuda":
+            cupy_module(op)
+        for p in self.parameters():
+            p.data = move(p.data, kind, index, op)
+            if p.grad is not None:
+                p.grad = move(p.grad, kind, index, op)
+        for _, mod in self.named_modules():
+            for name, buf in list(mod._buffers.items()):
+                if buf is not None:
+                    moved = move(buf, kind, index, op)
+                    mod._buffers[name] = moved
+                    object.__setattr__(mod, name, moved)
+        return self
+
+    def cuda(self, device: Optional[Union[int, str]] = None) -> "Module":
+        """``to("cuda")``, or ``to(device)`` for an int or ``"cuda:N"`` (torch's ``Module.cuda``).
+
+        Raises ValueError for a non-CUDA ``device``; see :meth:`to`.
+        """
+        if device is None:
+            return self.to("cuda")
+        if isinstance(device, str) and not device.startswith("cuda"):
+            raise ValueError(f"{prefix(f'{type(self).__name__}.cuda')} device must be a CUDA device "
+                             f"(an int or 'cuda:N'), got {device!r}")
+        return self.to(device)
+
+    def cpu(self) -> "Module":
+        """``to("cpu")`` (torch's ``Module.cpu``)."""
+        return self.to("cpu")
 
     # -- training -----------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -245,6 +298,9 @@ class Linear(Module):
         dtype: floating dtype of the parameters (default float32); inputs must match it.
         rng: ``numpy.random.Generator``, seed, or ``None`` (fresh entropy) for the init.
         xp: array module (numpy or cupy) the parameters live in.
+        device: torch's factory argument: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (see
+            :meth:`Module.to`); overrides ``xp``. The initial values are drawn on the host
+            either way, so a seed gives the same weights on every device.
 
     Parameters, in this order: ``weight`` (out_features, in_features) and ``bias``
     (out_features,), both drawn from U(-1/sqrt(in_features), 1/sqrt(in_features)) as torch's
@@ -253,13 +309,15 @@ class Linear(Module):
     ``backward(g)``: accumulates weight's grad, fires its hooks, then bias's; returns dL/dx.
 
     Raises:
-        TypeError: non-int features, non-floating dtype, input dtype != parameter dtype.
+        TypeError: non-int features, non-floating dtype, input dtype != parameter dtype,
+            input (or grad_output) on another device than the parameters.
         ValueError: features < 1, input last dim != in_features, grad_output shape mismatch.
         RuntimeError: backward before forward.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: Any = np.float32,
-                 rng: Union[np.random.Generator, int, None] = None, xp: Any = np) -> None:
+                 rng: Union[np.random.Generator, int, None] = None, xp: Any = np,
+                 device: Optional[Union[str, int]] = None) -> None:
         super().__init__()
         for arg, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, numbers.Integral) or isinstance(v, bool):
@@ -275,6 +333,11 @@ class Linear(Module):
         self.weight = Parameter(xp.asarray(gen.uniform(-bound, bound, (out_features, in_features)).astype(dt)))
         self.bias = Parameter(xp.asarray(gen.uniform(-bound, bound, out_features).astype(dt))) if bias else None
         self._input: Optional[Any] = None
+        if device is not None:
+            self.to(device)
+
+    def _owner(self) -> str:
+        return f"parameter {self.weight.name or 'weight'!r}"
 
     def forward(self, x: Any) -> Any:
         op = "Linear.forward"
@@ -284,6 +347,7 @@ class Linear(Module):
                              f"(last dim = in_features), got {tuple(x.shape)}")
         if x.dtype != self.weight.dtype:
             raise TypeError(f"{prefix(op)} x must have dtype {self.weight.dtype} (the parameters'), got {x.dtype}")
+        check_device(x, self.weight.data, "x", self._owner, op)
         self._input = x
         y = x @ self.weight.data.T
         if self.bias is not None:
@@ -301,6 +365,7 @@ class Linear(Module):
             raise ValueError(f"{prefix(op)} grad_output must have shape {expected}, got {tuple(grad_output.shape)}")
         if grad_output.dtype != self.weight.dtype:
             raise TypeError(f"{prefix(op)} grad_output must have dtype {self.weight.dtype}, got {grad_output.dtype}")
+        check_device(grad_output, self.weight.data, "grad_output", self._owner, op)
         g = grad_output.reshape(-1, self.out_features)
         self.weight.accumulate_grad(g.T @ x.reshape(-1, self.in_features))
         if self.bias is not None:
@@ -315,7 +380,8 @@ class ReLU(Module):
     """``max(x, 0)`` elementwise (torch.nn.ReLU); any shape and floating dtype.
 
     ``backward(g)`` returns ``g * (x > 0)`` (gradient 0 at x == 0, as torch).
-    Raises RuntimeError (backward before forward), ValueError (shape mismatch).
+    Raises RuntimeError (backward before forward), ValueError (shape mismatch), TypeError
+    (grad_output on another device than the forward input).
     """
 
     def __init__(self) -> None:
@@ -335,6 +401,7 @@ class ReLU(Module):
         if tuple(grad_output.shape) != tuple(self._mask.shape):
             raise ValueError(f"{prefix(op)} grad_output must have shape {tuple(self._mask.shape)}, "
                              f"got {tuple(grad_output.shape)}")
+        check_device(grad_output, self._mask, "grad_output", "the forward input", op)
         return grad_output * self._mask
 
 

@@ -11,7 +11,7 @@ import itertools
 from typing import Any, Callable, Dict
 
 from mpidist._array import array_module
-from mpidist.nn._util import check_array, prefix
+from mpidist.nn._util import check_array, check_device, prefix
 
 __all__ = ["Parameter", "RemovableHandle"]
 
@@ -46,8 +46,10 @@ class Parameter:
     Attributes:
         data: the weights, a C-contiguous floating-point numpy or cupy array. Assigning
             converts with ``xp.asarray`` (no copy when already a contiguous array, so the
-            parameter shares memory with the array passed in, as ``torch.nn.Parameter``).
-        grad: the accumulated gradient (same shape and dtype as ``data``) or ``None``. May be
+            parameter shares memory with the array passed in, as ``torch.nn.Parameter``);
+            assigning an array on another device moves the parameter there
+            (what ``Module.to`` does).
+        grad: the accumulated gradient (same shape, dtype and device as ``data``) or ``None``. May be
             replaced by any array of that shape (e.g. a view into a DDP bucket): accumulation
             after the first is in place (``grad += g``).
         name: dotted name set by the owning Module tree, e.g. ``"0.weight"``; ``""`` when free.
@@ -113,13 +115,15 @@ class Parameter:
         ``None``, else ``self.grad += grad`` in place. Called by modules' ``backward``.
 
         Raises:
-            TypeError: ``grad`` is not an array.
+            TypeError: ``grad`` is not an array, or is on another device than ``data``.
             ValueError: ``grad.shape != data.shape``.
         """
-        check_array(grad, "grad", "Parameter.accumulate_grad")
+        op = "Parameter.accumulate_grad"
+        check_array(grad, "grad", op)
+        name = self.name or "parameter"
         if tuple(grad.shape) != self.shape:
-            raise ValueError(f"{prefix('Parameter.accumulate_grad')} grad for {self.name or 'parameter'!r} "
-                             f"must have shape {self.shape}, got {tuple(grad.shape)}")
+            raise ValueError(f"{prefix(op)} grad for {name!r} must have shape {self.shape}, got {tuple(grad.shape)}")
+        check_device(grad, self._data, f"grad for {name!r}", "the parameter", op)
         if self.grad is None:
             self.grad = grad.astype(self.dtype, order="C", copy=True)
         else:

@@ -24,6 +24,11 @@ Built-in hooks, as ``torch.distributed.algorithms.ddp_comm_hooks``:
 * ``powerSGD_hook`` with :class:`PowerSGDState`: rank-r PowerSGD (Vogels, Karimireddy
   and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
   Optimization", NeurIPS 2019), following torch's ``powerSGD_hook.py``.
+
+All hooks are array-module generic: they compute in the bucket's module (numpy or cupy,
+``xp.linalg`` for PowerSGD's QR), allocate their temporaries and state on the bucket's
+device, and enter that device in their completion callbacks (which may run on another
+thread, whose current cupy device is its own).
 """
 from __future__ import annotations
 
@@ -35,10 +40,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mpidist._array import array_module
 from mpidist._dispatch import member
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
+from mpidist.nn._util import like, on_device
 from mpidist.reduce_op import ReduceOp
 
 __all__ = ["GradBucket", "then", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
@@ -52,7 +59,7 @@ Future = concurrent.futures.Future
 class GradBucket:
     """One bucket of gradients handed to a comm hook (``torch.distributed.GradBucket``).
 
-    ``buffer()`` is the flat array (1-D, the parameters' dtype) that DDP reduces;
+    ``buffer()`` is the flat array (1-D, the parameters' dtype and device) that DDP reduces;
     ``gradients()`` are views into it, one per parameter, shaped like the parameters, in
     ``parameters()`` order. ``index()`` counts buckets in launch order: 0 holds the last
     layers' gradients (ready first); ``is_last()`` is true for the bucket launched last
@@ -62,8 +69,8 @@ class GradBucket:
 
     __slots__ = ("_index", "_buffer", "_params", "_offsets", "_is_last", "_grads")
 
-    def __init__(self, index: int, buffer: np.ndarray, parameters: Sequence[Any], offsets: Sequence[int],
-                 is_last: bool, gradients: Optional[List[np.ndarray]] = None) -> None:
+    def __init__(self, index: int, buffer: Any, parameters: Sequence[Any], offsets: Sequence[int],
+                 is_last: bool, gradients: Optional[List[Any]] = None) -> None:
         self._index = index
         self._buffer = buffer
         self._params = list(parameters)
@@ -75,11 +82,11 @@ class GradBucket:
         """Position of this bucket in launch order (0: launched first)."""
         return self._index
 
-    def buffer(self) -> np.ndarray:
-        """The flat gradient buffer, 1-D."""
+    def buffer(self) -> Any:
+        """The flat gradient buffer, 1-D (numpy or cupy)."""
         return self._buffer
 
-    def gradients(self) -> List[np.ndarray]:
+    def gradients(self) -> List[Any]:
         """Per-parameter views into :meth:`buffer`, shaped like :meth:`parameters`."""
         if self._grads is None:
             b, o = self._buffer, self._offsets
@@ -94,9 +101,12 @@ class GradBucket:
         """True for the last bucket to be reduced in a step."""
         return self._is_last
 
-    def set_buffer(self, buffer: np.ndarray) -> None:
-        """Copy ``buffer`` (same size) into the bucket's buffer (torch replaces the tensor)."""
-        np.copyto(self._buffer, np.asarray(buffer).reshape(self._buffer.shape), casting="same_kind")
+    def set_buffer(self, buffer: Any) -> None:
+        """Copy ``buffer`` (same size, any device) into the bucket's buffer (torch replaces the tensor)."""
+        own = self._buffer
+        with on_device(own):
+            array_module(own).copyto(own, like(buffer, own, "GradBucket.set_buffer").reshape(own.shape),
+                                     casting="same_kind")
 
     def __repr__(self) -> str:
         return (f"GradBucket(index={self._index}, numel={self._buffer.size}, dtype={self._buffer.dtype}, "
@@ -129,7 +139,7 @@ def _group(process_group: Optional[ProcessGroup], op: str) -> ProcessGroup:
     return g
 
 
-def _allreduce_fut(g: ProcessGroup, tensor: np.ndarray) -> Future:
+def _allreduce_fut(g: ProcessGroup, tensor: Any) -> Future:
     """Divide ``tensor`` by the group size, start a SUM all-reduce; future of ``tensor``."""
     if g.size() > 1:
         tensor /= g.size()
@@ -149,13 +159,16 @@ def allreduce_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) ->
 def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dtype: Any, op: str) -> Future:
     g = _group(process_group, op)
     buffer = bucket.buffer()
-    compressed = np.empty(buffer.shape, dtype)
-    # divide in the bucket's dtype while casting: one pass, one rounding (torch casts first)
-    np.divide(buffer, g.size(), out=compressed, casting="same_kind", dtype=buffer.dtype)
+    xp = array_module(buffer)
+    with on_device(buffer):
+        compressed = xp.empty(buffer.shape, dtype)
+        # divide in the bucket's dtype while casting: one pass, one rounding (torch casts first)
+        xp.divide(buffer, g.size(), out=compressed, casting="same_kind", dtype=buffer.dtype)
     work = all_reduce(compressed, ReduceOp.SUM, g, async_op=True)
 
-    def decompress(done: Future) -> np.ndarray:
-        np.copyto(buffer, done.result()[0], casting="same_kind")
+    def decompress(done: Future) -> Any:
+        with on_device(buffer):
+            xp.copyto(buffer, done.result()[0], casting="same_kind")
         return buffer
 
     return then(work.get_future(), decompress)
@@ -262,10 +275,10 @@ class PowerSGDState:
         self.use_error_feedback = use_error_feedback
         self.warm_start = warm_start
         self.orthogonalization_epsilon = orthogonalization_epsilon
-        self.rng = np.random.RandomState(random_seed)
-        self.error_dict: Dict[int, np.ndarray] = {}
-        self.p_memory_dict: Dict[int, np.ndarray] = {}
-        self.q_memory_dict: Dict[int, np.ndarray] = {}
+        self.rng = np.random.RandomState(random_seed)   # host: seeds only (same on every rank)
+        self.error_dict: Dict[int, Any] = {}            # arrays on the buckets' device
+        self.p_memory_dict: Dict[int, Any] = {}
+        self.q_memory_dict: Dict[int, Any] = {}
         self.iter = 0
         self.total_numel_before_compression = 0
         self.total_numel_after_compression = 0
@@ -293,30 +306,32 @@ def _should_compress(rows: int, cols: int, rank: int, min_rate: float) -> Tuple[
     return compressed * min_rate < uncompressed, uncompressed, compressed
 
 
-def _orthogonalize(matrix: np.ndarray, epsilon: float = 0) -> None:
+def _orthogonalize(matrix: Any, epsilon: float = 0) -> None:
     """Orthonormalize the columns of ``matrix`` (n x r, r <= n) in place.
 
     As torch: Gram-Schmidt for r <= 2 or half-precision dtypes, else a reduced QR
-    (numpy/LAPACK Householder). Deterministic: identical inputs give identical outputs.
+    (``xp.linalg.qr``: LAPACK's Householder for numpy, cuSOLVER's for cupy). Deterministic:
+    identical inputs give identical outputs.
     """
     if matrix.shape[1] <= 2 or matrix.dtype.itemsize < 4:
         _gram_schmidt(matrix, epsilon)
     else:
-        matrix[...] = np.linalg.qr(matrix)[0]
+        matrix[...] = array_module(matrix).linalg.qr(matrix)[0]
 
 
-def _gram_schmidt(matrix: np.ndarray, epsilon: float) -> None:
+def _gram_schmidt(matrix: Any, epsilon: float) -> None:
+    xp = array_module(matrix)
     cols = matrix.shape[1]
     for i in range(cols):
         col = matrix[:, i:i + 1]
-        norm = np.sqrt(np.sum(col * col, dtype=np.float64))
+        norm = xp.sqrt(xp.sum(col * col, dtype=np.float64))   # 0-d on the device for cupy
         if epsilon == 0 and norm == 0:
             col[...] = 0  # torch zero-fills a column it cannot normalize
         else:
-            col /= col.dtype.type(norm + epsilon)
+            col /= (norm + epsilon).astype(col.dtype)
         if i + 1 < cols:
             rest = matrix[:, i + 1:]
-            rest -= np.sum(col * rest, axis=0, keepdims=True) * col
+            rest -= xp.sum(col * rest, axis=0, keepdims=True) * col
 
 
 def _report_compression_stats(bucket: GradBucket, state: PowerSGDState) -> None:
@@ -327,11 +342,11 @@ def _report_compression_stats(bucket: GradBucket, state: PowerSGDState) -> None:
         state.next_stats_report = state.iter + state.compression_stats_logging_frequency
 
 
-def _as_matrix(t: np.ndarray) -> np.ndarray:
+def _as_matrix(t: Any) -> Any:
     return t.reshape(t.shape[0] if t.ndim else 1, -1)
 
 
-def _split(state: PowerSGDState, tensors: List[np.ndarray]) -> Tuple[list, list, int, int]:
+def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, int]:
     """(matrices to compress, tensors to all-reduce as they are, numel of P, numel of Q)."""
     compress, plain, p_size, q_size = [], [], 0, 0
     for t in tensors:
@@ -393,54 +408,63 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return _allreduce_fut(g, buffer)
+    with on_device(buffer):
+        return _powerSGD_compress(state, bucket, g)
+
+
+def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup) -> Future:
+    """Steps 1-4 of :func:`powerSGD_hook` on the bucket's device; ``finish`` does 4-6."""
+    buffer = bucket.buffer()
+    xp = array_module(buffer)
     world, idx, dtype = g.size(), bucket.index(), buffer.dtype
     copy = None
     if state.use_error_feedback:
         if idx in state.error_dict:
             buffer += state.error_dict[idx]
         else:
-            state.error_dict[idx] = np.zeros_like(buffer)
+            state.error_dict[idx] = xp.zeros_like(buffer)
         copy = buffer.copy()
     compress, plain, p_size, q_size = _split(state, bucket.gradients())
     _report_compression_stats(bucket, state)
-    plain_memory = np.concatenate([t.reshape(-1) for t in plain]) if plain else np.empty(0, dtype)
+    plain_memory = xp.concatenate([t.reshape(-1) for t in plain]) if plain else xp.empty(0, dtype)
     fresh = not state.warm_start or idx not in state.p_memory_dict
     if fresh:
-        state.p_memory_dict[idx] = np.empty(p_size, dtype)
-        state.q_memory_dict[idx] = np.empty(q_size, dtype)
+        state.p_memory_dict[idx] = xp.empty(p_size, dtype)
+        state.q_memory_dict[idx] = xp.empty(q_size, dtype)
     p_memory, q_memory = state.p_memory_dict[idx], state.q_memory_dict[idx]
     ps, qs = _low_rank_views(state, idx, compress)
     eps = state.orthogonalization_epsilon
-    if fresh:
+    if fresh:  # drawn on the host from the shared seed: the same Q on every rank and device
         gen = np.random.default_rng(state.rng.randint(1_000_000_000))
         for q in qs:
-            q[...] = gen.standard_normal(q.shape)
+            q[...] = xp.asarray(gen.standard_normal(q.shape))
     for q in qs:
         _orthogonalize(q, eps)
     for matrix, q, p in zip(compress, qs, ps):
-        np.matmul(matrix, q, out=p)
+        xp.matmul(matrix, q, out=p)
     work = all_reduce(plain_memory, ReduceOp.SUM, g, async_op=True)
 
-    def finish(done: Future) -> np.ndarray:
+    def finish(done: Future) -> Any:
         done.result()
-        if world > 1:
-            np.divide(plain_memory, world, out=plain_memory)
-        at = 0
-        for t in plain:
-            t[...] = plain_memory[at:at + t.size].reshape(t.shape)
-            at += t.size
-        all_reduce(p_memory, ReduceOp.SUM, g)  # no division: P gets orthogonalized
-        for p in ps:
-            _orthogonalize(p, eps)
-        for matrix, p, q in zip(compress, ps, qs):
-            np.matmul(matrix.T, p, out=q)
-        all_reduce(q_memory, ReduceOp.SUM, g)
-        if world > 1:
-            np.divide(q_memory, world, out=q_memory)
-        for p, q, matrix in zip(ps, qs, compress):
-            np.matmul(p, q.T, out=matrix)
-        if copy is not None:
-            np.subtract(copy, buffer, out=state.error_dict[idx])
+        with on_device(buffer):
+            if world > 1:
+                xp.divide(plain_memory, world, out=plain_memory)
+            at = 0
+            for t in plain:
+                t[...] = plain_memory[at:at + t.size].reshape(t.shape)
+                at += t.size
+            all_reduce(p_memory, ReduceOp.SUM, g)  # no division: P gets orthogonalized
+            for p in ps:
+                _orthogonalize(p, eps)
+            for matrix, p, q in zip(compress, ps, qs):
+                xp.matmul(matrix.T, p, out=q)
+            all_reduce(q_memory, ReduceOp.SUM, g)
+            if world > 1:
+                xp.divide(q_memory, world, out=q_memory)
+            for p, q, matrix in zip(ps, qs, compress):
+                xp.matmul(p, q.T, out=matrix)
+            if copy is not None:
+                xp.subtract(copy, buffer, out=state.error_dict[idx])
         if not state.warm_start:  # torch clears both dicts; other buckets may still be in flight
             state.p_memory_dict.pop(idx, None)
             state.q_memory_dict.pop(idx, None)

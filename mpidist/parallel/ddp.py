@@ -24,6 +24,7 @@ from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
 from mpidist.errors import prefix
 from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist.group import ProcessGroup
+from mpidist.nn._util import device_of
 from mpidist.parallel.reducer import DEFAULT_FIRST_BUCKET_BYTES, Reducer
 from mpidist.parallel.timeline import Timeline, timeline_from_env
 from mpidist.reduce_op import ReduceOp
@@ -61,11 +62,14 @@ class DistributedDataParallel:
     Same constructor as ``torch.nn.parallel.DistributedDataParallel``:
 
     Args:
-        module: an :class:`mpidist.nn.Module` with at least one parameter (numpy arrays).
+        module: an :class:`mpidist.nn.Module` with at least one parameter, all on one
+            device: host (numpy) or one GPU (cupy; move it first with ``module.to("cuda")``).
             Its parameters (and buffers, if ``broadcast_buffers``) are broadcast from the
-            group's rank 0 at construction; the module is used in place.
-        device_ids, output_device: torch places a single-device module with them; for
-            host arrays only ``None`` (or ``[]`` for ``device_ids``) is accepted.
+            group's rank 0 at construction; the module is used in place. Gradient buckets
+            are allocated on the parameters' device and all-reduced there.
+        device_ids, output_device: torch places a single-device module with them. Host
+            module: only ``None`` (or ``[]`` for ``device_ids``). Module on GPU N: ``None``,
+            ``[N]`` / ``N`` (or ``"cuda:N"``); the module already lives there.
         dim: torch scatters inputs along ``dim`` to ``device_ids``; only 0 (no scatter).
         broadcast_buffers: broadcast the module's buffers from rank 0 (in join mode: the
             highest rank still active) at the start of each forward that follows a
@@ -101,7 +105,8 @@ class DistributedDataParallel:
 
     Raises:
         TypeError: an argument of the wrong type; ``module`` is not an mpidist Module.
-        ValueError: device_ids / output_device / dim that do not apply to host arrays;
+        ValueError: parameters on more than one device; device_ids / output_device / dim
+            that do not match the parameters' device;
             bad ``bucket_cap_mb`` or ``algorithm``; this rank is not in
             ``process_group``; the ranks' models differ in parameter shapes or dtypes
             (naming the ranks).
@@ -114,7 +119,6 @@ class DistributedDataParallel:
                  check_reduction: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, algorithm: str = "mpi") -> None:
         where = prefix(_OP)
-        self._check_placement(device_ids, output_device, dim)
         for name, flag in (("broadcast_buffers", broadcast_buffers), ("find_unused_parameters", find_unused_parameters),
                            ("check_reduction", check_reduction), ("gradient_as_bucket_view", gradient_as_bucket_view),
                            ("static_graph", static_graph)):
@@ -132,7 +136,12 @@ class DistributedDataParallel:
             raise TypeError(f"{where} module must be an mpidist.nn.Module (with parameters() and backward()), "
                             f"got {type(module).__name__}")
         self.module = module
-        self.device_ids, self.output_device, self.dim = None, None, 0
+        self._params = list(module.parameters())
+        if not self._params:
+            raise RuntimeError(f"{where} DistributedDataParallel is not needed when a module has no parameters")
+        self.device = self._parameters_device(where)
+        self.device_ids, self.output_device = self._check_placement(device_ids, output_device, dim)
+        self.dim = 0
         self.process_group = _runtime.resolve_group(process_group)
         if not self.process_group.is_member():
             raise ValueError(f"{where} this rank is not a member of process_group")
@@ -149,9 +158,6 @@ class DistributedDataParallel:
         self._sync_this_step = True
         self._div = self.process_group.size()  # what the built-in reduction divides by (set at forward)
         self._join_config: Optional[_JoinConfig] = None
-        self._params = list(module.parameters())
-        if not self._params:
-            raise RuntimeError(f"{where} DistributedDataParallel is not needed when a module has no parameters")
         self._src = self.process_group.global_rank(0)
         self._verify_same_model(where)
         self._sync_module_states(self._src, self.broadcast_buffers)
@@ -165,19 +171,49 @@ class DistributedDataParallel:
             self._instrument_layers(self._timeline)
 
     # -- construction -----------------------------------------------------------------
-    @staticmethod
-    def _check_placement(device_ids: Any, output_device: Any, dim: Any) -> None:
+    def _parameters_device(self, where: str) -> str:
+        """The one device ("cpu" or "cuda:N") of all parameters; ValueError naming them otherwise."""
+        by_device: dict = {}
+        for i, p in enumerate(self._params):
+            by_device.setdefault(device_of(p.data), []).append(p.name or f"parameter {i}")
+        if len(by_device) > 1:
+            found = "; ".join(f"{dev}: {names[:3] + ['...'] if len(names) > 3 else names}"
+                              for dev, names in by_device.items())
+            raise ValueError(f"{where} all parameters of the module must be on one device, got {found}; "
+                             f"move the module with module.to(device) first")
+        return next(iter(by_device))
+
+    def _check_placement(self, device_ids: Any, output_device: Any, dim: Any) -> tuple:
+        """Validate torch's placement arguments against the parameters' device; return
+        ``(device_ids, output_device)`` as torch stores them."""
         where = prefix(_OP)
-        if device_ids is not None and not (isinstance(device_ids, (list, tuple)) and len(device_ids) == 0):
-            raise ValueError(f"{where} device_ids must be None (or []) for a module on host (numpy) arrays, got "
-                             f"{device_ids!r}: each process trains its own host copy, there is no device to "
-                             f"place the module on")
+        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim != 0:
+            raise ValueError(f"{where} dim must be 0, got {dim!r}: torch scatters inputs along dim over "
+                             f"device_ids; here each process uses its input as given")
+        no_ids = device_ids is None or (isinstance(device_ids, (list, tuple)) and len(device_ids) == 0)
+        if self.device != "cpu":
+            return self._check_gpu_placement(where, device_ids, output_device, no_ids)
+        if not no_ids:
+            raise ValueError(f"{where} device_ids must be None (or []) for a module on host (numpy) arrays, "
+                             f"got {device_ids!r}: each process trains its own host copy, there is no device "
+                             f"to place the module on")
         if output_device is not None:
             raise ValueError(f"{where} output_device must be None for a module on host (numpy) arrays, got "
                              f"{output_device!r}: outputs stay where the module computes them")
-        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim != 0:
-            raise ValueError(f"{where} dim must be 0, got {dim!r}: torch scatters inputs along dim over "
-                             f"device_ids; with host arrays each process uses its input as given")
+        return None, None
+
+    def _check_gpu_placement(self, where: str, device_ids: Any, output_device: Any, no_ids: bool) -> tuple:
+        """A module on GPU N: device_ids None/[]/[N], output_device None/N (N or "cuda:N")."""
+        index = int(self.device.split(":")[1])
+        allowed = (index, self.device)
+        if not (no_ids or (isinstance(device_ids, (list, tuple)) and len(device_ids) == 1
+                           and _same_device(device_ids[0], allowed))):
+            raise ValueError(f"{where} device_ids must be None or [{index}] for a module on {self.device} (one "
+                             f"device per process), got {device_ids!r}")
+        if output_device is not None and not _same_device(output_device, allowed):
+            raise ValueError(f"{where} output_device must be None or {index} for a module on {self.device}, got "
+                             f"{output_device!r}")
+        return (None, None) if no_ids else ([index], index)
 
     def _verify_same_model(self, where: str) -> None:
         spec = ";".join(f"{tuple(p.shape)}:{np.dtype(p.dtype).str}" for p in self._params)
@@ -466,6 +502,11 @@ class _Join:
         finally:
             self._ddp._join_config = None
         return False
+
+
+def _same_device(value: Any, allowed: tuple) -> bool:
+    """True if ``value`` (an int index or a "cuda:N" string) names the device in ``allowed``."""
+    return not isinstance(value, bool) and value in allowed
 
 
 def _timed(tl: Timeline, name: str, fn: Callable) -> Callable:

@@ -7,11 +7,17 @@ parameter order (the order backward produces them); each bucket's reduction star
 asynchronously, as soon as its last gradient is ready, while backward goes on with
 earlier layers. Buckets are launched in bucket order only, so every rank issues the same
 collectives in the same order even if its gradients arrive in another order.
+
+Array-module generic: buckets live on the parameters' device (numpy or cupy) and every
+gradient operation runs in their module; the all-reduce gets the device array (the
+collectives route it). Bookkeeping (which parameters got gradients) stays on the host.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, List, Optional
 
 import numpy as np
@@ -21,6 +27,7 @@ from mpidist._buffers import mpi_reducible
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
+from mpidist.nn._util import like, on_device
 from mpidist.parallel.comm_hooks import GradBucket
 from mpidist.parallel.timeline import Timeline
 from mpidist.reduce_op import ReduceOp
@@ -40,8 +47,9 @@ class Bucket:
     params: list
     indices: list           # positions of params in Reducer.params
     offsets: list
-    flat: Any
+    flat: Any               # on the parameters' device
     views: list             # flat[offsets[k]:offsets[k+1]] shaped like params[k]
+    xp: ModuleType          # flat's array module (numpy or cupy)
     n_ready: int = 0
     launched: bool = False
     pending: Any = None     # the Work (built-in reduction) or Future (comm hook)
@@ -77,9 +85,12 @@ def assign_buckets(params: list, limits: List[int]) -> List[List[int]]:
 def _make_bucket(index: int, params: list, indices: List[int]) -> Bucket:
     members = [params[i] for i in indices]
     offsets = np.cumsum([0] + [p.size for p in members]).tolist()
-    flat = array_module(members[0].data).zeros(offsets[-1], dtype=members[0].dtype)
+    data = members[0].data
+    xp = array_module(data)
+    with on_device(data):
+        flat = xp.zeros(offsets[-1], dtype=members[0].dtype)
     views = [flat[offsets[k]:offsets[k + 1]].reshape(p.shape) for k, p in enumerate(members)]
-    return Bucket(index, members, list(indices), offsets, flat, views)
+    return Bucket(index, members, list(indices), offsets, flat, views, xp)
 
 
 class Reducer:
@@ -161,7 +172,7 @@ class Reducer:
                 view[...] = grad
                 param.grad = view
         elif self.hook is None and self.div != 1:
-            np.divide(grad, self.div, out=view)   # torch divides while copying into the bucket
+            b.xp.divide(grad, self.div, out=view)   # torch divides while copying into the bucket
         else:
             view[...] = grad
 
@@ -287,12 +298,15 @@ class Reducer:
             raise first
 
     def _take_hook_result(self, b: Bucket, result: Any, copy: bool) -> None:
-        if not hasattr(result, "shape") or int(np.prod(result.shape)) != b.flat.size:
+        if not hasattr(result, "shape") or math.prod(result.shape) != b.flat.size:
             raise ValueError(f"{prefix('DistributedDataParallel')} the comm hook's future must hold an array of "
                              f"{b.flat.size} elements for bucket {b.index}, got "
                              f"{getattr(result, 'shape', type(result).__name__)}")
         if copy and result is not b.flat:
-            np.copyto(b.flat, result.reshape(-1), casting="same_kind")
+            if type(result) is not type(b.flat):  # e.g. a host result for a GPU bucket: copied over, as torch
+                result = like(result, b.flat, "DistributedDataParallel")
+            with on_device(b.flat):
+                b.xp.copyto(b.flat, result.reshape(-1), casting="same_kind")
 
     def _write_back(self, global_used: Optional[np.ndarray]) -> None:
         for b in self.buckets:
@@ -322,7 +336,8 @@ class Reducer:
         ``_match_all_reduce_for_bwd_pass``); gradients and buckets are not touched."""
         pending = []
         for b in self.buckets:
-            zeros = array_module(b.flat).zeros_like(b.flat)
+            with on_device(b.flat):
+                zeros = b.xp.zeros_like(b.flat)
             pending.append(self._reduce(b.index, zeros, None, divided=True))
         self._global_used(np.zeros(len(self.params), dtype=bool))
         self._wait_all(pending)
