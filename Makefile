@@ -12,13 +12,16 @@ RUN_ARGS    ?=
 RUN_TIMEOUT ?= 600
 TEST_TIMEOUT ?= 900
 PYTEST      := $(PY) -m pytest --with-mpi
+# Extra `python -m venv` arguments, e.g. --system-site-packages so the venv sees a
+# system-wide CuPy (the GPU machines have CuPy for CUDA 13 preinstalled).
+VENV_ARGS   ?=
 
 .PHONY: install run test test-serial test-mpi clean
 
 install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
@@ -45,6 +48,17 @@ SLURM_TEST_TIMEOUT ?= 900
 test-slurm: install
 	PY="$(abspath $(PY))" MPIDIST_VENV="$(abspath $(VENV))" timeout --foreground -k 60 $(SLURM_TEST_TIMEOUT) tests/slurm/run.sh
 	PY="$(abspath $(PY))" timeout --foreground -k 30 300 tests/slurm/two_hosts.sh
+
+# GPU tests (tests/gpu; docs/device.md): $(PY) must import CuPy. On a GPU machine with a
+# system CuPy: `make test-gpu VENV_ARGS=--system-site-packages` on a fresh checkout (or
+# GPU_PY=/path/to/python for an environment that has it). Serially, then under mpiexec -n 2
+# (both ranks on one GPU). Without CuPy or a GPU every test is skipped with the reason.
+GPU_PY           ?= $(PY)
+GPU_TEST_TIMEOUT ?= 600
+.PHONY: test-gpu
+test-gpu: install
+	timeout -k 10 $(GPU_TEST_TIMEOUT) $(GPU_PY) -m pytest --with-mpi -rs -q tests/gpu
+	timeout -k 10 $(GPU_TEST_TIMEOUT) $(MPIEXEC) -n 2 $(GPU_PY) -m mpidist -m pytest --with-mpi -rs -q tests/gpu
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -18,6 +18,7 @@ from mpidist._runtime import (
 )
 from mpidist import gather_scatter, objects, reductions
 from mpidist.collectives import all_reduce, barrier, broadcast, monitored_barrier
+from mpidist.device.detect import cuda_aware_mpi
 from mpidist.errors import DistBackendError, DistError
 from mpidist.gather_scatter import *  # noqa: F403  (exactly gather_scatter.__all__)
 from mpidist.group import ProcessGroup
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "DistBackendError", "DistError", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",
-    "all_reduce", "barrier", "batch_isend_irecv", "broadcast", "destroy_process_group",
+    "all_reduce", "barrier", "batch_isend_irecv", "broadcast", "cuda_aware_mpi", "destroy_process_group",
     "get_backend", "get_global_rank", "get_group_rank", "get_local_world_size", "get_node_local_rank",
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
     "is_initialized", "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group",

@@ -10,12 +10,32 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "is_device_array"]
+__all__ = ["array_module", "is_device_array", "DLPACK_DEVICE_TYPES"]
+
+#: DLPack device types (dlpack.h ``DLDeviceType``) whose memory only a GPU can read:
+#: kDLCUDA (2) and kDLCUDAManaged (13). kDLCUDAHost (3), page-locked host memory, is
+#: deliberately not among them: the CPU reads it directly, so such an array is host
+#: memory for mpidist (wrap it with ``numpy.from_dlpack`` to pass it to an op).
+DLPACK_DEVICE_TYPES = (2, 13)
 
 
 def is_device_array(x: Any) -> bool:
-    """True for arrays that live in GPU memory (cupy or ``__cuda_array_interface__``)."""
-    return hasattr(x, "__cuda_array_interface__")
+    """True for arrays that live in GPU memory.
+
+    That is: anything with ``__cuda_array_interface__`` (cupy, numba, ...), or a
+    DLPack producer whose ``__dlpack_device__()`` reports kDLCUDA or kDLCUDAManaged
+    (torch, jax, ... CUDA tensors). numpy arrays (kDLCPU) and pinned host memory
+    (kDLCUDAHost) are host arrays: False.
+    """
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    dl = getattr(x, "__dlpack_device__", None)
+    if dl is None or isinstance(x, np.ndarray):
+        return False
+    try:
+        return int(dl()[0]) in DLPACK_DEVICE_TYPES
+    except Exception:  # noqa: BLE001  (a broken producer is not a device array)
+        return False
 
 
 def array_module(x: Any) -> ModuleType:

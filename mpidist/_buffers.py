@@ -1,8 +1,9 @@
 """Array adapters: turn what the caller passed into a buffer MPI can use, or say why not.
 
-Host arrays only in this release; a device array (``__cuda_array_interface__``) is
-refused with a clear error here, before any pointer can reach an MPI that is not
-CUDA-aware (which would dereference it and segfault).
+Host arrays, except on the CUDA-aware path: a device array reaches :func:`host_array`
+only when the router (:mod:`mpidist.device.route`) runs a host op on it for a
+CUDA-aware MPI; anywhere else it is refused with a clear error, before any pointer can
+reach an MPI that is not CUDA-aware (which would dereference it and segfault).
 
 Dtypes: every numpy bool, integer, float and complex type, plus the types of
 ``ml_dtypes`` (bfloat16, float8_*, int4, ...) when it is installed. Those with a predefined MPI
@@ -70,15 +71,16 @@ def value_kind(dtype: np.dtype) -> str:
 def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
     """Validate ``x`` as a C-contiguous numpy array (writable if asked) and return it.
 
+    A device array is accepted (and returned as is) only on the router's CUDA-aware path.
+
     Raises:
-        TypeError: ``x`` is not a numpy array, is a device array, or has an object,
-            string or structured dtype.
+        TypeError: ``x`` is not a numpy array, is a device array outside the CUDA-aware
+            path (mixed with host arrays), or has an object, string or structured dtype.
         ValueError: ``x`` is not C-contiguous, or is read-only where it must be written.
     """
     if type(x) is not np.ndarray:
         if is_device_array(x):
-            raise TypeError(f"{prefix(op)} {arg} is a device (GPU) array; this release moves host "
-                            f"arrays only, copy it to a numpy array first")
+            return _device_array(x, op, arg)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{prefix(op)} {arg} must be a numpy.ndarray, got {type(x).__name__}")
     if not x.flags.c_contiguous:
@@ -86,6 +88,27 @@ def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
                          f"shape {x.shape} and strides {x.strides}")
     if writable and not x.flags.writeable:
         raise ValueError(f"{prefix(op)} {arg} must be writable, got a read-only array")
+    if x.dtype.kind not in _NUMERIC_KINDS and value_kind(x.dtype) not in _NUMERIC_KINDS:
+        raise TypeError(f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; "
+                        f"expected a numeric or bool dtype")
+    return x
+
+
+def _device_array(x: Any, op: str, arg: str) -> Any:
+    """host_array for a device array: accepted (C-contiguous, numeric) only while the router
+    runs the op on the CUDA-aware path; otherwise the call mixes host and device arrays
+    (the op's primary argument, which routes device calls, was a host array)."""
+    from mpidist.device import arrays, route  # noqa: PLC0415  (device package: loaded on demand)
+
+    if not route.passing_through():
+        primary = arrays.primary_name(op)
+        if primary is None or primary == arg:
+            raise TypeError(f"{prefix(op)} {arg} is a device ({arrays.device_label(x)}) array, which {op} "
+                            f"does not take; copy it to a numpy array first")
+        raise arrays.mixed_error(op, arg, x, primary)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of "
+                         f"shape {x.shape} and strides {x.strides}")
     if x.dtype.kind not in _NUMERIC_KINDS and value_kind(x.dtype) not in _NUMERIC_KINDS:
         raise TypeError(f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; "
                         f"expected a numeric or bool dtype")

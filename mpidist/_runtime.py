@@ -34,6 +34,7 @@ from typing import Any, Optional
 from mpi4py import MPI
 
 from mpidist import _debug, _recorder as R, work
+from mpidist.device import binding, detect
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 
@@ -41,7 +42,7 @@ __all__ = [
     "Backend", "RuntimeState", "init_process_group", "destroy_process_group", "is_initialized",
     "is_mpi_available", "is_nccl_available", "get_backend", "get_rank", "get_world_size",
     "get_node_local_rank", "get_local_world_size", "state", "state_or_none", "resolve_group",
-    "DEFAULT_TIMEOUT", "live_groups", "dump_all", "abort_job",
+    "DEFAULT_TIMEOUT", "live_groups", "dump_all", "abort_job", "canonical_backend",
 ]
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -55,7 +56,7 @@ class Backend(str):
     MPI = "mpi"
     NCCL = "nccl"
     GLOO = "gloo"
-    _SUPPORTED = ("mpi",)
+    _SUPPORTED = ("mpi", "nccl")
 
     def __new__(cls, name: str) -> "Backend":
         if not isinstance(name, str):
@@ -111,17 +112,41 @@ def is_nccl_available() -> bool:
     return True
 
 
-def _parse_backend(backend: Optional[str]) -> str:
+_DEVICE_BACKENDS = {"cpu": ("mpi",), "cuda": ("mpi", "nccl")}
+
+
+def canonical_backend(backend: Optional[str], where: str = "init_process_group:") -> str:
+    """The stored form of a backend string: ``"mpi"``, ``"nccl"`` or ``"cpu:mpi,cuda:nccl"``.
+
+    Accepts torch's spellings: ``"mpi"``/``"cpu:mpi"``/``"cuda:mpi"``/``"cpu:mpi,cuda:mpi"``
+    (-> ``"mpi"``), ``"nccl"``/``"cuda:nccl"`` (-> ``"nccl"``) and ``"cpu:mpi,cuda:nccl"`` in
+    either order, any case. Host arrays always travel over MPI, whatever the backend.
+
+    Raises:
+        ValueError: any other backend (gloo, ucc, a device other than cpu/cuda, ...).
+    """
     if backend is None:
         return Backend.MPI
-    name = Backend(backend)
-    # torch's "cpu:mpi" device-to-backend form names the same backend
-    if name in ("cpu:mpi",):
+    name = Backend(backend).replace(" ", "")
+    if name in ("mpi", "nccl"):
+        return name
+    chosen: dict = {}
+    for part in name.split(","):
+        device, _, impl = part.partition(":")
+        if impl not in _DEVICE_BACKENDS.get(device, ()) or device in chosen:
+            chosen = {}
+            break
+        chosen[device] = impl
+    if not chosen:
+        raise ValueError(f"{where} backend {backend!r} is not supported; expected 'mpi', 'nccl' or "
+                         f"'cpu:mpi,cuda:nccl' (torch's device:backend form)")
+    if chosen.get("cuda") != "nccl":
         return Backend.MPI
-    if name not in Backend._SUPPORTED:
-        raise ValueError(f"init_process_group: backend {backend!r} is not supported; expected 'mpi' "
-                         f"(the only backend in this release)")
-    return name
+    return Backend.NCCL if "cpu" not in chosen else "cpu:mpi,cuda:nccl"
+
+
+def _parse_backend(backend: Optional[str]) -> str:
+    return canonical_backend(backend)
 
 
 def _check_init_method(init_method: Optional[str]) -> None:
@@ -155,10 +180,20 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     are accepted with a warning and ignored. A plain ``python script.py`` is a world
     of size 1. Exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.
 
+    ``backend``: ``"mpi"`` (default), ``"nccl"`` or ``"cpu:mpi,cuda:nccl"`` (torch's
+    spellings accepted, see :func:`canonical_backend`); NCCL is loaded only when a device
+    array first meets it, so ``"nccl"`` initializes on a CPU-only machine too (torch
+    refuses). Device binding: where CuPy and a GPU exist, the device ``device_id`` (an
+    int, ``"cuda:N"`` or a ``torch.device``-like object with ``.index``), else env
+    ``MPIDIST_DEVICE``, else ``local_rank % device_count`` becomes the current device
+    (``cupy.cuda.Device(d).use()``), as torch's launch convention. CUDA-awareness of MPI
+    is detected here (``MPIDIST_CUDA_AWARE=0|1`` overrides; docs/device.md).
+
     Raises:
         ValueError: already initialized ("trying to initialize the default process
-            group twice!", as torch), an unsupported backend, or world_size/rank that
-            contradict MPI.
+            group twice!", as torch), an unsupported backend, world_size/rank that
+            contradict MPI, ``device_id`` given where there is no GPU (or no CuPy) or
+            out of range, MPIDIST_CUDA_AWARE not 0/1.
     """
     global _state
     if _state is not None:
@@ -184,6 +219,8 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     timeout = _env_timeout(where) or timeout or DEFAULT_TIMEOUT
     abort, level, buffer = _env_reliability(where)
     local_rank, local_size = _local_split(world)
+    detect.init(world)  # CUDA-aware MPI? (MPIDIST_CUDA_AWARE, MPIX_Query_cuda_support, info key)
+    binding.bind(device_id, local_rank, where)  # cupy.cuda.Device(local_rank % count).use(), if a GPU
     group = ProcessGroup(world.Dup(), range(mpi_size), group_name or "default_pg", name)
     _state = RuntimeState(
         backend=name, world=group, rank=mpi_rank, world_size=mpi_size, local_rank=local_rank,
@@ -231,7 +268,14 @@ def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
 
 
 def get_backend(group: Optional[ProcessGroup] = None) -> str:
-    """The backend name of ``group`` (default: the default group), e.g. ``"mpi"``."""
+    """The backend of ``group`` (default: the default group), as torch spells it: ``"mpi"``,
+    ``"nccl"`` or ``"cpu:mpi,cuda:nccl"`` (see :func:`canonical_backend`).
+
+    It says where device arrays go (docs/device.md): NCCL for ``"nccl"`` and
+    ``"cpu:mpi,cuda:nccl"``; for ``"mpi"``, CUDA-aware MPI if
+    :func:`mpidist.cuda_aware_mpi`, else host staging. Host arrays always use MPI (torch
+    refuses CPU tensors on a pure ``"nccl"`` group; mpidist sends them over MPI).
+    """
     return resolve_group(group).backend
 
 

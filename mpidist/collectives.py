@@ -23,6 +23,7 @@ from mpidist._dispatch import group_root, launch, member
 from mpidist._recorder import begin, end, fail
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
+from mpidist.device.route import device_call, takes
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.group import ProcessGroup
 from mpidist.reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
@@ -81,6 +82,8 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
         TypeError / ValueError: bad array, op, or algorithm (see torch.distributed.all_reduce).
         DistBackendError: MPI reported an error.
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(all_reduce, locals())
     g = member(group)
     if g is None:
         return None
@@ -143,6 +146,8 @@ def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None
     ``tensor`` must have the same shape and dtype on every rank; it is overwritten on
     every rank but ``src``. Raises ValueError if ``src`` is not a member.
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(broadcast, locals())
     g = member(group)
     if g is None:
         return None

@@ -29,6 +29,7 @@ from mpi4py import MPI
 
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
 from mpidist._dispatch import group_root, launch, member
+from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import Work
@@ -216,6 +217,8 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
 
     Source: torch.distributed.all_gather; MPI-4.1 §6.7 (MPI_Allgatherv).
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(all_gather, locals())
     g = member(group)
     if g is None:
         return None
@@ -243,6 +246,8 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
 
     Source: torch.distributed.all_gather_into_tensor; MPI-4.1 §6.7 (MPI_Allgather).
     """
+    if type(output_tensor) is not np.ndarray and takes(output_tensor):  # device arrays: to the router
+        return device_call(all_gather_into_tensor, locals())
     g = member(group)
     if g is None:
         return None
@@ -284,6 +289,8 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
 
     Source: torch.distributed.all_gather_multigpu (torch <= 2.1 docs); MPI-4.1 §6.7.
     """
+    if first_takes(input_tensor_list):  # device arrays: to the router
+        return device_call(all_gather_multigpu, locals())
     g = member(group)
     if g is None:
         return None
@@ -342,6 +349,8 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
 
     Source: torch.distributed.gather; MPI-4.1 §6.5 (MPI_Gatherv).
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(gather, locals())
     g = member(group)
     if g is None:
         return None
@@ -394,6 +403,8 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
 
     Source: torch.distributed.scatter; MPI-4.1 §6.6 (MPI_Scatterv).
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(scatter, locals())
     g = member(group)
     if g is None:
         return None
@@ -475,6 +486,8 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
 
     Source: torch.distributed.all_to_all; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
+    if first_takes(input_tensor_list):  # device arrays: to the router
+        return device_call(all_to_all, locals())
     g = member(group)
     if g is None:
         return None
@@ -519,6 +532,8 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
     Source: torch.distributed.all_to_all_single; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
+    if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
+        return device_call(all_to_all_single, locals())
     g = member(group)
     if g is None:
         return None
@@ -555,6 +570,8 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[
 
     Source: torch.distributed.broadcast_multigpu (torch <= 2.1 docs); MPI-4.1 §6.4 (MPI_Bcast).
     """
+    if first_takes(tensor_list):  # device arrays: to the router
+        return device_call(broadcast_multigpu, locals())
     g = member(group)
     if g is None:
         return None

@@ -58,9 +58,9 @@ def _check_ranks(ranks: Any, world_size: int, op: str) -> list[int]:
     return sorted(out)
 
 
-def _check_backend(backend: Optional[str], op: str) -> None:
-    if backend is not None and _runtime.Backend(backend) not in ("mpi", "cpu:mpi"):
-        raise ValueError(f"{prefix(op)} backend {backend!r} is not supported; expected None or 'mpi'")
+def _check_backend(backend: Optional[str], op: str) -> Optional[str]:
+    """The canonical form of a group's ``backend`` (None: inherit the default group's)."""
+    return None if backend is None else _runtime.canonical_backend(backend, prefix(op))
 
 
 def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.timedelta] = None,
@@ -74,7 +74,8 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     others get ``GroupMember.NON_GROUP_MEMBER``. ``timeout``, ``pg_options``,
     ``use_local_synchronization`` and ``group_desc`` are accepted for torch
     compatibility; ``use_local_synchronization=True`` is not supported (MPI group
-    creation is collective over the parent).
+    creation is collective over the parent). ``backend``: as init_process_group's
+    (``"mpi"``, ``"nccl"``, ``"cpu:mpi,cuda:nccl"``); None inherits the default group's.
 
     Raises:
         TypeError / ValueError: ranks not ints, out of range, repeated or empty; an
@@ -82,7 +83,7 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     """
     op = "new_group"
     st = _runtime.state()
-    _check_backend(backend, op)
+    backend = _check_backend(backend, op) or st.backend
     if use_local_synchronization:
         raise ValueError(f"{prefix(op)} use_local_synchronization=True is not supported: creating an "
                          f"MPI communicator is collective over all ranks")
@@ -101,7 +102,7 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     comm = world.engine.run_sync(create)
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
-    pg = ProcessGroup(comm, members, name, st.backend)
+    pg = ProcessGroup(comm, members, name, backend)
     st.groups.append(pg)
     return pg
 

@@ -19,6 +19,7 @@ from mpidist._buffers import host_array, mpi_datatype
 from mpidist._dispatch import group_root, p2p_call
 from mpidist._recorder import begin_p2p
 from mpidist._tags import USER_TAG_MAX
+from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import RequestWork, Work
@@ -121,6 +122,8 @@ def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, ta
     Raises:
         TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller).
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(isend, locals())
     args = _prepare("isend", tensor, dst, group, tag, receive=False)
     return None if args is None else _post_isend(*args)
 
@@ -133,12 +136,16 @@ def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Process
     ``source_rank()`` gives the sender's global rank. A message of another size makes
     ``wait()`` raise ValueError. Returns None on a non-member.
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(irecv, locals())
     args = _prepare("irecv", tensor, src, group, tag, receive=True)
     return None if args is None else _post_irecv(*args)
 
 
 def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
     """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused (MPI_Send)."""
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(send, locals())
     args = _prepare("send", tensor, dst, group, tag, receive=False)
     if args is None:
         return None
@@ -158,6 +165,8 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
     Returns the sender's global rank (-1 on a non-member). Raises ValueError if the
     message does not have exactly ``tensor.size`` elements.
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(recv, locals())
     args = _prepare("recv", tensor, src, group, tag, receive=True)
     if args is None:
         return -1
@@ -191,7 +200,10 @@ class P2POp:
         if op is not isend and op is not irecv:
             raise ValueError(f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got "
                              f"{getattr(op, '__name__', repr(op))}")
-        host_array(tensor, "P2POp", "tensor", writable=op is irecv)
+        if type(tensor) is not np.ndarray and takes(tensor):
+            check_p2p_tensor(tensor)
+        else:
+            host_array(tensor, "P2POp", "tensor", writable=op is irecv)
         self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
 
     def __repr__(self) -> str:
@@ -209,6 +221,8 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
         ValueError: the list is empty or holds something other than :class:`P2POp`;
             TypeError / ValueError: a bad array, peer or tag (the message names the op's index).
     """
+    if batch_takes(p2p_op_list):  # device arrays: to the router
+        return device_call(batch_isend_irecv, locals())
     op = "batch_isend_irecv"
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise ValueError(f"{prefix(op)} p2p_op_list must be a non-empty list of P2POp, got "

@@ -22,6 +22,7 @@ from mpi4py import MPI
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
 from mpidist._dispatch import group_root, launch, member
 from mpidist.collectives import Op, all_reduce_body
+from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 from mpidist.reduce_op import ReduceOp, check_op_dtype, local_reduce, make_premul_sum, scaled, to_mpi_op
@@ -102,6 +103,8 @@ def reduce(tensor: np.ndarray, dst: int, op: Op = ReduceOp.SUM, group: Optional[
 
     Source: torch.distributed.reduce; MPI-4.1 §6.9.1 (MPI_Reduce, MPI_IN_PLACE at root).
     """
+    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+        return device_call(reduce, locals())
     g = member(group)
     if g is None:
         return None
@@ -160,6 +163,8 @@ def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op 
 
     Source: torch.distributed.reduce_scatter; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
+    if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
+        return device_call(reduce_scatter, locals())
     g = member(group)
     if g is None:
         return None
@@ -191,6 +196,8 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
 
     Source: torch.distributed.reduce_scatter_tensor; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
+    if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
+        return device_call(reduce_scatter_tensor, locals())
     g = member(group)
     if g is None:
         return None
@@ -266,6 +273,8 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
 
     Source: torch.distributed.all_reduce_multigpu (torch <= 2.1; removed since).
     """
+    if first_takes(tensor_list):  # device arrays: to the router
+        return device_call(all_reduce_multigpu, locals())
     g = member(group)
     if g is None:
         return None
@@ -302,6 +311,8 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = Reduce
 
     Source: torch.distributed.reduce_multigpu (torch <= 2.1; removed since).
     """
+    if first_takes(tensor_list):  # device arrays: to the router
+        return device_call(reduce_multigpu, locals())
     g = member(group)
     if g is None:
         return None

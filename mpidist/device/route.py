@@ -1,0 +1,167 @@
+"""The router: a public op whose primary array argument is a device array hands the
+whole call here (``return device_call(all_reduce, locals())``), and this sends it down
+one of the paths of :mod:`mpidist.device.paths`.
+
+The entry line of each op is ``if type(x) is not np.ndarray and takes(x):`` — a host
+call pays one type comparison. ``takes`` is False inside the router's own call of the
+host op on the CUDA-aware path (:func:`passthrough`), where the host op receives cupy
+arrays and :func:`mpidist._buffers.host_array` accepts them.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from mpidist._array import is_device_array
+from mpidist.device import arrays as A, detect, paths, staging
+from mpidist.work import Work
+
+__all__ = ["takes", "first_takes", "device_call", "passthrough", "passing_through", "check_p2p_tensor"]
+
+_local = threading.local()
+
+
+def passing_through() -> bool:
+    """True while the router runs a host op on device arrays (the CUDA-aware path)."""
+    return getattr(_local, "through", False)
+
+
+@contextmanager
+def passthrough() -> Iterator[None]:
+    before = passing_through()
+    _local.through = True
+    try:
+        yield
+    finally:
+        _local.through = before
+
+
+def takes(x: Any) -> bool:
+    """True if a call whose primary argument is ``x`` belongs to the router."""
+    return is_device_array(x) and not passing_through()
+
+
+def first_takes(xs: Any) -> bool:
+    """:func:`takes` for the first entry of a list argument (False for anything else)."""
+    return (isinstance(xs, (list, tuple)) and len(xs) > 0 and type(xs[0]) is not np.ndarray
+            and takes(xs[0]))
+
+
+def check_p2p_tensor(tensor: Any) -> None:
+    """P2POp's check of a device ``tensor`` (its host check is host_array)."""
+    A.classify("P2POp", [("tensor", tensor, A.IN)])
+
+
+def _make_p2p(p: Any, tensor: Any) -> Any:
+    from mpidist.p2p import P2POp  # noqa: PLC0415
+
+    return P2POp(p.op, tensor, p.peer, p.group, p.tag)
+
+
+def _redop_dtype(op: str, args: dict, rt: Any, found: list) -> tuple[Any, Optional[np.dtype]]:
+    redop = args.get("op") if op in paths.REDUCING_OPS else None
+    dtype = rt.shape_dtype(found[0][1])[1] if found and is_device_array(found[0][1]) else None
+    return redop, dtype
+
+
+def _non_member_result(op: str) -> Any:
+    return -1 if op == "recv" else None
+
+
+def device_call(fn: Callable[..., Any], args: dict) -> Any:
+    """Run public op ``fn`` (called with ``args``, its arguments by name, the primary one a
+    device array) on the path the group and the MPI allow.
+
+    Returns what ``fn`` returns (None, a Work, recv's source rank, a list of Works);
+    a Work of the staging or CUDA-aware path is a :class:`~staging.DeviceWork`.
+
+    Raises:
+        TypeError: host and device arrays mixed (also in lists); no CuPy.
+        ValueError: device arrays on different devices or non-contiguous; whatever the
+            host op or NCCL raise for the call.
+    """
+    op = fn.__name__
+    args = dict(args)
+    if op == "batch_isend_irecv":
+        g, args = _batch_group(args)
+        if g is None:
+            return []
+    else:
+        from mpidist._dispatch import member  # noqa: PLC0415
+
+        g = member(args.get("group"))
+        if g is None:
+            return _non_member_result(op)
+    found = list(A.leaves(op, args))
+    rt, _ = A.classify(op, found)
+    backend = paths.device_backend(g.backend)
+    if backend == "nccl":
+        from mpidist.device import nccl  # noqa: PLC0415  (another module's; loads cupy's NCCL)
+
+        return nccl.run(op, g, {k: v for k, v in args.items() if k != "group"})
+    found_dev = [f for f in found if is_device_array(f[1])]
+    redop, dtype = _redop_dtype(op, args, rt, found_dev)
+    found_ok = paths.mpi_cuda_ok(op, dtype, redop, args.get("algorithm"), A.overlapping(rt, found_dev))
+    aware = detect.detection()
+    path = paths.choose(True, backend, aware.aware, found_ok)
+    if path == paths.MPI_CUDA:
+        return _mpi_cuda(fn, op, args, rt)
+    return staging.call(fn, op, args, rt, _make_p2p, aware.source)
+
+
+def _batch_group(args: dict) -> tuple[Any, dict]:
+    """The group of a batch's ops that the caller is in, and the args with only those ops
+    (torch skips ops on other groups). Mixed device backends in one batch: ValueError."""
+    from mpidist import _runtime  # noqa: PLC0415
+    from mpidist.errors import prefix  # noqa: PLC0415
+
+    ops = args["p2p_op_list"]
+    mine, groups = [], []
+    for p in ops:
+        g = _runtime.resolve_group(getattr(p, "group", None))
+        if g.comm is not None:
+            mine.append(p)
+            groups.append(g)
+    if not mine:
+        return None, args
+    if len({paths.device_backend(g.backend) for g in groups}) > 1:
+        raise ValueError(f"{prefix('batch_isend_irecv')} p2p_op_list mixes groups with NCCL and MPI "
+                         f"device backends; one batch must use one")
+    return groups[0], dict(args, p2p_op_list=mine)
+
+
+def _mpi_cuda(fn: Callable[..., Any], op: str, args: dict, rt: Any) -> Any:
+    """The CUDA-aware path: each device array's stream synchronized, then the host op
+    on zero-copy compute views (cupy arrays) that MPI reads and writes directly."""
+    views: dict[int, tuple] = {}
+
+    def convert(x: Any, role: int) -> Any:
+        if isinstance(x, np.ndarray) or not is_device_array(x):
+            return x
+        entry = views.get(id(x))
+        if entry is None:
+            rt.synchronize(x)
+            entry = views[id(x)] = (x, rt.compute_view(x))
+        return entry[1]
+
+    if op == "all_reduce" and args.get("algorithm") is None:
+        args = dict(args, algorithm="mpi")  # host-only algorithms (shared memory) are not for device memory
+    with passthrough():
+        new_args = A.replace(op, args, convert, _make_p2p)
+        result = fn(**new_args)
+    outmap = {id(view): x for x, view in views.values()}
+    if isinstance(result, list):
+        return [staging.DeviceWork(w, None, outmap) for w in result]
+    if isinstance(result, Work):
+        return staging.DeviceWork(result, None, outmap)
+    return result
+
+
+def batch_takes(p2p_op_list: Any) -> bool:
+    """:func:`takes` for batch_isend_irecv: the first op's tensor is a device array."""
+    return (isinstance(p2p_op_list, (list, tuple)) and len(p2p_op_list) > 0
+            and type(getattr(p2p_op_list[0], "tensor", None)) is not np.ndarray
+            and takes(getattr(p2p_op_list[0], "tensor", None)))

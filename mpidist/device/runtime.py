@@ -1,0 +1,188 @@
+"""The device runtime: everything mpidist does to a device array goes through one object.
+
+:class:`DeviceRuntime` is the interface (which device an array is on, its shape and
+dtype, synchronizing the stream it is ready on, pinned host buffers, copies between
+device and host, and the "compute view" that the host ops and a CUDA-aware MPI take).
+:class:`CupyRuntime` implements it with CuPy, imported lazily on the first device
+array, so a CPU-only install never loads it. Tests register a stand-in for their own
+array type with :func:`register` (``tests/fake_device.py``: ``FakeRuntime``).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from mpidist.errors import prefix
+
+__all__ = ["DeviceRuntime", "CupyRuntime", "register", "unregister", "runtime_for"]
+
+
+class DeviceRuntime:
+    """What mpidist needs from a GPU array library. ``x`` is a device array as the caller
+    passed it (a cupy array, or any ``__cuda_array_interface__`` / DLPack device object)."""
+
+    name = "abstract"
+
+    def owns(self, x: Any) -> bool:
+        """True if this runtime handles ``x``."""
+        raise NotImplementedError
+
+    def device_of(self, x: Any) -> int:
+        """The CUDA device index ``x`` lives on."""
+        raise NotImplementedError
+
+    def shape_dtype(self, x: Any) -> tuple[tuple, np.dtype]:
+        raise NotImplementedError
+
+    def c_contiguous(self, x: Any) -> bool:
+        raise NotImplementedError
+
+    def strides(self, x: Any) -> Optional[tuple]:
+        """Byte strides for error messages (None: C-contiguous)."""
+        raise NotImplementedError
+
+    def span(self, x: Any) -> tuple[int, int]:
+        """(device address, bytes) of ``x``'s memory, to detect overlapping arguments."""
+        raise NotImplementedError
+
+    def synchronize(self, x: Any) -> None:
+        """Block until the work producing ``x`` is done: its interface's stream, else the
+        current stream. MPI may read or write ``x`` after this returns."""
+        raise NotImplementedError
+
+    def compute_view(self, x: Any) -> Any:
+        """``x`` as an array the host ops and a CUDA-aware MPI accept (zero-copy)."""
+        raise NotImplementedError
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """A new page-locked host buffer: a uint8 numpy array of ``nbytes``."""
+        raise NotImplementedError
+
+    def to_host(self, x: Any, out: np.ndarray) -> None:
+        """Copy ``x`` into the host array ``out`` (same shape and dtype); done on return."""
+        raise NotImplementedError
+
+    def to_device(self, src: np.ndarray, x: Any) -> None:
+        """Copy host ``src`` into ``x``; done on return (``src`` may be reused at once)."""
+        raise NotImplementedError
+
+    def device_count(self) -> int:
+        raise NotImplementedError
+
+
+class CupyRuntime(DeviceRuntime):
+    """:class:`DeviceRuntime` on CuPy (13 or 14). Handles every device array: cupy arrays
+    directly, other ``__cuda_array_interface__`` and DLPack objects as zero-copy cupy views."""
+
+    name = "cupy"
+
+    def __init__(self) -> None:
+        import cupy  # noqa: PLC0415  (optional dependency, loaded on the first device array)
+
+        self.cp = cupy
+
+    def owns(self, x: Any) -> bool:
+        return True
+
+    def _array(self, x: Any) -> Any:
+        cp = self.cp
+        if isinstance(x, cp.ndarray):
+            return x
+        if hasattr(x, "__cuda_array_interface__"):
+            return cp.asarray(x)
+        return cp.from_dlpack(x)  # orders the producer's stream before cupy's current one
+
+    def device_of(self, x: Any) -> int:
+        if isinstance(x, self.cp.ndarray):
+            return x.device.id
+        dl = getattr(x, "__dlpack_device__", None)
+        if dl is not None:
+            return int(dl()[1])
+        ptr = x.__cuda_array_interface__["data"][0]
+        return int(self.cp.cuda.runtime.pointerGetAttributes(ptr).device)
+
+    def shape_dtype(self, x: Any) -> tuple[tuple, np.dtype]:
+        a = self._array(x)
+        return a.shape, a.dtype
+
+    def c_contiguous(self, x: Any) -> bool:
+        return bool(self._array(x).flags.c_contiguous)
+
+    def strides(self, x: Any) -> Optional[tuple]:
+        return self._array(x).strides
+
+    def span(self, x: Any) -> tuple[int, int]:
+        a = self._array(x)
+        return int(a.data.ptr), int(a.nbytes)
+
+    def synchronize(self, x: Any) -> None:
+        cp = self.cp
+        cai = None if isinstance(x, cp.ndarray) else getattr(x, "__cuda_array_interface__", None)
+        if cai is None:  # cupy array or DLPack object: ready on cupy's current stream
+            self._array(x)
+            cp.cuda.get_current_stream().synchronize()
+            return
+        stream = cai.get("stream", -1) if cai.get("version", 0) >= 3 else -1
+        if stream is None:  # the producer says: no synchronization needed
+            return
+        if stream == -1:  # no stream given: the current stream
+            cp.cuda.get_current_stream().synchronize()
+        else:  # 1 = legacy default, 2 = per-thread default: valid handles themselves
+            cp.cuda.ExternalStream(int(stream)).synchronize()
+
+    def compute_view(self, x: Any) -> Any:
+        return self._array(x)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        mem = self.cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        return np.frombuffer(mem, np.uint8, nbytes)
+
+    def to_host(self, x: Any, out: np.ndarray) -> None:
+        a = self._array(x)
+        with a.device:
+            a.get(out=out)  # blocking on the current stream
+
+    def to_device(self, src: np.ndarray, x: Any) -> None:
+        a = self._array(x)
+        with a.device:
+            a.set(src)
+            self.cp.cuda.get_current_stream().synchronize()  # src is a pooled buffer
+
+    def device_count(self) -> int:
+        return int(self.cp.cuda.runtime.getDeviceCount())
+
+
+_registered: list = []
+_cupy: Optional[CupyRuntime] = None
+
+
+def register(runtime: DeviceRuntime) -> None:
+    """Put ``runtime`` ahead of CuPy for the arrays it ``owns`` (tests; other libraries)."""
+    if runtime not in _registered:
+        _registered.insert(0, runtime)
+
+
+def unregister(runtime: DeviceRuntime) -> None:
+    if runtime in _registered:
+        _registered.remove(runtime)
+
+
+def runtime_for(x: Any, op: str, arg: str) -> DeviceRuntime:
+    """The runtime for device array ``x`` (argument ``arg`` of ``op``).
+
+    Raises:
+        TypeError: no registered runtime owns ``x`` and CuPy cannot be imported.
+    """
+    global _cupy
+    for rt in _registered:
+        if rt.owns(x):
+            return rt
+    if _cupy is None:
+        try:
+            _cupy = CupyRuntime()
+        except ImportError as exc:
+            raise TypeError(f"{prefix(op)} {arg} is a device (GPU) array, and mpidist moves device arrays "
+                            f"with CuPy, which cannot be imported ({exc}); install it (pip install "
+                            f"'mpidist[gpu]') or copy the array to a numpy array first") from None
+    return _cupy

@@ -1,0 +1,246 @@
+"""Host staging: device arrays copied to reused pinned host buffers, the host op, and
+the results copied back; and :class:`DeviceWork`, the Work of an async device call.
+
+The pool hands each array of a call its own buffer (sizes rounded up to a power of
+two, at least 4 KiB, so buffers are reused across nearby sizes). A buffer goes back
+to the pool when the op that uses it is complete: at once for a sync op, at
+``wait()`` / ``is_completed()`` / the future's completion for an async one — never
+while MPI may still read or write it. At most :data:`POOL_LIMIT` bytes of free
+buffers are kept; past it the largest free ones are dropped (freed by the runtime).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import warnings
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from mpidist.device import arrays as A
+from mpidist.device.runtime import DeviceRuntime
+from mpidist.work import Work, _settle
+
+__all__ = ["PinnedPool", "pool_for", "DeviceWork", "call", "warn_once", "POOL_LIMIT"]
+
+#: Bytes of free pinned buffers a pool keeps for reuse (1 GiB).
+POOL_LIMIT = 1 << 30
+_MIN_BUFFER = 4096
+
+
+class PinnedPool:
+    """Free pinned host buffers of one runtime, by capacity. Thread-safe.
+
+    Counters for tests and tuning: ``allocated`` (buffers made), ``reused`` (buffers
+    handed out again), ``in_use`` (handed out, not yet back).
+    """
+
+    def __init__(self, runtime: DeviceRuntime, limit: int = POOL_LIMIT) -> None:
+        self.runtime = runtime
+        self.limit = limit
+        self._free: dict[int, list] = {}
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+        self.allocated = self.reused = self.in_use = 0
+
+    @staticmethod
+    def capacity(nbytes: int) -> int:
+        return max(_MIN_BUFFER, 1 << max(nbytes - 1, 0).bit_length())
+
+    def acquire(self, nbytes: int) -> np.ndarray:
+        """A uint8 buffer of at least ``nbytes`` that nobody else holds."""
+        cap = self.capacity(nbytes)
+        with self._lock:
+            self.in_use += 1
+            free = self._free.get(cap)
+            if free:
+                self._free_bytes -= cap
+                self.reused += 1
+                return free.pop()
+            self.allocated += 1
+        return self.runtime.pinned(cap)
+
+    def release(self, buf: np.ndarray) -> None:
+        """Give ``buf`` back (the op using it is complete)."""
+        with self._lock:
+            self.in_use -= 1
+            self._free.setdefault(buf.nbytes, []).append(buf)
+            self._free_bytes += buf.nbytes
+            for cap in sorted(self._free, reverse=True):
+                while self._free_bytes > self.limit and self._free[cap]:
+                    self._free[cap].pop()
+                    self._free_bytes -= cap
+
+    def free_buffers(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._free.values())
+
+
+_pools: dict[int, PinnedPool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool_for(runtime: DeviceRuntime) -> PinnedPool:
+    """The process's pool for ``runtime`` (made on first use)."""
+    with _pools_lock:
+        pool = _pools.get(id(runtime))
+        if pool is None or pool.runtime is not runtime:
+            pool = _pools[id(runtime)] = PinnedPool(runtime)
+        return pool
+
+
+_warned = False
+
+
+def warn_once(source: str) -> None:
+    """Warn, once per process, that device arrays are staged and how to do better."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    warnings.warn("mpidist: device arrays are staged through host memory (the group's backend has no "
+                  "NCCL and MPI is not CUDA-aware: " + source + "). For a faster path use "
+                  "init_process_group(backend='cpu:mpi,cuda:nccl'), or a CUDA-aware MPI (set "
+                  "MPIDIST_CUDA_AWARE=1 if yours is one and detection missed it).", UserWarning, stacklevel=5)
+
+
+class DeviceWork(Work):
+    """The Work of an async call on device arrays: wraps the host op's Work.
+
+    ``finish(ok)`` runs once, when the inner op completed: staging copies the outputs
+    back to the device and returns its buffers there (``ok`` False: the op failed, only
+    the buffers go back). So after ``wait()`` (or ``is_completed()`` returning True, or
+    the future's completion) the device outputs hold the result, as torch promises.
+    ``result()`` lists the caller's device arrays (``outmap``: host array id -> device array).
+    """
+
+    def __init__(self, inner: Work, finish: Optional[Callable[[bool], None]], outmap: dict) -> None:
+        super().__init__(inner._op, inner._where)
+        self._inner = inner
+        self._finish = finish
+        self._outmap = outmap
+        self._lock = threading.Lock()
+        self._future: Optional[concurrent.futures.Future] = None
+
+    def _complete(self, ok: bool) -> None:
+        with self._lock:
+            finish, self._finish = self._finish, None
+        if finish is not None:
+            finish(ok)
+
+    def wait(self, timeout: Any = None) -> bool:
+        try:
+            self._inner.wait(timeout)
+        except Exception:
+            if self._inner.is_completed():
+                self._complete(False)
+            raise
+        self._complete(True)
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._inner.is_completed():
+            return False
+        self._complete(self._inner.exception() is None)
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return self._inner.source_rank()
+
+    def _outputs(self) -> tuple:
+        return tuple(self._outmap.get(id(h), h) for h in self._inner._outputs())
+
+    def get_future(self) -> concurrent.futures.Future:
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut = self._future = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future) -> None:
+            error = f.exception()
+            try:
+                self._complete(error is None)
+            except BaseException as exc:  # noqa: BLE001  (delivered through the future)
+                error = error or exc
+            _settle(fut, error, self._outputs())
+
+        self._inner.get_future().add_done_callback(done)
+        return fut
+
+
+class _Staged:
+    """The host side of one staged call: a host array per device array (one per distinct
+    object, so aliasing by identity survives), copied down if read, up if written."""
+
+    def __init__(self, rt: DeviceRuntime) -> None:
+        self.rt = rt
+        self.pool = pool_for(rt)
+        self.host: dict[int, tuple] = {}  # id(device array) -> (device array, host view, buffer)
+        self.down: set = set()  # ids copied down already
+        self.uploads: dict[int, tuple] = {}  # id -> (host view, device array)
+        self.left = 1  # Works still to finish (a batch has one per op)
+        self._lock = threading.Lock()
+
+    def convert(self, x: Any, role: int) -> Any:
+        """The host array standing for ``x`` (``x`` itself unless it is a device array)."""
+        if isinstance(x, np.ndarray) or not A.is_device_array(x):
+            return x
+        entry = self.host.get(id(x))
+        if entry is None:
+            shape, dtype = self.rt.shape_dtype(x)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            buf = self.pool.acquire(nbytes)
+            entry = self.host[id(x)] = (x, buf[:nbytes].view(dtype).reshape(shape), buf)
+            self.rt.synchronize(x)  # work producing x, or still using it, is done
+        if role & A.IN and id(x) not in self.down:
+            self.down.add(id(x))
+            self.rt.to_host(x, entry[1])
+        if role & A.OUT:
+            self.uploads[id(x)] = (entry[1], x)
+        return entry[1]
+
+    def outmap(self) -> dict:
+        return {id(view): x for x, view, _ in self.host.values()}
+
+    def finish(self, ok: bool, only: Any = None) -> None:
+        """One Work of the call completed (``ok``: without error): copy its outputs up
+        (``only``: just that device array, for one op of a batch; None: all), and give
+        every buffer back once the call's last Work completed."""
+        try:
+            if ok:
+                for key, (view, x) in self.uploads.items():
+                    if only is None or key == id(only):
+                        self.rt.to_device(view, x)
+        finally:
+            with self._lock:
+                self.left -= 1
+                last = self.left == 0
+            if last:
+                for _, _, buf in self.host.values():
+                    self.pool.release(buf)
+
+
+def call(fn: Callable[..., Any], op: str, args: dict, rt: DeviceRuntime, make_p2p: Callable[..., Any],
+         source: str) -> Any:
+    """Run the host op ``fn`` on host copies of the device arrays of ``args``; copy the
+    written ones back at once (sync) or when the returned Work completes (async)."""
+    warn_once(source)
+    staged = _Staged(rt)
+    try:
+        host_args = A.replace(op, args, staged.convert, make_p2p)
+        result = fn(**host_args)
+    except BaseException:
+        staged.finish(False)
+        raise
+    if op == "batch_isend_irecv":
+        ops = args["p2p_op_list"]
+        staged.left = len(result)
+        outmap = staged.outmap()
+        return [DeviceWork(w, lambda ok, x=p.tensor: staged.finish(ok, x), outmap) for w, p in zip(result, ops)]
+    if isinstance(result, Work):
+        return DeviceWork(result, staged.finish, staged.outmap())
+    staged.finish(True)
+    return result
