@@ -34,9 +34,9 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import group_root, launch, member
+from mpidist._dispatch import _guarded, group_root, launch, member
 from mpidist import _recorder as R
-from mpidist.errors import from_mpi, prefix
+from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import Work
 
@@ -156,16 +156,7 @@ def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op
     at once, recorded as launch records it (sequence number, flight recorder, watchdog)."""
     if async_op or not g.engine.idle():
         return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count)
-    rec = R.begin(g, op, shapes, dtype, root)
-    try:
-        fn(*args)
-    except MPI.Exception as exc:
-        R.fail(rec)
-        raise from_mpi(op, exc) from exc
-    except BaseException:
-        R.fail(rec)
-        raise
-    R.end(rec)
+    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), None)(*args)
     return None
 
 
