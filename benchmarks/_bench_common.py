@@ -25,6 +25,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Optional  # noqa: E402
 
@@ -56,14 +57,15 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """``min_bytes``, every power of ``factor`` strictly between, and ``max_bytes``, sorted."""
+def sweep(min_bytes: int, max_bytes: int, factor: int, itemsize: int = 1) -> list[int]:
+    """``min_bytes``, every power of ``factor`` strictly between, and ``max_bytes``, sorted;
+    each rounded down to whole elements of ``itemsize`` bytes (at least one)."""
     sizes, p = {min_bytes, max_bytes}, 1
     while p < max_bytes:
         if p > min_bytes:
             sizes.add(p)
         p *= factor
-    return sorted(sizes)
+    return sorted({max(itemsize, s - s % itemsize) for s in sizes})
 
 
 def aligned_empty(count: int, dtype: Any) -> np.ndarray:
@@ -73,6 +75,13 @@ def aligned_empty(count: int, dtype: Any) -> np.ndarray:
     raw = np.empty(count * dtype.itemsize + PAGE, np.uint8)
     start = -raw.ctypes.data % PAGE
     return raw[start:start + count * dtype.itemsize].view(dtype)
+
+
+def aligned_zeros(count: int, dtype: Any) -> np.ndarray:
+    """:func:`aligned_empty`, zero-filled."""
+    out = aligned_empty(count, dtype)
+    out.fill(0)
+    return out
 
 
 # ---------------------------------------------------------------- timing
@@ -110,8 +119,8 @@ def warm_up(comm: MPI.Comm, fn: Callable[[], object], calls: int, budget_s: floa
 
 
 def calibrate(comm: MPI.Comm, fn: Callable[[], object], target_s: float, active: bool = True,
-              guess_s: float = 0.0, max_iters: Optional[int] = None) -> int:
-    """Calls per measurement so that one lasts ``target_s`` +- 1/3 (at least 1 call).
+              guess_s: float = 0.0, max_iters: Optional[int] = None, min_iters: int = 1) -> int:
+    """Calls per measurement so that one lasts ``target_s`` +- 1/3 (at least ``min_iters`` calls).
 
     Starts from ``target_s / guess_s`` calls when a per-call time is known (the warm-up's),
     doubles the batch until it is long enough to time (>= target / 8), then rescales it
@@ -119,15 +128,15 @@ def calibrate(comm: MPI.Comm, fn: Callable[[], object], target_s: float, active:
     ``max_iters`` caps the result. Collective over ``comm`` (every rank gets the same count).
     """
     cap = max_iters or 1 << 40
-    iters = max(1, min(cap, int(target_s / guess_s) if guess_s > 0 else 1))
+    iters = max(min_iters, min(cap, int(target_s / guess_s) if guess_s > 0 else min_iters))
     for _ in range(CALIBRATION_ROUNDS):
         batch = timed(comm, fn, iters, active) * iters
-        if batch >= target_s * 2 / 3 and (batch <= target_s * 4 / 3 or iters == 1):
+        if batch >= target_s * 2 / 3 and (batch <= target_s * 4 / 3 or iters == min_iters):
             break
         if iters >= cap and batch < target_s:
             break
         nxt = 2 * iters if batch < target_s / 8 else math.ceil(iters * target_s / batch)
-        iters = max(1, min(cap, nxt))
+        iters = max(min_iters, min(cap, nxt))
     return iters
 
 
@@ -151,6 +160,91 @@ def ratio(a: float, b: float) -> float:
 def fmt(x: float, digits: int = 2) -> str:
     """A table cell: ``x`` with ``digits`` decimals, ``-`` for NaN."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+# ---------------------------------------------------------------- all-reduce variants (bench_allreduce, bench_shm)
+
+#: Calls per measurement at the least, in the all-reduce benchmarks.
+MIN_ITERS = 3
+#: The all-reduce validation values stay small integers (exact in float32).
+PATTERN_PERIOD = 251
+
+
+@dataclass
+class Case:
+    """One timed all-reduce variant: ``call(buf)`` on every rank, or only where ``active``."""
+
+    name: str
+    call: Callable[[np.ndarray], object]
+    active: bool = True
+
+
+@dataclass
+class Result:
+    """One variant at one size: the median time per call, and the spread of the measurements."""
+
+    name: str
+    nbytes: int
+    samples: list[float]
+    iters: int
+    wrong: int
+
+    @property
+    def time_s(self) -> float:
+        return statistics.median(self.samples)
+
+
+def algbw(r: Result) -> float:
+    """nccl-tests' algorithm bandwidth S / t, GB/s."""
+    return r.nbytes / r.time_s / 1e9
+
+
+def count_wrong(comm: MPI.Comm, case: Case, count: int, dtype: Any = np.float32) -> int:
+    """Sum rank-dependent small integers with ``case``; wrong elements over all ranks."""
+    pattern = (np.arange(count) % PATTERN_PERIOD + 1).astype(dtype)
+    n = comm.Get_size()
+    buf = pattern * (comm.Get_rank() + 1)
+    case.call(buf)
+    return comm.allreduce(int(np.count_nonzero(buf != pattern * (n * (n + 1) // 2))), op=MPI.SUM)
+
+
+def bench_size(comm: MPI.Comm, cases: list[Case], nbytes: int, args: Any, validated: tuple,
+               dtype: Any = np.float32) -> dict[str, Result]:
+    """Validate (the cases named in ``validated``), warm up (``args.warmup`` calls), calibrate
+    (``args.iters`` calls, or :func:`calibrate`'s to ``args.target_s``) and time every case
+    at one size, ``args.reps`` measurements each, interleaved."""
+    count = nbytes // np.dtype(dtype).itemsize
+    wrong = {c.name: count_wrong(comm, c, count, dtype) for c in cases if c.name in validated}
+    buf = aligned_zeros(count, dtype)
+    calls = {c.name: partial(c.call, buf) for c in cases}
+    iters = {}
+    for c in cases:
+        for _ in range(args.warmup if c.active else 0):
+            calls[c.name]()
+        iters[c.name] = args.iters or calibrate(comm, calls[c.name], args.target_s, c.active,
+                                                min_iters=MIN_ITERS)
+    samples: dict[str, list[float]] = {c.name: [] for c in cases}
+    for _ in range(args.reps):
+        for c in cases:
+            samples[c.name].append(timed(comm, calls[c.name], iters[c.name], c.active))
+    return {c.name: Result(c.name, nbytes, samples[c.name], iters[c.name], wrong.get(c.name, 0))
+            for c in cases}
+
+
+# ---------------------------------------------------------------- models (the DDP benchmarks)
+
+
+def build_mlp(sizes: tuple, rng: np.random.Generator) -> Any:
+    """An ``mpidist.nn`` MLP: Linear layers ``sizes[i] -> sizes[i + 1]``, ReLU between them,
+    initialized from ``rng``."""
+    from mpidist.nn import Linear, ReLU, Sequential  # noqa: PLC0415  (only scripts that train import it)
+
+    layers: list = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(Linear(a, b, rng=rng))
+        if i < len(sizes) - 2:
+            layers.append(ReLU())
+    return Sequential(*layers)
 
 
 # ---------------------------------------------------------------- environment

@@ -34,11 +34,9 @@ Output (rank 0): the table on stdout and ``ddp_hooks_np{N}.md`` / ``.csv`` in ``
 """
 from __future__ import annotations
 
-import os
+import _bench_common as bc  # noqa: I001  (first: sets the thread variables before numpy)
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # before numpy is imported: no BLAS thread pools
-
+import os  # noqa: E402
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import csv  # noqa: E402
@@ -57,7 +55,7 @@ from mpi4py import MPI  # noqa: E402
 import mpidist  # noqa: E402
 import mpidist.parallel.comm_hooks as comm_hooks  # noqa: E402
 import mpidist.parallel.reducer as reducer  # noqa: E402
-from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential  # noqa: E402
+from mpidist.nn import CrossEntropyLoss, Sequential  # noqa: E402
 from mpidist.optim import SGD  # noqa: E402
 from mpidist.parallel import DistributedDataParallel  # noqa: E402
 from mpidist.parallel.comm_hooks import PowerSGDState, default_hooks, powerSGD_hook  # noqa: E402
@@ -65,16 +63,6 @@ from mpidist.parallel.comm_hooks import PowerSGDState, default_hooks, powerSGD_h
 SIZES = (784, 1024, 1024, 10)
 LR = 1e-3
 WARMUP = 3
-
-
-def build_model() -> Sequential:
-    rng = np.random.default_rng(0)
-    layers: list = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(Linear(a, b, rng=rng))
-        if i < len(SIZES) - 2:
-            layers.append(ReLU())
-    return Sequential(*layers)
 
 
 @dataclass
@@ -92,7 +80,7 @@ class Variant:
     samples: list = field(default_factory=list)
 
     def setup(self) -> None:
-        self.model = build_model()
+        self.model = bc.build_mlp(SIZES, np.random.default_rng(0))
         self.opt = SGD(self.model.parameters(), lr=LR)
         if self.local:
             self.runner = self.model

@@ -133,17 +133,6 @@ def overlap(events: list) -> dict:
 
 # ---------------------------------------------------------------- worker (under mpiexec)
 
-def build_model(rng: np.random.Generator):
-    from mpidist.nn import Linear, ReLU, Sequential  # noqa: PLC0415  (only the workers import mpidist)
-
-    layers: list = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(Linear(a, b, rng=rng))
-        if i < len(SIZES) - 2:
-            layers.append(ReLU())
-    return Sequential(*layers)
-
-
 class ShmHook:
     """A DDP comm hook: divide the bucket by the world size, then sum it with
     ``mpidist.algorithms.ShmAllReduce`` on a background thread (as mpidist's engine
@@ -178,8 +167,9 @@ class Trainer:
         from mpidist.nn import CrossEntropyLoss  # noqa: PLC0415
         from mpidist.optim import SGD  # noqa: PLC0415
         from mpidist.parallel import DistributedDataParallel  # noqa: PLC0415
+        from _bench_common import build_mlp  # noqa: PLC0415  (imports mpi4py: workers only)
 
-        self.model = build_model(np.random.default_rng(0))
+        self.model = build_mlp(SIZES, np.random.default_rng(0))
         builtin = "mpi" if algorithm == SHM_HOOK else algorithm
         self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap, algorithm=builtin)
         self.hook = ShmHook(MPI.COMM_WORLD) if algorithm == SHM_HOOK else None

@@ -16,7 +16,7 @@ Variants, float32 SUM, every size S in the same job, measurements interleaved:
 
 Timing, validation (``#wrong``: wrong elements over all ranks, must be 0) and the
 nccl-tests bandwidths (algbw = S / t, busbw = algbw * 2(n-1)/n) are those of
-``bench_allreduce.py``, whose helpers this script imports. Ratios: ``busbw / copy bw``
+``bench_allreduce.py`` (both use the helpers in ``_bench_common.py``). Ratios: ``busbw / copy bw``
 per collective, ``shm/raw`` = raw's time / shm's time (> 1: shm is faster).
 
 Output (rank 0): tables on stdout, ``shm_np{N}.md`` / ``.csv`` in ``--out``; the last
@@ -26,11 +26,9 @@ the headline ratios at 16 and 64 MiB.
 """
 from __future__ import annotations
 
-import os
+import _bench_common as bc  # noqa: I001  (first: sets the thread variables before numpy)
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # before numpy is imported: no BLAS thread pools
-
+import os  # noqa: E402
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import datetime  # noqa: E402
@@ -45,9 +43,6 @@ import mpi4py  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_allreduce as ba  # noqa: E402  (timing, validation and formatting helpers)
-
 import mpidist  # noqa: E402
 from mpidist.algorithms import ShmAllReduce, ring_all_reduce  # noqa: E402
 from mpidist.algorithms.shm import DEFAULT_SLOT_BYTES  # noqa: E402
@@ -61,8 +56,8 @@ LABELS = {"raw": "raw mpi4py Allreduce", "shm": "ShmAllReduce (mpidist.algorithm
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--min-bytes", type=ba.parse_bytes, default=ba.parse_bytes("4K"))
-    p.add_argument("--max-bytes", type=ba.parse_bytes, default=ba.parse_bytes("64M"))
+    p.add_argument("--min-bytes", type=bc.parse_bytes, default=bc.parse_bytes("4K"))
+    p.add_argument("--max-bytes", type=bc.parse_bytes, default=bc.parse_bytes("64M"))
     p.add_argument("--factor", type=int, default=4)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="3 measurements of ~20 ms instead of 5 of ~75 ms")
@@ -70,13 +65,13 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.factor < 2 or args.min_bytes < 4 or args.max_bytes < args.min_bytes:
         p.error("need --factor >= 2 and 4 <= --min-bytes <= --max-bytes")
-    args.iters = None  # bench_allreduce.calibrate's choice
+    args.iters = None  # _bench_common.calibrate's choice
     args.reps, args.target_s = (3, 0.020) if args.quick else (5, 0.075)
     return args
 
 
 def make_cases(comm: MPI.Comm, rank: int) -> tuple:
-    """The variants (bench_allreduce.Case) and the objects to free afterwards."""
+    """The variants (_bench_common.Case) and the objects to free afterwards."""
     raw, ring_comm = comm.Dup(), comm.Dup()
     shm = ShmAllReduce(comm)
     dst = np.empty(0, np.float32)
@@ -84,42 +79,24 @@ def make_cases(comm: MPI.Comm, rank: int) -> tuple:
     def copy(buf: np.ndarray) -> None:
         nonlocal dst
         if dst.size != buf.size:
-            dst = ba.page_aligned_zeros(buf.size)
+            dst = bc.aligned_zeros(buf.size, np.float32)
         np.copyto(dst, buf)
 
     cases = [
-        ba.Case("raw", lambda x: raw.Allreduce(MPI.IN_PLACE, x, MPI.SUM)),
-        ba.Case("shm", partial(shm, op=ReduceOp.SUM)),
-        ba.Case("ring", partial(ring_all_reduce, ring_comm, op=ReduceOp.SUM)),
-        ba.Case("copy", copy, active=rank == 0),
-        ba.Case("copy-all", copy),
+        bc.Case("raw", lambda x: raw.Allreduce(MPI.IN_PLACE, x, MPI.SUM)),
+        bc.Case("shm", partial(shm, op=ReduceOp.SUM)),
+        bc.Case("ring", partial(ring_all_reduce, ring_comm, op=ReduceOp.SUM)),
+        bc.Case("copy", copy, active=rank == 0),
+        bc.Case("copy-all", copy),
     ]
     return cases, (shm, raw, ring_comm)
 
 
-def bench_size(comm: MPI.Comm, cases: list, nbytes: int, args: argparse.Namespace) -> dict:
-    """bench_allreduce.bench_size, with this script's set of collectives validated."""
-    count = nbytes // 4
-    wrong = {c.name: ba.count_wrong(comm, c, count) for c in cases if c.name in COLLECTIVES}
-    buf = ba.page_aligned_zeros(count)
-    calls = {c.name: partial(c.call, buf) for c in cases}
-    iters = {}
-    for c in cases:
-        for _ in range(args.warmup if c.active else 0):
-            calls[c.name]()
-        iters[c.name] = ba.calibrate(comm, calls[c.name], args.target_s, c.active)
-    samples: dict = {c.name: [] for c in cases}
-    for _ in range(args.reps):
-        for c in cases:
-            samples[c.name].append(ba.timed(comm, calls[c.name], iters[c.name], c.active))
-    return {c.name: ba.Result(c.name, nbytes, samples[c.name], iters[c.name], wrong.get(c.name, 0)) for c in cases}
-
-
 # ---------------------------------------------------------------- reporting
 
-def busbw(r: ba.Result, n: int) -> float:
+def busbw(r: bc.Result, n: int) -> float:
     """nccl-tests' busbw for the collectives; plain S / t for the copies."""
-    return ba.algbw(r) * (2 * (n - 1) / n if r.name in COLLECTIVES else 1.0)
+    return bc.algbw(r) * (2 * (n - 1) / n if r.name in COLLECTIVES else 1.0)
 
 
 def crossover(results: list, a: str, b: str) -> Optional[int]:
@@ -135,9 +112,9 @@ def crossover(results: list, a: str, b: str) -> Optional[int]:
 def crossover_text(results: list, a: str, b: str, label: str) -> str:
     size = crossover(results, a, b)
     if size is None:
-        return f"crossover {label} at >= none (never faster at {ba.human_bytes(results[-1]['raw'].nbytes)})"
+        return f"crossover {label} at >= none (never faster at {bc.human_bytes(results[-1]['raw'].nbytes)})"
     suffix = " (the smallest size measured)" if size == results[0]["raw"].nbytes else ""
-    return f"crossover {label} at >= {ba.human_bytes(size)}{suffix}"
+    return f"crossover {label} at >= {bc.human_bytes(size)}{suffix}"
 
 
 def nccl_table(rows: list, n: int) -> list:
@@ -146,7 +123,7 @@ def nccl_table(rows: list, n: int) -> list:
     for r in rows:
         collective = r.name in COLLECTIVES
         lines.append(f"| {r.nbytes} | {r.nbytes // 4} | float | {'sum' if collective else 'copy'} | "
-                     f"{r.time_s * 1e6:.2f} | {ba.algbw(r):.2f} | {busbw(r, n):.2f} | "
+                     f"{r.time_s * 1e6:.2f} | {bc.algbw(r):.2f} | {busbw(r, n):.2f} | "
                      f"{r.wrong if collective else '-'} |")
     return lines
 
@@ -156,11 +133,11 @@ def ratio_table(results: list, n: int) -> list:
            [f"{c} busbw/copy bw" for c in COLLECTIVES] + ["shm busbw/copy-all bw"]
     lines = ["| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
     for res in results:
-        copy, copy_all, shm = ba.algbw(res["copy"]), ba.algbw(res["copy-all"]), busbw(res["shm"], n)
-        vals = [ba.human_bytes(res["raw"].nbytes), f"{copy:.2f}", f"{copy_all:.2f}",
-                f"{ba.ratio(res['raw'].time_s, res['shm'].time_s):.2f}",
-                f"{ba.ratio(res['ring'].time_s, res['shm'].time_s):.2f}"]
-        vals += [f"{ba.ratio(busbw(res[c], n), copy):.3f}" for c in COLLECTIVES] + [f"{ba.ratio(shm, copy_all):.3f}"]
+        copy, copy_all, shm = bc.algbw(res["copy"]), bc.algbw(res["copy-all"]), busbw(res["shm"], n)
+        vals = [bc.human_bytes(res["raw"].nbytes), f"{copy:.2f}", f"{copy_all:.2f}",
+                f"{bc.ratio(res['raw'].time_s, res['shm'].time_s):.2f}",
+                f"{bc.ratio(res['ring'].time_s, res['shm'].time_s):.2f}"]
+        vals += [f"{bc.ratio(busbw(res[c], n), copy):.3f}" for c in COLLECTIVES] + [f"{bc.ratio(shm, copy_all):.3f}"]
         lines.append("| " + " | ".join(vals) + " |")
     return lines
 
@@ -171,11 +148,11 @@ def headlines(results: list, n: int) -> list:
     for size in (16 << 20, 64 << 20):
         if size in by_size:
             res = by_size[size]
-            shm, copy = busbw(res["shm"], n), ba.algbw(res["copy"])
-            lines.append(f"headline: {ba.human_bytes(size)} shm busbw/copy bw = {ba.ratio(shm, copy):.3f} "
+            shm, copy = busbw(res["shm"], n), bc.algbw(res["copy"])
+            lines.append(f"headline: {bc.human_bytes(size)} shm busbw/copy bw = {bc.ratio(shm, copy):.3f} "
                          f"({shm:.2f} vs {copy:.2f} GB/s; target >= 0.5), "
-                         f"raw {ba.ratio(busbw(res['raw'], n), copy):.3f}, "
-                         f"shm/copy-all {ba.ratio(shm, ba.algbw(res['copy-all'])):.3f}")
+                         f"raw {bc.ratio(busbw(res['raw'], n), copy):.3f}, "
+                         f"shm/copy-all {bc.ratio(shm, bc.algbw(res['copy-all'])):.3f}")
     return lines
 
 
@@ -185,17 +162,17 @@ def header(n: int, args: argparse.Namespace) -> list:
         f"# Shared-memory all-reduce benchmark, {n} ranks, float32 SUM",
         "",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {platform.platform()}, {ba.cpu_model()}, os.cpu_count() = {cores}, "
+        f"- machine: {platform.platform()}, {bc.cpu_model()}, os.cpu_count() = {cores}, "
         f"1-min load average at start {args.load_at_start:.2f}",
         f"- MPI: {MPI.Get_library_version().splitlines()[0].strip()}; python {platform.python_version()}, "
         f"numpy {np.__version__}, mpi4py {mpi4py.__version__}, mpidist {mpidist.__version__}; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
-        f"- shm: window of {ba.human_bytes(DEFAULT_SLOT_BYTES)} per rank (DEFAULT_SLOT_BYTES); "
+        f"- shm: window of {bc.human_bytes(DEFAULT_SLOT_BYTES)} per rank (DEFAULT_SLOT_BYTES); "
         + ("2 ranks: pairwise (each rank folds whole chunks of half a slot, one barrier per chunk)" if n == 2
            else "reduce-scatter + all-gather in shared memory (two barriers per chunk of one slot)"),
         f"- timing: median of {args.reps} measurements of "
         f"{args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms "
-        f"(>= {ba.MIN_ITERS} calls), each the max over ranks of the mean time per call; {args.warmup} warm-up calls; "
+        f"(>= {bc.MIN_ITERS} calls), each the max over ranks of the mean time per call; {args.warmup} warm-up calls; "
         f"variants interleaved",
         "- algbw = S / t, busbw = algbw * 2(n-1)/n (nccl-tests doc/PERFORMANCE.md); copies: S / t. "
         "shm/raw and shm/ring: time ratios (> 1: shm faster)",
@@ -212,16 +189,16 @@ def analysis(results: list, n: int) -> list:
     for res in results:
         if res["raw"].nbytes < 16 << 20:
             continue
-        size = ba.human_bytes(res["raw"].nbytes)
-        shm, copy, copy_all = busbw(res["shm"], n), ba.algbw(res["copy"]), ba.algbw(res["copy-all"])
-        lines.append(f"- {size}: shm busbw {shm:.2f} GB/s = {ba.ratio(shm, copy):.2f} x the single-core copy "
-                     f"({copy:.2f} GB/s alone) and {ba.ratio(shm, copy_all):.2f} x the copy bandwidth each rank "
+        size = bc.human_bytes(res["raw"].nbytes)
+        shm, copy, copy_all = busbw(res["shm"], n), bc.algbw(res["copy"]), bc.algbw(res["copy-all"])
+        lines.append(f"- {size}: shm busbw {shm:.2f} GB/s = {bc.ratio(shm, copy):.2f} x the single-core copy "
+                     f"({copy:.2f} GB/s alone) and {bc.ratio(shm, copy_all):.2f} x the copy bandwidth each rank "
                      f"gets when all {n} ranks copy their own buffer at once ({copy_all:.2f} GB/s).")
     lines += [
         "- Memory traffic: every rank reads its input from, and writes its output to, its buffer once, "
         "the DRAM traffic of one copy (over half a copy's footprint, as the all-reduce is in place); the "
         "rest (copies into the window, the peers' reads, the fold) stays in cache-resident chunks of "
-        f"{ba.human_bytes(DEFAULT_SLOT_BYTES // 2 if n == 2 else DEFAULT_SLOT_BYTES)}. So the limit at "
+        f"{bc.human_bytes(DEFAULT_SLOT_BYTES // 2 if n == 2 else DEFAULT_SLOT_BYTES)}. So the limit at "
         "16 MiB and up is the node's memory bandwidth shared by the n ranks running at once: the `copy` "
         "reference runs alone on one core (and at 16 MiB part of its 2 x 16 MiB working set stays in the "
         "32 MiB L3), while `copy-all` shows what each rank gets when all copy at once.",
@@ -268,7 +245,7 @@ def write_csv(path: Path, results: list, n: int) -> None:
         for res in results:
             for r in res.values():
                 w.writerow([n, r.name, r.nbytes, r.nbytes // 4, "float", "sum" if r.name in COLLECTIVES else "copy",
-                            f"{r.time_s * 1e6:.6g}", f"{ba.algbw(r):.6g}", f"{busbw(r, n):.6g}", r.wrong, r.iters,
+                            f"{r.time_s * 1e6:.6g}", f"{bc.algbw(r):.6g}", f"{busbw(r, n):.6g}", r.wrong, r.iters,
                             f"{min(r.samples) * 1e6:.6g}", f"{max(r.samples) * 1e6:.6g}"])
 
 
@@ -277,14 +254,14 @@ def main(argv: Optional[list] = None) -> int:
     args.load_at_start = os.getloadavg()[0]
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    sizes = ba.sweep(args.min_bytes, args.max_bytes, args.factor, 4)
-    with ba.thread_limit():
+    sizes = bc.sweep(args.min_bytes, args.max_bytes, args.factor, 4)
+    with bc.thread_limit():
         cases, owned = make_cases(comm, rank)
         t0, results = time.perf_counter(), []
         for nbytes in sizes:
-            results.append(bench_size(comm, cases, nbytes, args))
+            results.append(bc.bench_size(comm, cases, nbytes, args, COLLECTIVES))
             if rank == 0:
-                print(f"# {ba.human_bytes(nbytes):>8}: done at {time.perf_counter() - t0:6.1f} s", flush=True)
+                print(f"# {bc.human_bytes(nbytes):>8}: done at {time.perf_counter() - t0:6.1f} s", flush=True)
         owned[0].free()
         for c in owned[1:]:
             c.Free()

@@ -3,7 +3,12 @@
 Every function here moves arrays without reducing them. Lists of arrays travel in one
 vector collective (MPI_Allgatherv, MPI_Gatherv, MPI_Scatterv, MPI_Alltoallv): the
 counts are the arrays' element counts and the displacements their running sums
-(:func:`_layout`). When the arrays of a list already lie back to back in memory, in
+(:func:`_layout`, cached per layout). all_gather uses MPI_Allgather with one count
+when every rank's count is the same: its output list gives every rank's count, the
+same on every member, so all members choose the same collective. gather, scatter and
+the all-to-alls stay on the v-forms, because there a rank sees only its own counts
+(a non-root in gather or scatter, or one row of the all-to-all matrix) and cannot
+know that the others chose the plain form too (mixing the two would hang). When the arrays of a list already lie back to back in memory, in
 list order (e.g. ``list(out)`` for a stacked ``out``), MPI reads or writes them in
 place (:func:`_block`); otherwise mpidist packs them into, or unpacks them from, one
 contiguous staging buffer. Where a rank's own input lies in its own output slot MPI
@@ -21,14 +26,16 @@ arrives raises ValueError (MPI_ERR_TRUNCATE), one too large is left partly unwri
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from itertools import accumulate
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from mpidist import _recorder as R
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import group_root, launch, member
+from mpidist._dispatch import _guarded, group_root, launch, member
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist.group import ProcessGroup
@@ -42,14 +49,27 @@ __all__ = [
 
 # -- buffer layout --------------------------------------------------------------------------
 
-def _layout(counts: Sequence[int]) -> tuple[list[int], int]:
-    """Displacements (running sums of ``counts``, starting at 0) and the total, for a v-collective."""
+@lru_cache(maxsize=256)
+def _layout(counts: tuple[int, ...]) -> tuple[list[int], int, bool]:
+    """Displacements (running sums of ``counts``, starting at 0), the total, and whether every
+    count is the same (then the plain collective replaces the v-form), for a v-collective.
+
+    Cached by ``counts`` (a tuple): a program repeats the same few layouts. Callers must
+    not modify the returned list.
+    """
     displs = [0, *accumulate(counts)]
-    return displs[:-1], displs[-1]
+    return displs[:-1], displs[-1], counts.count(counts[0]) == len(counts)
+
+
+_get_address = MPI.Get_address
 
 
 def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    """Address of ``a``'s first element (MPI_Get_address: ~10x cheaper than ``__array_interface__``)."""
+    try:
+        return _get_address(a)
+    except (BufferError, TypeError, ValueError):  # a dtype the buffer protocol cannot export
+        return a.__array_interface__["data"][0]
 
 
 def _block(arrays: Sequence[np.ndarray], writable: bool) -> Optional[np.ndarray]:
@@ -57,14 +77,21 @@ def _block(arrays: Sequence[np.ndarray], writable: bool) -> Optional[np.ndarray]
 
     No copy: the result aliases the arrays (which must be C-contiguous, of one dtype).
     """
-    start = end = _address(arrays[0])
+    first = arrays[0]
+    start = end = _address(first)
     for a in arrays:
         if _address(a) != end:
             return None
         end += a.nbytes
     if end == start:
-        return np.empty(0, arrays[0].dtype)
-    return np.frombuffer(MPI.buffer.fromaddress(start, end - start, readonly=not writable), arrays[0].dtype)
+        return np.empty(0, first.dtype)
+    base = first.base
+    if (type(base) is np.ndarray and base.nbytes == end - start and base.dtype == first.dtype
+            and base.flags.c_contiguous and _address(base) == start):
+        # e.g. list(out.reshape(n, k)): the rows' common base is the block (a writable
+        # view's base is writable too)
+        return base.reshape(-1)
+    return np.frombuffer(MPI.buffer.fromaddress(start, end - start, readonly=not writable), first.dtype)
 
 
 def _pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -114,6 +141,26 @@ def _communicate(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Se
         dst.reshape(-1)[...] = src.reshape(-1)
 
 
+def _body(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[np.ndarray],
+          displs: Sequence[int], copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> tuple[Callable, tuple]:
+    """(fn, args) running the MPI ``call`` as :func:`_communicate` does; the bare call when
+    there is nothing to unpack or copy afterwards (one Python frame less per op)."""
+    if staging is None and not copies:
+        return call, args
+    return _communicate, (call, args, staging, outs, displs, copies)
+
+
+def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool, outputs: tuple,
+         shapes: Any, dtype: Any, root: int = -1, count: int = -1) -> Optional[Work]:
+    """:func:`mpidist._dispatch.launch`, with the sync latency path of ``all_reduce``: when the
+    group's engine is idle (nothing queued, no DETAIL check, no bounded wait) ``fn`` runs here
+    at once, recorded as launch records it (sequence number, flight recorder, watchdog)."""
+    if async_op or not g.engine.idle():
+        return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count)
+    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), None)(*args)
+    return None
+
+
 # -- argument checks ------------------------------------------------------------------------
 
 def _array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, expected: str = "",
@@ -123,6 +170,19 @@ def _array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, ex
     ``expected`` explains ``n`` in the message; ``dtype_of`` = (array, its argument name)
     whose dtype every element must have (default: the first element's).
     """
+    if (type(xs) is list or type(xs) is tuple) and xs and (n is None or len(xs) == n):
+        # fast path: one cheap test per element; anything unusual takes the full checks below,
+        # which raise the same errors in the same order
+        ref_dtype = (dtype_of[0] if dtype_of is not None
+                     else host_array(xs[0], op, f"{arg}[0]", writable=writable)).dtype
+        for x in xs:
+            if type(x) is not np.ndarray or x.dtype != ref_dtype:
+                break
+            flags = x.flags
+            if not flags.c_contiguous or (writable and not flags.writeable):
+                break
+        else:
+            return list(xs)
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{prefix(op)} {arg} must be a list of numpy arrays, got {type(xs).__name__}")
     if n is not None and len(xs) != n:
@@ -176,19 +236,28 @@ def _splits(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: int) 
 # -- all-gather -----------------------------------------------------------------------------
 
 def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.ndarray],
-                 rank_counts: Sequence[int], async_op: bool, results: tuple,
-                 copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Optional[Work]:
+                 rank_counts: tuple[int, ...], async_op: bool, results: tuple,
+                 copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+                 slot_sizes: Optional[tuple[int, ...]] = None) -> Optional[Work]:
     """MPI_Allgatherv of each rank's flat ``inp`` (rank k sends ``rank_counts[k]`` elements) into
-    the slots ``outs`` (in rank order; several consecutive slots may belong to one rank)."""
-    slot_displs, total = _layout([o.size for o in outs])
-    rank_displs, _ = _layout(rank_counts)
+    the slots ``outs`` (in rank order; several consecutive slots, of ``slot_sizes`` elements,
+    may belong to one rank; default: one slot per rank).
+
+    When every rank sends the same count, MPI_Allgather with that one count instead: the
+    counts are the caller's contract, the same on every member, so every member makes
+    the same choice.
+    """
+    rank_displs, total, equal = _layout(rank_counts)
+    slot_displs = rank_displs if slot_sizes is None else _layout(slot_sizes)[0]
     dt = mpi_datatype(outs[0].dtype)
     buf, staged = _recv_buffer(outs, total)
     send = _send_part(inp, buf, rank_displs[g.rank()], dt)
-    args = (send, [buf, list(rank_counts), rank_displs, dt])
-    return launch(g, op, _communicate, (g.comm.Allgatherv, args, buf if staged else None, outs, slot_displs,
-                                        copies), async_op, results, shapes=inp.shape, dtype=inp.dtype,
-                  count=total)
+    if equal:
+        call, args = g.comm.Allgather, (send, [buf, rank_counts[0], dt])
+    else:
+        call, args = g.comm.Allgatherv, (send, [buf, rank_counts, rank_displs, dt])
+    fn, fn_args = _body(call, args, buf if staged else None, outs, slot_displs, copies)
+    return _run(g, op, fn, fn_args, async_op, results, inp.shape, inp.dtype, count=total)
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
@@ -227,8 +296,9 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
     outs = _array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
                        dtype_of=(inp, "tensor"))
     me = g.rank()
-    _same_shape(outs[me], inp, op, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
-    return _all_gatherv(g, op, inp, outs, [o.size for o in outs], async_op, tuple(tensor_list))
+    if outs[me].shape != inp.shape:  # (checked first: the argument's name is formatted only on error)
+        _same_shape(outs[me], inp, op, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
+    return _all_gatherv(g, op, inp, outs, tuple([o.size for o in outs]), async_op, tuple(tensor_list))
 
 
 def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
@@ -261,8 +331,8 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
                          f"(shape {out.shape})")
     dt = mpi_datatype(inp.dtype)
     send = _send_part(inp, out, g.rank() * inp.size, dt)
-    return launch(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), shapes=inp.shape,
-                  dtype=inp.dtype, count=out.size)
+    return _run(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype,
+                count=out.size)
 
 
 def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
@@ -314,11 +384,11 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
     for i, lst in enumerate(lists[1:], 1):
         for s, (a, ref) in enumerate(zip(lst, first)):
             _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
-    sizes = [a.size for a in first]
-    rank_counts = [sum(sizes[k * n_dev:(k + 1) * n_dev]) for k in range(g.size())]
+    sizes = tuple([a.size for a in first])
+    rank_counts = tuple([sum(sizes[k * n_dev:(k + 1) * n_dev]) for k in range(g.size())])
     copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
     results = tuple(a for lst in output_tensor_lists for a in lst)
-    return _all_gatherv(g, op, _pack(inps), first, rank_counts, async_op, results, copies)
+    return _all_gatherv(g, op, _pack(inps), first, rank_counts, async_op, results, copies, sizes)
 
 
 # -- gather, scatter ------------------------------------------------------------------------
@@ -362,20 +432,20 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         if _given(gather_list):
             raise ValueError(f"{prefix(op)} gather_list must not be given on a rank other than dst={dst} "
                              f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
-        return launch(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), shapes=inp.shape,
-                      dtype=inp.dtype, root=dst)
+        return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst)
     if not _given(gather_list):
         raise ValueError(f"{prefix(op)} gather_list must be given on the destination rank dst={dst}: "
                          f"a list of {g.size()} arrays, got {gather_list!r}")
     outs = _array_list(gather_list, op, "gather_list", g.size(), True, "the group size",
                        dtype_of=(inp, "tensor"))
-    _same_shape(outs[root], inp, op, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
-    counts = [o.size for o in outs]
-    displs, total = _layout(counts)
+    if outs[root].shape != inp.shape:
+        _same_shape(outs[root], inp, op, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
+    counts = tuple([o.size for o in outs])
+    displs, total, _ = _layout(counts)
     buf, staged = _recv_buffer(outs, total)
     args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
-    return launch(g, op, _communicate, (g.comm.Gatherv, args, buf if staged else None, outs, displs),
-                  async_op, tuple(gather_list), shapes=inp.shape, dtype=inp.dtype, root=dst)
+    fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)
+    return _run(g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst)
 
 
 def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: int = 0,
@@ -416,46 +486,51 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         if _given(scatter_list):
             raise ValueError(f"{prefix(op)} scatter_list must not be given on a rank other than src={src} "
                              f"(torch: 'must NOT be specified on non-source ranks'); pass None")
-        return launch(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), shapes=out.shape,
-                      dtype=out.dtype, root=src)
+        return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
+                    src)
     if not _given(scatter_list):
         raise ValueError(f"{prefix(op)} scatter_list must be given on the source rank src={src}: "
                          f"a list of {g.size()} arrays, got {scatter_list!r}")
     inps = _array_list(scatter_list, op, "scatter_list", g.size(), False, "the group size",
                        dtype_of=(out, "tensor"))
-    _same_shape(inps[root], out, op, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
-    counts = [a.size for a in inps]
-    displs, _ = _layout(counts)
+    if inps[root].shape != out.shape:
+        _same_shape(inps[root], out, op, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
+    counts = tuple([a.size for a in inps])
+    displs = _layout(counts)[0]
     send = _pack(inps)
     slot = _own_slot(out, send, displs[root])
     if slot is False:
         send = np.concatenate([a.reshape(-1) for a in inps])
     recv = MPI.IN_PLACE if slot else [out, dt]
-    return launch(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,),
-                  shapes=out.shape, dtype=out.dtype, root=src)
+    return _run(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,),
+                out.shape, out.dtype, src)
 
 
 # -- all-to-all -----------------------------------------------------------------------------
 
-def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: list[int],
-                 outs: Sequence[np.ndarray], recv_counts: list[int], async_op: bool,
+def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[int, ...],
+                 outs: Sequence[np.ndarray], recv_counts: tuple[int, ...], async_op: bool,
                  results: tuple) -> Optional[Work]:
-    """MPI_Alltoallv from the flat ``send`` (``send_counts`` per rank) into ``outs`` (one slot or
-    array per rank, ``recv_counts`` elements each)."""
+    """MPI_Alltoallv from the flat ``send`` (``send_counts`` per rank) into ``outs`` (one array
+    holding every rank's part, or one array per rank, ``recv_counts`` elements each).
+
+    Always the v-form, even when this rank's counts are all equal: whether every rank's
+    are is not known here, and members must call the same MPI collective.
+    """
     me = g.rank()
     if send_counts[me] != recv_counts[me]:
         raise ValueError(f"{prefix(op)} this rank sends itself {send_counts[me]} elements but expects "
                          f"{recv_counts[me]} from itself; the part for rank {me} of the input and of "
                          f"the output must have the same size")
-    send_displs, _ = _layout(send_counts)
-    recv_displs, total = _layout(recv_counts)
-    buf, staged = _recv_buffer(outs, total)
+    send_displs = _layout(send_counts)[0]
+    recv_displs, total, _ = _layout(recv_counts)
+    buf, staged = (outs[0], False) if len(outs) == 1 else _recv_buffer(outs, total)
     if np.may_share_memory(send, buf):
         send = send.copy()
     dt = mpi_datatype(buf.dtype)
     args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
-    return launch(g, op, _communicate, (g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs),
-                  async_op, results, shapes=send.shape, dtype=buf.dtype)
+    fn, fn_args = _body(g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs)
+    return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype)
 
 
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
@@ -495,7 +570,7 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
     inps = _array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
     outs = _array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
                        dtype_of=(inps[0], "input_tensor_list[0]"))
-    return _all_to_allv(g, op, _pack(inps), [a.size for a in inps], outs, [o.size for o in outs],
+    return _all_to_allv(g, op, _pack(inps), tuple([a.size for a in inps]), outs, tuple([o.size for o in outs]),
                         async_op, tuple(output_tensor_list))
 
 
@@ -545,8 +620,8 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
     out_rows = _splits(output_split_sizes, out, op, "output_split_sizes", "output", n)
     in_rows = _splits(input_split_sizes, inp, op, "input_split_sizes", "input", n)
     out_row, in_row = math.prod(out.shape[1:]), math.prod(inp.shape[1:])
-    return _all_to_allv(g, op, inp.reshape(-1), [r * in_row for r in in_rows], [out.reshape(-1)],
-                        [r * out_row for r in out_rows], async_op, (output,))
+    return _all_to_allv(g, op, inp.reshape(-1), tuple([r * in_row for r in in_rows]), (out,),
+                        tuple([r * out_row for r in out_rows]), async_op, (output,))
 
 
 # -- broadcast, several "devices" per process -----------------------------------------------
@@ -589,6 +664,6 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[
                              f"tensor_list[0], {arrs[0].size}, got {a.size} (shape {a.shape})")
     lead = arrs[src_tensor] if g.rank() == root else arrs[0]
     copies = [(a, lead) for a in arrs if a is not lead]
-    args = ([lead, mpi_datatype(lead.dtype)], root)
-    return launch(g, op, _communicate, (g.comm.Bcast, args, None, (), (), copies), async_op, tuple(tensor_list),
-                  shapes=[a.shape for a in arrs], dtype=lead.dtype, root=src, count=lead.size)
+    fn, fn_args = _body(g.comm.Bcast, ([lead, mpi_datatype(lead.dtype)], root), None, (), (), copies)
+    return _run(g, op, fn, fn_args, async_op, tuple(tensor_list), [a.shape for a in arrs], lead.dtype, src,
+                lead.size)

@@ -16,8 +16,8 @@ done-callbacks run on the thread that sees the op complete (see each class).
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
-import queue
 import threading
 import time
 from functools import lru_cache
@@ -443,14 +443,40 @@ class FutureWork(Work):
         return self._outs
 
 
+class _EngineFuture(concurrent.futures.Future):
+    """The future of an op queued on an :class:`Engine`.
+
+    ``result()`` with no timeout first lets the waiting thread run the op itself if it
+    has not started yet (:meth:`Engine.run_queued`): a thread that is going to block on
+    the op anyway saves the two thread wake-ups of a hand-off (tens of microseconds
+    each on a loaded machine). With a timeout, or with MPIDIST_ABORT_ON_TIMEOUT=0, it
+    only waits, since an op run on the waiting thread could not be given up on.
+    """
+
+    def __init__(self, engine: "Engine") -> None:
+        super().__init__()
+        self._engine = engine
+
+    def result(self, timeout: Any = None) -> Any:
+        if timeout is None and ABORT_ON_TIMEOUT and not self.done():
+            self._engine.run_queued(self)
+        return super().result(timeout)
+
+
 class Engine:
     """One worker thread per process group that runs its async ops in issue order.
 
     Collectives on a communicator must be issued in the same order on every rank, so
     a group's ops never run concurrently: ``run_sync`` runs inline when nothing is
     queued (no thread hop on the latency-critical path) and otherwise queues behind
-    the pending ops and waits. Called on the engine thread itself (from a future's
-    callback), it runs inline: queuing there would wait on itself.
+    the pending ops and waits. Called on the thread running the group's ops (from a
+    future's callback), it runs inline: queuing there would wait on itself.
+
+    Queued ops run one at a time, in order, on the *runner*: the engine thread, or a
+    thread that waits for a queued op that has not started yet and runs it (and the
+    ops queued before it) itself instead of waking the engine thread and sleeping
+    (:meth:`run_queued`). Either way the engine thread is woken at submit, so an op
+    progresses while the caller computes.
 
     It also carries the group's reliability state: ``seq`` (collectives issued on the
     group: the flight recorder's sequence number), ``p2p_seq``, ``current`` (the
@@ -465,52 +491,93 @@ class Engine:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pending = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._items: collections.deque = collections.deque()  # (future, fn, args) not started yet
+        self._pending = 0  # queued or running
+        self._runner: Optional[threading.Thread] = None  # the thread running a queued op now
         self._thread: Optional[threading.Thread] = None
+        self._stopping = False
         self.seq = 0
         self.p2p_seq = 0
         self.current: Optional[list] = None
         self.key: Optional[str] = None
         self.broken: Optional[str] = None
 
+    def _take(self) -> Optional[tuple]:
+        """The next queued op, made this thread's to run (lock held); None when there is none,
+        or another thread is running one."""
+        if self._runner is not None or not self._items:
+            return None
+        self._runner = threading.current_thread()
+        return self._items.popleft()
+
+    def _run(self, item: tuple) -> None:
+        """Run a queued op taken with :meth:`_take`; its future's callbacks run here, on the runner."""
+        future, fn, args = item
+        try:
+            if future.set_running_or_notify_cancel():
+                future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001  (delivered through the future)
+            future.set_exception(exc)
+        finally:
+            with self._cond:
+                self._pending -= 1
+                self._runner = None
+                if self._items or self._stopping:
+                    self._cond.notify()
+
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args = item
-            try:
-                if future.set_running_or_notify_cancel():
-                    future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001  (delivered through the future)
-                future.set_exception(exc)
-            finally:
-                with self._lock:
-                    self._pending -= 1
+            with self._cond:
+                item = self._take()
+                while item is None:
+                    if self._stopping and not self._items:
+                        return
+                    self._cond.wait()
+                    item = self._take()
+            self._run(item)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
         """Queue ``fn(*args)`` behind the group's earlier ops; return its future."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
+        future = _EngineFuture(self)
+        with self._cond:
             if self._thread is None:
+                self._stopping = False
                 self._thread = threading.Thread(target=self._loop, name=f"mpidist-{self._name}", daemon=True)
                 self._thread.start()
             self._pending += 1
-        self._queue.put((future, fn, args))
+            self._items.append((future, fn, args))
+            self._cond.notify()
         return future
+
+    def run_queued(self, future: concurrent.futures.Future) -> None:
+        """Run, on this thread, the queued ops up to the one of ``future``, if it is still queued
+        and no other thread is running one of the group's ops; else return at once.
+
+        Order is kept (the ops are taken from the head of the queue, one at a time, and
+        no other thread runs one meanwhile), and the op still sits in the watchdog's view
+        (``current``), so only the thread that runs it changes, and with it the thread
+        its future's callbacks run on.
+        """
+        while not future.done():
+            with self._cond:
+                if not any(item[0] is future for item in self._items):
+                    return
+                item = self._take()
+            if item is None:
+                return
+            self._run(item)
 
     def idle(self) -> bool:
         """True when an op may take its inline latency path: nothing is queued (or this is
-        the engine thread) and no debug or no-abort mode needs every op to go through
-        ``_dispatch.launch``."""
-        return self.inline and (self._pending == 0 or threading.current_thread() is self._thread)
+        the thread running the group's queued ops) and no debug or no-abort mode needs
+        every op to go through ``_dispatch.launch``."""
+        return self.inline and (self._pending == 0 or threading.current_thread() is self._runner)
 
     def runs_inline(self) -> bool:
         """True when :meth:`run_sync` would run its op inline: nothing is queued, or this
-        is the engine thread."""
-        return self._pending == 0 or threading.current_thread() is self._thread
+        is the thread running the group's queued ops."""
+        return self._pending == 0 or threading.current_thread() is self._runner
 
     def run_sync(self, fn: Callable[..., Any], *args: Any, rec: Optional[list] = None) -> Any:
         """Run ``fn(*args)`` after every op queued before it, and return its result.
@@ -524,8 +591,9 @@ class Engine:
 
     def shutdown(self) -> None:
         """Finish queued ops and stop the thread."""
-        with self._lock:
+        with self._cond:
             thread, self._thread = self._thread, None
+            self._stopping = True
+            self._cond.notify_all()
         if thread is not None:
-            self._queue.put(None)
             thread.join()

@@ -101,6 +101,36 @@ def test_all_gather_uneven(dist, any_group, layout, async_op):
             assert_same_list(outs, before)
 
 
+@pytest.mark.parametrize("layout,async_op", MODES + [("rows", False), ("rows", True), ("inner rows", False)])
+def test_all_gather_equal_sizes(dist, any_group, layout, async_op):
+    """Every rank sends the same count (the MPI_Allgather path), alternating with uneven calls so
+    a cached layout of one call is never reused for the other; outputs separate, back to back,
+    the rows of a 2-d array, or rows of a larger array (a block that is not its base)."""
+    g, members = any_group
+    rank = dist.get_rank()
+    is_member = rank in members
+    for dtype in DTYPES:
+        for step in range(2):
+            if layout == "rows":
+                outs = list(np.zeros((len(members), 2, 2), dtype))
+            elif layout == "inner rows":
+                outs = list(np.zeros((len(members) + 2, 2, 2), dtype)[1:-1])
+            else:
+                outs = arrays([(2, 2)] * len(members), dtype, layout)
+            tensor = data(dtype, (2, 2), 3, step, rank)
+            result = call(dist.all_gather, outs, tensor, group=g, member=is_member, async_op=async_op)
+            if is_member:
+                assert_same_list(outs, [data(dtype, (2, 2), 3, step, m) for m in members])
+                assert_identity(result, outs)
+            else:
+                assert_same_list(outs, [np.zeros((2, 2), dtype)] * len(members))
+            uneven = arrays([shape_of(m) for m in members], dtype, "block")
+            call(dist.all_gather, uneven, data(dtype, shape_of(rank), 4, rank), group=g, member=is_member,
+                 async_op=False)
+            if is_member:
+                assert_same_list(uneven, [data(dtype, shape_of(m), 4, m) for m in members])
+
+
 def test_all_gather_input_inside_output(dist, world):
     """Input at its own slot (MPI_IN_PLACE), or overlapping another slot (sent as a copy)."""
     rank, size = world

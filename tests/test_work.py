@@ -251,3 +251,23 @@ def test_future_callback_may_issue_ops_on_the_same_group(dist, world):
     np.testing.assert_array_equal(a, np.full(8, float(size)))
     np.testing.assert_array_equal(b, np.full(8, size * (size - 1) / 2))
     np.testing.assert_array_equal(c, np.full(8, 2.0 * size))
+
+
+def test_waiter_runs_queued_ops_in_order():
+    """A thread waiting on a queued op that has not started runs it, and the ops queued before
+    it, itself, in issue order; a wait with a timeout only waits. (An Engine whose thread is
+    kept from starting, so the ops stay queued.)"""
+    eng = work_module.Engine("steal-test")
+    eng._thread = threading.current_thread()  # submit() starts no thread: nothing runs the queue
+    order = []
+    futures = [eng.submit(lambda i=i: order.append((i, threading.current_thread())) or i) for i in range(4)]
+    assert not eng.runs_inline() and not eng.idle()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        futures[1].result(timeout=0.01)
+    assert order == []
+    assert futures[1].result() == 1  # runs ops 0 and 1 here, in order; leaves 2 and 3 queued
+    assert order == [(0, threading.current_thread()), (1, threading.current_thread())]
+    assert not futures[2].done() and eng._pending == 2
+    assert futures[3].result() == 3 and [i for i, _ in order] == [0, 1, 2, 3]
+    assert eng.runs_inline() and eng._runner is None
+    eng._thread = None
