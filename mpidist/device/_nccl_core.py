@@ -87,6 +87,15 @@ def _c_contiguous(shape: tuple, strides: Optional[Sequence[int]], itemsize: int)
     return True
 
 
+def _dtype_of(x: Any, cai: dict) -> np.dtype:
+    """The array's own numpy dtype where it has one (bfloat16 reads as ``<V2`` in the
+    interface), else the interface's typestr (e.g. a torch tensor's torch.dtype is not numpy's)."""
+    try:
+        return np.dtype(x.dtype)
+    except (AttributeError, TypeError):
+        return np.dtype(cai["typestr"])
+
+
 def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
     """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype.
 
@@ -99,8 +108,7 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
         raise TypeError(f"{prefix(op)} {arg} must be a device (GPU) array (cupy, or any object with "
                         f"__cuda_array_interface__) on the NCCL path, got {type(x).__name__}")
     shape = tuple(cai["shape"])
-    dtype = getattr(x, "dtype", None)
-    dtype = np.dtype(dtype if dtype is not None else cai["typestr"])
+    dtype = _dtype_of(x, cai)
     ptr, readonly = cai["data"]
     strides = cai.get("strides")
     if not _c_contiguous(shape, strides, dtype.itemsize):

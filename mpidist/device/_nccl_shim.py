@@ -124,7 +124,7 @@ class CupyShim:
     def view(self, ptr: int, count: int, dtype: np.dtype, device: int, owner: Any = None) -> Any:
         """A flat cupy array of ``count`` elements of ``dtype`` over the memory at ``ptr``."""
         cp = self.cupy
-        mem = cp.cuda.UnownedMemory(ptr, count * dtype.itemsize, owner, device)
+        mem = cp.cuda.UnownedMemory(ptr, count * dtype.itemsize, owner if owner is not None else self, device)
         return cp.ndarray((count,), dtype, cp.cuda.MemoryPointer(mem, 0))
 
     def empty(self, count: int, dtype: np.dtype) -> Any:
