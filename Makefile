@@ -93,6 +93,18 @@ bench: bench-install
 	done
 	timeout -k 10 $(BENCH_TIMEOUT) $(PY) benchmarks/bench_ddp_scaling.py
 
+# GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
+# SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI
+# (where detected) and host staging, against a device-to-device copy measured in the same run;
+# writes benchmarks/results/gpu_np{N}.md/.csv for each N in GPU_NP.
+GPU_NP ?= 1 2
+.PHONY: bench-gpu
+bench-gpu: install
+	@set -e; for n in $(GPU_NP); do \
+	  echo "== GPU benchmark under mpiexec -n $$n"; \
+	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_gpu.py; \
+	done
+
 # Smoke run (< 60 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
 # out/ so that it never overwrites bench's results. Its last lines are the headline
 # ratios and the targets' verdicts (gloo columns when torch is installed).

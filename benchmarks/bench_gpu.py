@@ -1,0 +1,297 @@
+"""GPU benchmark: all_reduce and all_gather_into_tensor on CuPy arrays through each device
+path, against a device-to-device copy of the same size measured in the same run.
+
+Paths (each through the public API, one init_process_group per path):
+
+* ``nccl``: ``init_process_group(backend="cpu:mpi,cuda:nccl")`` (mpidist.device.nccl). Where
+  the public API does not route device arrays to NCCL yet, ``mpidist.device.nccl.run`` is
+  called directly and the table says so.
+* ``cuda-aware-mpi``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=1``, only where the MPI
+  library says it is CUDA-aware (``MPIX_Query_cuda_support``) or MPIDIST_CUDA_AWARE=1 is
+  set by the caller; otherwise one row says "not CUDA-aware".
+* ``host-staging``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=0`` (device -> host copy, MPI
+  on host memory, host -> device copy).
+
+Timing: a barrier, ``iters`` back-to-back calls, then the current stream synchronized;
+the value is the max over ranks of the mean time per call, ``iters`` calibrated so a
+measurement lasts about 20 ms, the median of 3 measurements. Columns as nccl-tests
+(doc/PERFORMANCE.md): algbw = size / time, busbw = algbw * 2(n-1)/n (all_reduce) or
+(n-1)/n (all_gather); size(B) is the all_reduce buffer / the all_gather output. ``copy
+bw`` is ``cupy.copyto`` of ``size`` bytes (S / t), ``vs copy`` = busbw / copy bw.
+
+Run: ``mpiexec -n N python benchmarks/bench_gpu.py [--max-bytes 256M] [--out benchmarks/results]``;
+writes ``gpu_np{N}.md`` and ``.csv``. Without CuPy or a GPU it prints one SKIPPED line and
+exits 0.
+"""
+from __future__ import annotations
+
+import _bench_common as bc  # first: sets the BLAS thread variables
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import ctypes  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
+
+from mpi4py import MPI  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+TARGET_S = 0.02
+REPEATS = 3
+FIELDS = ["path", "op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong",
+          "copy_gbps", "vs_copy", "note"]
+
+
+def skip_reason() -> str:
+    """Why this machine cannot run the benchmark ('' if it can); the same on every rank."""
+    try:
+        import cupy  # noqa: PLC0415
+        count = cupy.cuda.runtime.getDeviceCount()
+        reason = "" if count > 0 else "no GPU"
+    except Exception as exc:  # noqa: BLE001
+        reason = f"no CuPy/GPU ({type(exc).__name__}: {exc})"
+    return COMM.allreduce(reason, op=MPI.MAX)
+
+
+def cuda_aware_mpi() -> tuple[bool, str]:
+    """(CUDA-aware, how we know): MPIDIST_CUDA_AWARE=1 from the caller, else MPIX_Query_cuda_support."""
+    if os.environ.get("MPIDIST_CUDA_AWARE") == "1":
+        return True, "MPIDIST_CUDA_AWARE=1 set by the caller"
+    try:
+        query = ctypes.CDLL(None).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False, "the MPI library has no MPIX_Query_cuda_support"
+    return bool(query()), "MPIX_Query_cuda_support()"
+
+
+def nccl_ok(cupy: Any, n_local: int) -> str:
+    """'' if NCCL can run here, else why not (two ranks per GPU need NCCL >= 2.30 + env var)."""
+    try:
+        from cupy.cuda import nccl  # noqa: PLC0415
+        version = nccl.get_version()
+    except Exception as exc:  # noqa: BLE001
+        return f"CuPy has no NCCL ({exc})"
+    if n_local > cupy.cuda.runtime.getDeviceCount() and (
+            version < 23000 or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1"):
+        return f"ranks share a GPU: needs NCCL >= 2.30 (found {version}) and NCCL_MULTI_RANK_GPU_ENABLE=1"
+    return ""
+
+
+def timed(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
+    """Barrier, ``iters`` calls, stream synchronized: max over ranks of seconds per call."""
+    COMM.Barrier()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    elapsed = time.perf_counter() - t0
+    bc.idle_barrier(COMM)
+    return COMM.allreduce(elapsed / iters, op=MPI.MAX)
+
+
+def measure(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    """Median seconds per call over REPEATS measurements of ~TARGET_S each."""
+    fn()
+    sync()
+    iters = 1
+    for _ in range(bc.CALIBRATION_ROUNDS):
+        batch = timed(fn, iters, sync) * iters
+        if batch >= TARGET_S * 2 / 3:
+            break
+        iters = 2 * iters if batch < TARGET_S / 8 else max(iters + 1, int(iters * TARGET_S / batch))
+    return statistics.median(timed(fn, iters, sync) for _ in range(REPEATS))
+
+
+class DevicePath:
+    """One device path: how to bring it up, and the two ops through it."""
+
+    def __init__(self, name: str, backend: str, env: dict) -> None:
+        self.name, self.backend, self.env = name, backend, env
+        self.note = ""
+        self.all_reduce: Optional[Callable[[Any], Any]] = None
+        self.all_gather: Optional[Callable[[Any, Any], Any]] = None
+
+    def start(self, dist: Any, cupy: Any) -> str:
+        """init_process_group for the path and a probe call; '' or why it is unavailable."""
+        os.environ.update(self.env)
+        try:
+            dist.init_process_group(backend=self.backend)
+        except Exception as exc:  # noqa: BLE001
+            reason = f"init_process_group(backend={self.backend!r}) failed: {exc}"
+        else:
+            self.all_reduce = lambda x: dist.all_reduce(x)
+            self.all_gather = lambda out, x: dist.all_gather_into_tensor(out, x)
+            try:
+                self.all_reduce(cupy.ones(2, cupy.float32))
+                cupy.cuda.get_current_stream().synchronize()
+                reason = ""
+            except Exception as exc:  # noqa: BLE001
+                reason = f"all_reduce on a cupy array failed: {exc}"
+        reason = COMM.allreduce(reason, op=MPI.MAX)
+        if reason and self.name == "nccl":
+            return self._direct(dist, reason)
+        return reason
+
+    def _direct(self, dist: Any, why: str) -> str:
+        """The NCCL path without the public router: mpidist.device.nccl.run on the default group."""
+        from mpidist import _runtime  # noqa: PLC0415
+        from mpidist.device import nccl  # noqa: PLC0415
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend="mpi")
+        g = _runtime.state().world
+        self.all_reduce = lambda x: nccl.run("all_reduce", g, {"tensor": x})
+        self.all_gather = lambda out, x: nccl.run("all_gather_into_tensor", g, {"output_tensor": out,
+                                                                                "input_tensor": x})
+        self.note = f"direct mpidist.device.nccl.run (public route unavailable: {why[:120]})"
+        return ""
+
+    def stop(self, dist: Any) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key in self.env:
+            os.environ.pop(key, None)
+
+
+def run_sizes(path: DevicePath, cupy: Any, sizes: list[int], copy_bw: dict, rows: list) -> None:
+    n, me = COMM.Get_size(), COMM.Get_rank()
+    sync = cupy.cuda.get_current_stream().synchronize
+    for size in sizes:
+        count = max(1, size // 4)
+        x = cupy.zeros(count, cupy.float32)
+        t = measure(lambda: path.all_reduce(x), sync)
+        x[...] = me + 1
+        path.all_reduce(x)
+        wrong = int(cupy.count_nonzero(x != n * (n + 1) / 2))
+        rows.append(row(path, "all_reduce", count * 4, count, "sum", t, 2 * (n - 1) / n, wrong, copy_bw))
+        per = max(1, size // (4 * n))
+        inp, out = cupy.full(per, me + 1, cupy.float32), cupy.zeros(per * n, cupy.float32)
+        t = measure(lambda: path.all_gather(out, inp), sync)
+        want = cupy.repeat(cupy.arange(1, n + 1, dtype=cupy.float32), per)
+        wrong = int(cupy.count_nonzero(out != want))
+        rows.append(row(path, "all_gather", per * n * 4, per, "none", t, (n - 1) / n, wrong, copy_bw))
+
+
+def row(path: DevicePath, op: str, size: int, count: int, redop: str, t: float, factor: float, wrong: int,
+        copy_bw: dict) -> dict:
+    algbw = size / t / 1e9
+    busbw = algbw * factor
+    cbw = copy_bw.get(size, float("nan"))
+    return {"path": path.name, "op": op, "size": size, "count": count, "type": "float", "redop": redop,
+            "root": -1, "time_us": t * 1e6, "algbw": algbw, "busbw": busbw,
+            "wrong": COMM.allreduce(wrong), "copy_gbps": cbw, "vs_copy": bc.ratio(busbw, cbw), "note": path.note}
+
+
+def copy_bandwidths(cupy: Any, sizes: list[int]) -> dict:
+    """S / t of cupy.copyto for every byte size the ops use (the all_reduce and all_gather sizes)."""
+    n = COMM.Get_size()
+    wanted = sorted({max(1, s // 4) * 4 for s in sizes} | {max(1, s // (4 * n)) * n * 4 for s in sizes})
+    sync = cupy.cuda.get_current_stream().synchronize
+    out = {}
+    for size in wanted:
+        src, dst = cupy.ones(size // 4, cupy.float32), cupy.empty(size // 4, cupy.float32)
+        out[size] = size / measure(lambda: cupy.copyto(dst, src), sync) / 1e9
+    return out
+
+
+def write(rows: list, header: list[str], out_dir: Path) -> Path:
+    n = COMM.Get_size()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f"gpu_np{n}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# GPU benchmark, {n} rank(s), float32", "", *header, ""]
+    cols = "| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong | copy bw(GB/s) | vs copy |"
+    for op in ("all_reduce", "all_gather"):
+        for path in dict.fromkeys(r["path"] for r in rows):
+            sel = [r for r in rows if r["op"] == op and r["path"] == path]
+            if not sel:
+                continue
+            lines += [f"## {op}: {path}", ""]
+            if sel[0]["note"]:
+                lines += [f"{sel[0]['note']}", ""]
+            if sel[0]["size"] == 0:
+                lines += ["(no measurements)", ""]
+                continue
+            lines += [cols, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r['size']} | {r['count']} | float | {r['redop']} | -1 | {bc.fmt(r['time_us'])} | "
+                      f"{bc.fmt(r['algbw'], 3)} | {bc.fmt(r['busbw'], 3)} | {r['wrong']} | "
+                      f"{bc.fmt(r['copy_gbps'], 1)} | {bc.fmt(r['vs_copy'], 3)} |" for r in sel]
+            lines.append("")
+    path = out_dir / f"gpu_np{n}.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def unavailable(name: str, why: str) -> list[dict]:
+    base = {f: "" for f in FIELDS}
+    return [{**base, "path": name, "op": op, "size": 0, "note": f"not measured: {why}"}
+            for op in ("all_reduce", "all_gather")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--min-bytes", default="8")
+    parser.add_argument("--max-bytes", default="256M")
+    parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    reason = skip_reason()
+    if reason:
+        if COMM.Get_rank() == 0:
+            print(f"SKIPPED: GPU benchmark: {reason}")
+        return 0
+    import cupy  # noqa: PLC0415
+
+    import mpidist  # noqa: PLC0415
+
+    load = os.getloadavg()[0]
+    local = COMM.Split_type(MPI.COMM_TYPE_SHARED)
+    n_local, local_rank = local.Get_size(), local.Get_rank()
+    device = local_rank % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    sizes = bc.sweep(bc.parse_bytes(args.min_bytes), bc.parse_bytes(args.max_bytes), args.factor)
+    copy_bw = copy_bandwidths(cupy, sizes)
+    aware, how = cuda_aware_mpi()
+    paths = [("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
+             ("cuda-aware-mpi", "mpi", {"MPIDIST_CUDA_AWARE": "1"}, "" if aware else f"not CUDA-aware ({how})"),
+             ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, "")]
+    rows: list = []
+    for name, backend, env, why in paths:
+        why = COMM.allreduce(why, op=MPI.MAX)
+        if why:
+            rows += unavailable(name, why)
+            continue
+        path = DevicePath(name, backend, env)
+        try:
+            why = path.start(mpidist, cupy)
+            if why:
+                rows += unavailable(name, why)
+            else:
+                run_sizes(path, cupy, sizes, copy_bw, rows)
+        finally:
+            path.stop(mpidist)
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    header = bc.machine_lines(COMM.Get_size(), load) + [
+        f"- GPU: {gpu} (device {device} of rank 0; {n_local} rank(s) on this node)",
+        f"- {bc.versions(cupy=cupy.__version__, mpidist=mpidist.__version__)}, CUDA-aware MPI: {aware} ({how})",
+        f"- timing: median of {REPEATS} measurements of ~{TARGET_S * 1e3:.0f} ms, each the max over ranks of the "
+        f"mean time per call (a barrier, back-to-back calls, then the stream synchronized)",
+        "- busbw as nccl-tests: all_reduce 2(n-1)/n, all_gather (n-1)/n; copy bw: cupy.copyto of the same "
+        "size on each rank's GPU, same run; vs copy = busbw / copy bw",
+    ]
+    if COMM.Get_rank() == 0:
+        out = write(rows, header, Path(args.out))
+        print(f"wrote {out} and {out.with_suffix('.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

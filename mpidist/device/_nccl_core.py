@@ -1,0 +1,302 @@
+"""The machinery under :mod:`mpidist.device.nccl`: dtype and op tables, device-array
+validation, the per-group NCCL communicators, stream ordering, completion and Work.
+
+Streams and completion follow torch's ProcessGroupNCCL. Each NCCL communicator has its
+own stream. An op records an event on the caller's current stream and makes the NCCL
+stream wait on it (so the op sees everything the caller enqueued before), enqueues its
+kernels on the NCCL stream, and records a *done* event there. A sync op then makes the
+caller's current stream wait on the done event and returns at once: the host is not
+blocked, later work on the caller's stream is ordered after the op. ``async_op=True``
+returns an :class:`NcclWork` holding the done event instead.
+
+A process-wide completion thread (:class:`_Reaper`) polls the done events of the ops in
+flight (0.1 ms, backing off to 5 ms while nothing completes), as torch's watchdog thread
+does: it marks their flight-recorder entries completed, completes ``get_future()``
+futures, and keeps the arrays an op uses (the caller's and its temporaries) alive until
+the op is done. While an op is in flight its entry is in ``_recorder.watched``, so
+mpidist's timeout watchdog names it if it does not complete within the group's timeout.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from mpidist._buffers import value_kind
+from mpidist.device import _nccl_shim
+from mpidist.errors import DistBackendError, prefix
+from mpidist.group import ProcessGroup
+from mpidist.reduce_op import PremulSum, ReduceOp, check_op_dtype
+
+__all__ = ["Dev", "device_array", "Plan", "reduction", "mover", "NcclComm", "NcclGroupState", "state",
+           "overlaps", "nccl_failure", "AVG_MIN_VERSION"]
+
+# ncclDataType_t and ncclRedOp_t values (nccl.h); stable ABI constants.
+_INT8, _UINT8, _INT32, _UINT32, _INT64, _UINT64, _FLOAT16, _FLOAT32, _FLOAT64, _BFLOAT16 = range(10)
+_SUM, _PROD, _MAX, _MIN, _AVG = range(5)
+#: ncclAvg needs NCCL 2.10 (version code 21000); below it AVG is a SUM, then a division.
+AVG_MIN_VERSION = 21000
+
+# dtype name -> (ncclDataType_t, NCCL elements per array element). bool travels as uint8 and
+# complex as pairs of reals (torch: view_as_real), so SUM/AVG/PREMUL_SUM work part by part.
+_TYPES = {
+    "int8": (_INT8, 1), "uint8": (_UINT8, 1), "int32": (_INT32, 1), "uint32": (_UINT32, 1),
+    "int64": (_INT64, 1), "uint64": (_UINT64, 1), "float16": (_FLOAT16, 1), "float32": (_FLOAT32, 1),
+    "float64": (_FLOAT64, 1), "bfloat16": (_BFLOAT16, 1), "bool": (_UINT8, 1),
+    "complex64": (_FLOAT32, 2), "complex128": (_FLOAT64, 2),
+}
+_REDUCIBLE = ", ".join(_TYPES)
+_OPS = {ReduceOp.SUM: _SUM, ReduceOp.PRODUCT: _PROD, ReduceOp.MAX: _MAX, ReduceOp.MIN: _MIN,
+        ReduceOp.AVG: _AVG}
+# torch maps bool reductions so that uint8 gives logical results: SUM -> MAX, PRODUCT -> MIN.
+_BOOL_OPS = {ReduceOp.SUM: _MAX, ReduceOp.PRODUCT: _MIN, ReduceOp.MAX: _MAX, ReduceOp.MIN: _MIN}
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+# -- device arrays ------------------------------------------------------------------------------
+
+class Dev:
+    """What the NCCL path needs of one device array: pointer, shape, dtype, sizes, device.
+
+    Duck-types the attributes the host helpers read (``shape``, ``ndim``, ``dtype``, ``size``).
+    """
+
+    __slots__ = ("obj", "ptr", "shape", "dtype", "size", "nbytes", "device")
+
+    def __init__(self, obj: Any, ptr: int, shape: tuple, dtype: np.dtype, device: int) -> None:
+        self.obj, self.ptr, self.shape, self.dtype, self.device = obj, ptr, shape, dtype, device
+        self.size = math.prod(shape)
+        self.nbytes = self.size * dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _c_contiguous(shape: tuple, strides: Optional[Sequence[int]], itemsize: int) -> bool:
+    """numpy's rule: strides of extent-1 dimensions do not matter; empty arrays are contiguous."""
+    if strides is None or 0 in shape:
+        return True
+    expected = itemsize
+    for extent, stride in zip(reversed(shape), reversed(tuple(strides))):
+        if extent != 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def _dtype_of(x: Any, cai: dict) -> np.dtype:
+    """The array's own numpy dtype where it has one (bfloat16 reads as ``<V2`` in the
+    interface), else the interface's typestr (e.g. a torch tensor's torch.dtype is not numpy's)."""
+    try:
+        return np.dtype(x.dtype)
+    except (AttributeError, TypeError):
+        return np.dtype(cai["typestr"])
+
+
+def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
+    """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype.
+
+    Raises:
+        TypeError: ``x`` has no ``__cuda_array_interface__``, or a non-numeric dtype.
+        ValueError: ``x`` is not C-contiguous, or read-only where it must be written.
+    """
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"{prefix(op)} {arg} must be a device (GPU) array (cupy, or any object with "
+                        f"__cuda_array_interface__) on the NCCL path, got {type(x).__name__}")
+    shape = tuple(cai["shape"])
+    dtype = _dtype_of(x, cai)
+    ptr, readonly = cai["data"]
+    strides = cai.get("strides")
+    if not _c_contiguous(shape, strides, dtype.itemsize):
+        raise ValueError(f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of shape "
+                         f"{shape} and strides {tuple(strides)}")
+    if writable and readonly:
+        raise ValueError(f"{prefix(op)} {arg} must be writable, got a read-only array")
+    if dtype.kind not in "biufc" and value_kind(dtype) not in "biufc":
+        raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}, which cannot be communicated; "
+                        f"expected a numeric or bool dtype")
+    return Dev(x, int(ptr or 0), shape, dtype, shim.device_of(x, ptr))
+
+
+def overlaps(a: Dev, b: Dev) -> bool:
+    """True if the memory of ``a`` and ``b`` intersects."""
+    return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+
+
+# -- dtype and op tables ------------------------------------------------------------------------
+
+class Plan(NamedTuple):
+    """How NCCL reduces one dtype with one op: ``type`` (ncclDataType_t), ``mult`` (NCCL
+    elements per array element), ``op`` (ncclRedOp_t), ``divide`` (AVG done as SUM plus a
+    division: NCCL < 2.10), ``premul`` (the PremulSum whose factor scales the input first)."""
+
+    type: int
+    mult: int
+    op: int
+    divide: bool
+    premul: Optional[PremulSum]
+
+
+_PLANS: dict = {}
+
+
+def reduction(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
+    """The :class:`Plan` for reducing ``dtype`` with ``op`` (cached for ReduceOp members).
+
+    Raises:
+        ValueError: a bitwise op (NCCL has none, as torch says), PRODUCT on complex, or a
+            pair mpidist refuses on host arrays too (AVG on integers, MIN/MAX on complex, ...).
+        TypeError: a dtype NCCL cannot reduce (int16, float8, ...), or ``op`` not a ReduceOp.
+    """
+    key = (dtype, op, version >= AVG_MIN_VERSION) if type(op) is ReduceOp else None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan(op, dtype, name, version)
+        if key is not None:
+            _PLANS[key] = plan
+    return plan
+
+
+def _plan(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
+    if op in _BITWISE:
+        raise ValueError(f"{prefix(name)} {op!r} is not supported by NCCL (torch: 'Cannot use "
+                         f"ReduceOp.{op.name} with NCCL'); bitwise reductions need host arrays")
+    found = _TYPES.get(dtype.name) if dtype.isnative else None
+    if found is None:
+        raise TypeError(f"{prefix(name)} dtype {dtype} cannot be reduced by NCCL; expected one of "
+                        f"{_REDUCIBLE}")
+    op = check_op_dtype(op, dtype, prefix(name))
+    premul = op if type(op) is PremulSum else None
+    base = ReduceOp.SUM if premul is not None else op
+    if dtype.kind == "c" and base not in (ReduceOp.SUM, ReduceOp.AVG):
+        raise ValueError(f"{prefix(name)} {base!r} on complex dtype {dtype} is not supported by NCCL; "
+                         f"complex arrays reduce with SUM, AVG or PREMUL_SUM only (as torch)")
+    divide = base is ReduceOp.AVG and version < AVG_MIN_VERSION
+    code = _BOOL_OPS[base] if dtype.kind == "b" else (_SUM if divide else _OPS[base])
+    return Plan(found[0], found[1], code, divide, premul)
+
+
+def mover(dtype: np.dtype) -> tuple[int, int]:
+    """(ncclDataType_t, NCCL elements per element) for moving ``dtype`` without reducing it:
+    its own type where NCCL has one, else bytes (int16, float8, ... move as uint8)."""
+    found = _TYPES.get(dtype.name) if dtype.isnative else None
+    return found if found is not None else (_UINT8, dtype.itemsize)
+
+
+# -- communicators --------------------------------------------------------------------------------
+
+def nccl_failure(name: str, what: str, exc: BaseException) -> DistBackendError:
+    text = str(exc)
+    hint = (" (two ranks of one communicator on one GPU need NCCL >= 2.30 and "
+            "NCCL_MULTI_RANK_GPU_ENABLE=1)") if "uplicate GPU" in text else ""
+    return DistBackendError(f"{prefix(name)} {what}: NCCL error: {text}{hint}")
+
+
+class NcclComm:
+    """One NCCL communicator over the ranks of ``mpi_comm``, its stream, and its events.
+
+    The unique id is made by rank 0 of ``mpi_comm`` and broadcast over it (pickled, so
+    CuPy 13's tuple and CuPy 14's bytes both travel). Collective over ``mpi_comm``.
+    """
+
+    def __init__(self, shim: Any, mpi_comm: MPI.Comm, device: int, name: str, what: str) -> None:
+        self.shim = shim
+        self.device = device
+        self.size = mpi_comm.Get_size()
+        self.rank = mpi_comm.Get_rank()
+        self.spare: list = []  # done events of finished sync ops, for reuse
+        self.scratch: Any = None  # barrier's 1-element buffer
+        uid = shim.unique_id() if self.rank == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        try:
+            with shim.device(device):
+                self.stream = shim.new_stream()
+                self.ready = shim.new_event()
+                self.nccl = shim.communicator(self.size, uid, self.rank, mpi_comm)
+        except shim.error as exc:
+            raise nccl_failure(name, f"could not make the NCCL communicator of {what}", exc) from exc
+
+    def free(self) -> None:
+        """Wait for the ops in flight on the stream, then destroy the communicator."""
+        with self.shim.device(self.device):
+            self.shim.synchronize(self.stream)
+            self.nccl.destroy()
+
+
+class NcclGroupState:
+    """A group's NCCL resources (``ProcessGroup.resource("nccl")``): the group's communicator,
+    made by the first collective (every member takes part), and one 2-rank communicator
+    per peer for send/recv/isend/irecv (made by the first exchange with that peer, as
+    torch's ProcessGroupNCCL does, so a point-to-point op may be a group's first op).
+    Every communicator of a group sits on one device, the one of the first op's arrays."""
+
+    def __init__(self, g: ProcessGroup) -> None:
+        self.g = g
+        self.device: Optional[int] = None
+        self.main: Optional[NcclComm] = None
+        self.pairs: dict[int, NcclComm] = {}
+        self.made = 0  # communicators made (tests: one per group)
+
+    def _check_device(self, device: int, name: str, devs: Sequence[Dev], args: Sequence[str]) -> None:
+        for d, arg in zip(devs, args):
+            if d.device != device:
+                raise ValueError(f"{prefix(name)} {arg} is on device {d.device}, expected device {device} "
+                                 f"(where group {self.g.group_name!r} communicates through NCCL)")
+
+    def collective(self, name: str, devs: Sequence[Dev], args: Sequence[str],
+                   device: Optional[int] = None) -> NcclComm:
+        """The group's communicator (made now if needed: collective over the group)."""
+        if device is None:
+            device = self.device if self.device is not None else devs[0].device
+        self._check_device(self.device if self.device is not None else device, name, devs, args)
+        comm = self.main
+        if comm is None:
+            g = self.g
+            comm = self.main = g.engine.run_sync(NcclComm, _nccl_shim.get(), g.comm, device, name,
+                                                 f"group {g.group_name!r}")
+            self.device = device
+            self.made += 1
+        return comm
+
+    def pair(self, name: str, peer: int, devs: Sequence[Dev], args: Sequence[str]) -> NcclComm:
+        """The 2-rank communicator with group rank ``peer`` (made now if needed: both take part)."""
+        self._check_device(self.device if self.device is not None else devs[0].device, name, devs, args)
+        comm = self.pairs.get(peer)
+        if comm is None:
+            comm = self.pairs[peer] = self.g.engine.run_sync(self._make_pair, name, peer, devs[0].device)
+            self.device = devs[0].device
+            self.made += 1
+        return comm
+
+    def _make_pair(self, name: str, peer: int, device: int) -> NcclComm:
+        """MPI_Comm_create_group over the two ranks (collective over them only; its tag never
+        meets point-to-point traffic) carries the unique id; then it is freed."""
+        g = self.g
+        lo, hi = sorted((g.rank(), peer))
+        whole = g.comm.Get_group()
+        two = whole.Incl([lo, hi])
+        mpi_pair = g.comm.Create_group(two, (lo * g.size() + hi) % 32768)
+        two.Free()
+        whole.Free()
+        try:
+            return NcclComm(_nccl_shim.get(), mpi_pair, device, name,
+                            f"ranks {g.ranks[lo]} and {g.ranks[hi]} of group {g.group_name!r}")
+        finally:
+            mpi_pair.Free()
+
+    def free(self) -> None:
+        """Destroy every communicator: the group's, then the pairs' in peer order (the same
+        order on every rank, in case a fake's destruction is collective)."""
+        comms = ([self.main] if self.main is not None else []) + [self.pairs[p] for p in sorted(self.pairs)]
+        self.main, self.pairs = None, {}
+        for comm in comms:
+            comm.free()
+
+
+def state(g: ProcessGroup) -> NcclGroupState:
+    """The group's :class:`NcclGroupState` (made on first use; making it is local)."""
+    return g.resource("nccl", NcclGroupState)

@@ -1,0 +1,193 @@
+"""NCCL data movement: all_gather, all_gather_into_tensor, gather, scatter, all_to_all,
+all_to_all_single (see :mod:`mpidist.device.nccl` for the mapping onto NCCL)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from mpidist._buffers import same_dtype
+from mpidist._dispatch import group_root
+from mpidist.device import _nccl_shim
+from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, overlaps
+from mpidist.device._nccl_util import (
+    Group, arrays, back_to_back, collective, copy_of, given, new_buffer, p2p_group_body, rows, same_shape,
+)
+from mpidist.device._nccl_work import NcclWork
+from mpidist.errors import prefix
+from mpidist.gather_scatter import _splits
+from mpidist.group import ProcessGroup
+
+__all__ = ["all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single"]
+
+
+# -- gathers --------------------------------------------------------------------------------------
+
+def all_gather_into_tensor(g: ProcessGroup, output_tensor: Any, input_tensor: Any,
+                           async_op: bool = False) -> Optional[NcclWork]:
+    """ncclAllGather of every member's ``input_tensor`` into ``output_tensor`` (group-rank
+    order; ``W * input.size`` elements). In place when ``input_tensor`` is this rank's slot."""
+    name = "all_gather_into_tensor"
+    shim = _nccl_shim.get()
+    out = device_array(output_tensor, name, "output_tensor", True, shim)
+    inp = device_array(input_tensor, name, "input_tensor", False, shim)
+    same_dtype(out, inp, name, "output_tensor", "input_tensor")
+    n = g.size()
+    if out.size != inp.size * n:
+        raise ValueError(f"{prefix(name)} output_tensor must hold world_size * input_tensor.size = {n} * "
+                         f"{inp.size} = {n * inp.size} elements, got {out.size} (shape {out.shape})")
+    return collective(g, name, [out, inp], ["output_tensor", "input_tensor"], _all_gather_body, (inp, out.ptr),
+                       (output_tensor, input_tensor), (output_tensor,), async_op, inp.shape)
+
+
+def _all_gather_body(comm: NcclComm, inp: Dev, out_ptr: int) -> Any:
+    """ncclAllGather of ``inp`` into the block at ``out_ptr`` (W * inp.nbytes bytes)."""
+    kind, mult = mover(inp.dtype)
+    temp, send = None, inp.ptr
+    own = out_ptr + comm.rank * inp.nbytes
+    block = Dev(None, out_ptr, (comm.size * inp.size,), inp.dtype, comm.device)
+    if send != own and overlaps(inp, block):  # NCCL's in-place form is the own slot only
+        temp, send = copy_of(comm, inp)
+    comm.nccl.allGather(send, out_ptr, inp.size * mult, kind, comm.stream.ptr)
+    return temp
+
+
+def _broadcasts_body(comm: NcclComm, inp: Dev, outs: Sequence[Dev]) -> Any:
+    """all_gather as one NCCL group of broadcasts, one per rank, each into its own output."""
+    kind, mult = mover(inp.dtype)
+    temp, send = None, inp.ptr
+    if any(overlaps(inp, o) for r, o in enumerate(outs) if r != comm.rank):
+        temp, send = copy_of(comm, inp)
+    with Group(comm.shim):
+        for r, o in enumerate(outs):
+            comm.nccl.broadcast(send if r == comm.rank else o.ptr, o.ptr, o.size * mult, kind, r, comm.stream.ptr)
+    return temp
+
+
+def all_gather(g: ProcessGroup, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[NcclWork]:
+    """Every member's ``tensor`` into ``tensor_list[group rank]`` on every member."""
+    name = "all_gather"
+    shim = _nccl_shim.get()
+    inp = device_array(tensor, name, "tensor", False, shim)
+    outs = arrays(tensor_list, name, "tensor_list", g.size(), True, shim, "the group size", inp, "tensor")
+    me = g.rank()
+    same_shape(outs[me], inp, name, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
+    if back_to_back(outs) and all(o.size == inp.size for o in outs):
+        body, bargs = _all_gather_body, (inp, outs[0].ptr)
+    else:
+        body, bargs = _broadcasts_body, (inp, outs)
+    return collective(g, name, [inp, *outs], ["tensor"] + [f"tensor_list[{i}]" for i in range(len(outs))], body,
+                       bargs, (tensor, tuple(tensor_list)), tuple(tensor_list), async_op, inp.shape)
+
+
+def gather(g: ProcessGroup, tensor: Any, gather_list: Any = None, dst: int = 0,
+           async_op: bool = False) -> Optional[NcclWork]:
+    """Every member's ``tensor`` into ``gather_list[group rank]`` on global rank ``dst``
+    (grouped send/recv; ``gather_list`` only on ``dst``, as torch)."""
+    name = "gather"
+    shim = _nccl_shim.get()
+    inp = device_array(tensor, name, "tensor", False, shim)
+    root = group_root(g, dst, name, "dst")
+    me = g.rank()
+    if me != root:
+        if given(gather_list):
+            raise ValueError(f"{prefix(name)} gather_list must not be given on a rank other than dst={dst} "
+                             f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
+        return collective(g, name, [inp], ["tensor"], p2p_group_body, ([(root, inp)], []), (tensor,), (),
+                           async_op, inp.shape, dst)
+    if not given(gather_list):
+        raise ValueError(f"{prefix(name)} gather_list must be given on the destination rank dst={dst}: "
+                         f"a list of {g.size()} arrays, got {gather_list!r}")
+    outs = arrays(gather_list, name, "gather_list", g.size(), True, shim, "the group size", inp, "tensor")
+    same_shape(outs[root], inp, name, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
+    recvs = [(r, o) for r, o in enumerate(outs) if r != root]
+    return collective(g, name, [inp, *outs], ["tensor"] + [f"gather_list[{i}]" for i in range(len(outs))],
+                       p2p_group_body, ([], recvs, (outs[root], inp)), (tensor, tuple(gather_list)),
+                       tuple(gather_list), async_op, inp.shape, dst)
+
+
+def scatter(g: ProcessGroup, tensor: Any, scatter_list: Any = None, src: int = 0,
+            async_op: bool = False) -> Optional[NcclWork]:
+    """``scatter_list[i]`` of global rank ``src`` into group rank i's ``tensor`` (grouped
+    send/recv; ``scatter_list`` only on ``src``, as torch)."""
+    name = "scatter"
+    shim = _nccl_shim.get()
+    out = device_array(tensor, name, "tensor", True, shim)
+    root = group_root(g, src, name, "src")
+    if g.rank() != root:
+        if given(scatter_list):
+            raise ValueError(f"{prefix(name)} scatter_list must not be given on a rank other than src={src} "
+                             f"(torch: 'must NOT be specified on non-source ranks'); pass None")
+        return collective(g, name, [out], ["tensor"], p2p_group_body, ([], [(root, out)]), (tensor,),
+                           (tensor,), async_op, out.shape, src)
+    if not given(scatter_list):
+        raise ValueError(f"{prefix(name)} scatter_list must be given on the source rank src={src}: "
+                         f"a list of {g.size()} arrays, got {scatter_list!r}")
+    inps = arrays(scatter_list, name, "scatter_list", g.size(), False, shim, "the group size", out, "tensor")
+    same_shape(inps[root], out, name, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
+    sends = [(r, a) for r, a in enumerate(inps) if r != root]
+    return collective(g, name, [out, *inps], ["tensor"] + [f"scatter_list[{i}]" for i in range(len(inps))],
+                       p2p_group_body, (sends, [], None, (out, inps[root])), (tensor, tuple(scatter_list)),
+                       (tensor,), async_op, out.shape, src)
+
+
+# -- all-to-all ------------------------------------------------------------------------------------
+
+def _check_own(name: str, me: int, sent: int, received: int) -> None:
+    if sent != received:
+        raise ValueError(f"{prefix(name)} this rank sends itself {sent} elements but expects {received} "
+                         f"from itself; the part for rank {me} of the input and of the output must have "
+                         f"the same size")
+
+
+def _all_to_all_body(comm: NcclComm, ins: list, outs: list, stage: bool) -> Any:
+    """Grouped send of ``ins[r]`` / recv of ``outs[r]`` for every r. ``stage``: an input
+    overlaps an output, so the inputs are first copied, back to back, into a temporary."""
+    temp = None
+    if stage:
+        temp, ptr = new_buffer(comm, sum(d.size for d in ins), ins[0].dtype)
+        staged = []
+        for d in ins:
+            comm.shim.copy(ptr, d.ptr, d.nbytes, comm.stream)
+            staged.append(Dev(None, ptr, d.shape, d.dtype, d.device))
+            ptr += d.nbytes
+        ins = staged
+    p2p_group_body(comm, list(enumerate(ins)), list(enumerate(outs)))
+    return temp
+
+
+def _overlap_any(xs: Sequence[Dev], ys: Sequence[Dev]) -> bool:
+    return any(overlaps(a, b) for a in xs for b in ys)
+
+
+def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
+               async_op: bool = False) -> Optional[NcclWork]:
+    """``input_tensor_list[i]`` to group rank i, rank i's into ``output_tensor_list[i]``."""
+    name = "all_to_all"
+    shim = _nccl_shim.get()
+    n = g.size()
+    ins = arrays(input_tensor_list, name, "input_tensor_list", n, False, shim, "the group size")
+    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, "the group size", ins[0],
+                   "input_tensor_list[0]")
+    me = g.rank()
+    _check_own(name, me, ins[me].size, outs[me].size)
+    args = [f"input_tensor_list[{i}]" for i in range(n)] + [f"output_tensor_list[{i}]" for i in range(n)]
+    return collective(g, name, ins + outs, args, _all_to_all_body, (ins, outs, _overlap_any(ins, outs)),
+                       (tuple(input_tensor_list), tuple(output_tensor_list)), tuple(output_tensor_list), async_op,
+                       [d.shape for d in ins])
+
+
+def all_to_all_single(g: ProcessGroup, output: Any, input: Any, output_split_sizes: Any = None,  # noqa: A002
+                      input_split_sizes: Any = None, async_op: bool = False) -> Optional[NcclWork]:
+    """Rows ``input_split_sizes[i]`` of ``input`` to group rank i; rank i's rows land in
+    ``output`` in rank order (equal splits when the sizes are None or empty)."""
+    name = "all_to_all_single"
+    shim = _nccl_shim.get()
+    out = device_array(output, name, "output", True, shim)
+    inp = device_array(input, name, "input", False, shim)
+    same_dtype(out, inp, name, "output", "input")
+    n, me = g.size(), g.rank()
+    out_rows = _splits(output_split_sizes, out, name, "output_split_sizes", "output", n)
+    in_rows = _splits(input_split_sizes, inp, name, "input_split_sizes", "input", n)
+    ins, outs = rows(inp, in_rows), rows(out, out_rows)
+    _check_own(name, me, ins[me].size, outs[me].size)
+    return collective(g, name, [out, inp], ["output", "input"], _all_to_all_body, (ins, outs, overlaps(inp, out)),
+                       (output, input), (output,), async_op, inp.shape)
