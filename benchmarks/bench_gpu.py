@@ -3,9 +3,7 @@ path, against a device-to-device copy of the same size measured in the same run.
 
 Paths (each through the public API, one init_process_group per path):
 
-* ``nccl``: ``init_process_group(backend="cpu:mpi,cuda:nccl")`` (mpidist.device.nccl). Where
-  the public API does not route device arrays to NCCL yet, ``mpidist.device.nccl.run`` is
-  called directly and the table says so.
+* ``nccl``: ``init_process_group(backend="cpu:mpi,cuda:nccl")`` (mpidist.device.nccl).
 * ``cuda-aware-mpi``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=1``, only where the MPI
   library says it is CUDA-aware (``MPIX_Query_cuda_support``) or MPIDIST_CUDA_AWARE=1 is
   set by the caller; otherwise one row says "not CUDA-aware".
@@ -132,24 +130,7 @@ class DevicePath:
                 reason = ""
             except Exception as exc:  # noqa: BLE001
                 reason = f"all_reduce on a cupy array failed: {exc}"
-        reason = COMM.allreduce(reason, op=MPI.MAX)
-        if reason and self.name == "nccl":
-            return self._direct(dist, reason)
-        return reason
-
-    def _direct(self, dist: Any, why: str) -> str:
-        """The NCCL path without the public router: mpidist.device.nccl.run on the default group."""
-        from mpidist import _runtime  # noqa: PLC0415
-        from mpidist.device import nccl  # noqa: PLC0415
-
-        if not dist.is_initialized():
-            dist.init_process_group(backend="mpi")
-        g = _runtime.state().world
-        self.all_reduce = lambda x: nccl.run("all_reduce", g, {"tensor": x})
-        self.all_gather = lambda out, x: nccl.run("all_gather_into_tensor", g, {"output_tensor": out,
-                                                                                "input_tensor": x})
-        self.note = f"direct mpidist.device.nccl.run (public route unavailable: {why[:120]})"
-        return ""
+        return COMM.allreduce(reason, op=MPI.MAX)
 
     def stop(self, dist: Any) -> None:
         if dist.is_initialized():
