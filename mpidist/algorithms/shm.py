@@ -19,6 +19,10 @@ when the node has more ranks than cores), then yields the core with ``sched_yiel
 between checks for about 100 us, then sleeps between checks (10 us doubling up to
 1 ms): yielding and sleeping release the GIL and the core to the caller's other
 threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
+
+``mpidist.all_reduce`` uses it with ``algorithm="shm"``, and by default from the measured
+crossover size up on groups confined to one node (one window per group, made on first
+use and freed with the group: docs/architecture.md, "Choosing the all-reduce algorithm").
 """
 from __future__ import annotations
 
