@@ -186,10 +186,17 @@ def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> tuple:
 # node than cores), measured with benchmarks/bench_crossover.py:
 # benchmarks/results/allreduce_crossover.md. Unmeasured configurations take the nearest
 # measured group size of the same kind.
-#: against MPI_Allreduce (dtypes MPI reduces itself)
-SHM_OVER_MPI = {False: {2: (16 << 10, _NEVER)}, True: {3: (16 << 10, _NEVER), 4: (16 << 10, _NEVER)}}
-#: against the ring (dtypes MPI cannot reduce: float16, bfloat16, non-native byte order)
-SHM_OVER_RING = {False: {2: (4 << 10, _NEVER)}, True: {3: (4 << 10, _NEVER), 4: (4 << 10, _NEVER)}}
+# Measured on the 2-core test VM (AMD EPYC, MPICH 5.0.2, 2026-11-21); 3 ranks were not
+# measured and take 4 ranks' ranges.
+#: against MPI_Allreduce (dtypes MPI reduces itself): shared memory wins from 16 KiB at
+#: 2 ranks, from 32 KiB at 4 (oversubscribed), at every larger size up to 64 MiB
+SHM_OVER_MPI = {False: {2: (16 << 10, _NEVER)}, True: {4: (32 << 10, _NEVER)}}
+#: against the ring (dtypes MPI cannot reduce: float16, bfloat16, non-native byte order;
+#: measured on float16): at 2 ranks shared memory wins below 8-32 KiB only (two runs;
+#: within 10% between), since each rank folds the whole array there and numpy's float16
+#: arithmetic is slow (the ring folds half); at 4 ranks it wins up to 4-8 MiB, and the two
+#: are within noise above
+SHM_OVER_RING = {False: {2: (0, 16 << 10)}, True: {4: (0, 4 << 20)}}
 _ENV = "MPIDIST_SHM_MIN_BYTES"
 _settings: Optional[tuple] = None  # (env value or None, floor vs MPI, floor vs ring), read once
 
