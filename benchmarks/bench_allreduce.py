@@ -9,7 +9,9 @@ and interleaved so that drift in the machine's state hits every variant alike:
 
 * ``raw``     mpi4py ``comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)`` on a Dup of
               COMM_WORLD: the ceiling for any wrapper of MPI;
-* ``mpidist`` ``mpidist.all_reduce(x)`` (algorithm "mpi": argument checks + MPI_Allreduce);
+* ``mpidist`` ``mpidist.all_reduce(x)``: the default, automatic choice (argument checks +
+              MPI_Allreduce below the measured crossover, shared memory above it on one
+              node: docs/architecture.md, "Choosing the all-reduce algorithm");
 * ``ring``    ``mpidist.all_reduce(x, algorithm="ring")``, mpidist's own ring;
 * ``async``   ``mpidist.all_reduce(x, async_op=True).wait()`` (engine-thread hop);
 * ``copy``    ``np.copyto`` of S bytes on rank 0 alone while the other ranks sleep:
@@ -71,7 +73,7 @@ MIN_ITERS = 3
 PAGE = 4096
 CALIBRATION_ROUNDS = 40
 PATTERN_PERIOD = 251  # validation values stay small integers: exact in float32
-LABELS = {"raw": "raw mpi4py Allreduce", "mpidist": "mpidist.all_reduce",
+LABELS = {"raw": "raw mpi4py Allreduce", "mpidist": "mpidist.all_reduce (automatic choice)",
           "ring": 'mpidist.all_reduce(algorithm="ring")', "async": "mpidist.all_reduce(async_op=True).wait()",
           "copy": "np.copyto, rank 0 alone"}
 COLLECTIVES = ("raw", "mpidist", "ring", "async")

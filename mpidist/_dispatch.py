@@ -109,8 +109,9 @@ class p2p_call:  # noqa: N801  (a context manager: ``with p2p_call(g, "send", ..
 
 def member(group: Optional[ProcessGroup]) -> Optional[ProcessGroup]:
     """The resolved group if the caller is a member, else None (the op is a no-op)."""
-    if group is None:  # the common case, kept to one attribute lookup
-        return _runtime.state().world
+    if group is None:  # the common case: two attribute lookups, no call (state() raises if uninitialized)
+        st = _runtime._state
+        return (st if st is not None else _runtime.state()).world
     g = _runtime.resolve_group(group)
     return g if g.comm is not None else None
 

@@ -9,10 +9,11 @@ src/dst are global ranks, as in torch.
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -23,6 +24,7 @@ from mpidist._dispatch import group_root, launch, member
 from mpidist._recorder import begin, end, fail
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
+from mpidist.algorithms.shm import ShmAllReduce, shm_applicable
 from mpidist.device.route import device_call, takes
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.group import ProcessGroup
@@ -32,30 +34,46 @@ from mpidist.work import Work
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
 
 #: Values of all_reduce's ``algorithm`` argument.
-ALGORITHMS = ("mpi", "ring")
+ALGORITHMS = ("mpi", "ring", "shm")
 
 Op = Union[ReduceOp, PremulSum]
+_NEVER = 1 << 62  # bytes: larger than any array
+_ndarray = np.ndarray
+_AVG = ReduceOp.AVG  # a module global: ``ReduceOp.AVG`` runs Enum's class lookup (~70 ns)
 
 
 def _mpi_all_reduce(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     op, _ = scaled(op, arr, arr)
     g.comm.Allreduce(MPI.IN_PLACE, [arr, mpi_datatype(arr.dtype)], to_mpi_op(op, arr.dtype))
-    if op is ReduceOp.AVG:
+    if op is _AVG:
         arr /= g.size()
 
 
 def _ring(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     op, _ = scaled(op, arr, arr)
     ring_all_reduce(g.ring_comm, arr, op)
-    if op is ReduceOp.AVG:
+    if op is _AVG:
+        arr /= g.size()
+
+
+def _shm(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
+    """``algorithm="shm"``: the group's shared-memory window (made on first use)."""
+    run = _group_shm(g).run if len(g.ranks) > 1 else None
+    if run is None and len(g.ranks) > 1:
+        raise ValueError(f"{prefix('all_reduce')} algorithm='shm' needs every rank of group {g.group_name!r} "
+                         f"on one node with MPI-3 shared memory; use 'mpi', 'ring' or None")
+    op, _ = scaled(op, arr, arr)
+    if run is not None:
+        run(arr, op)
+    if op is _AVG:
         arr /= g.size()
 
 
 def all_reduce_body(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
-    """What ``all_reduce(arr, op, g)`` runs with ``algorithm=None``: MPI_Allreduce, or the
-    ring where MPI cannot reduce the dtype. Not public (not in ``__all__``): shared with
-    the multi-array forms in :mod:`mpidist.reductions`, which call it on the engine."""
-    (_mpi_all_reduce if mpi_reducible(arr.dtype) else _ring)(g, arr, op)
+    """What ``all_reduce(arr, op, g)`` runs with ``algorithm=None`` (see :func:`_auto_choice`).
+    Not public (not in ``__all__``): shared with the multi-array forms in
+    :mod:`mpidist.reductions`, which call it on the engine."""
+    _auto_choice(g, arr)(g, arr, op)
 
 
 def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
@@ -71,39 +89,58 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
         group: the process group (default: all ranks).
         async_op: return a :class:`Work` instead of blocking.
         algorithm: mpidist extension. ``"mpi"`` (MPI_Allreduce), ``"ring"`` (mpidist's
-            bandwidth-optimal ring, :func:`mpidist.algorithms.ring_all_reduce`), or None
-            to let mpidist choose (MPI, or the ring where MPI cannot reduce the dtype,
-            e.g. float16).
+            bandwidth-optimal ring, :func:`mpidist.algorithms.ring_all_reduce`), ``"shm"``
+            (through an MPI-3 shared-memory window, :class:`mpidist.algorithms.ShmAllReduce`;
+            every rank of the group must be on one node), or None to let mpidist choose
+            the fastest measured for the size and the group: shared memory from the
+            measured crossover size up when the group is on one node, below it
+            MPI_Allreduce (or the ring where MPI cannot reduce the dtype, e.g. float16).
+            See docs/architecture.md, "Choosing the all-reduce algorithm";
+            ``MPIDIST_SHM_MIN_BYTES`` overrides the crossover (``off`` or 0: never shm).
 
     Returns:
         None, or a Work when ``async_op`` (None on non-members).
 
     Raises:
-        TypeError / ValueError: bad array, op, or algorithm (see torch.distributed.all_reduce).
+        TypeError / ValueError: bad array, op, or algorithm (see torch.distributed.all_reduce);
+            ValueError for ``algorithm="shm"`` on a group that spans nodes (on every rank).
         DistBackendError: MPI reported an error.
     """
+    global _last
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(all_reduce, locals())
     g = member(group)
     if g is None:
         return None
+    if type(tensor) is _ndarray and not async_op:
+        last = _last
+        if last[0] is tensor.dtype and last[1] is op and last[2] is algorithm:
+            plan = last[3]
+        elif type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
+            plan = _PLANS.get((tensor.dtype, op._value_, algorithm))
+            if plan is not None:
+                _last = (tensor.dtype, op, algorithm, plan)
+        else:
+            plan = None
+        if plan is not None and tensor.nbytes < plan[3]:
+            flags = tensor.flags
+            if flags.c_contiguous and flags.writeable and g.engine.idle():
+                # the latency path: MPI_Allreduce with no thread hop, no closure, checks
+                # done once per (dtype, op); recorded (sequence number, flight recorder,
+                # timeout watchdog) as launch would
+                rec = begin(g, "all_reduce", tensor.shape, tensor.dtype)
+                try:
+                    g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
+                except MPI.Exception as exc:
+                    fail(rec)
+                    raise from_mpi("all_reduce", exc) from exc
+                if op is _AVG:
+                    tensor /= len(g.ranks)
+                end(rec)
+                return None
     arr = host_array(tensor, "all_reduce", "tensor", writable=True)
     if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
-        plan = _PLANS.get((arr.dtype, op._value_, algorithm)) or _plan(arr.dtype, op, algorithm)
-        if plan[0] is _mpi_all_reduce and not async_op and g.engine.idle():
-            # the latency path: no thread hop, no closure, validated once per (dtype, op);
-            # recorded (sequence number, flight recorder, timeout watchdog) as launch would
-            rec = begin(g, "all_reduce", arr.shape, arr.dtype)
-            try:
-                g.comm.Allreduce(MPI.IN_PLACE, [arr, plan[1]], plan[2])
-            except MPI.Exception as exc:
-                fail(rec)
-                raise from_mpi("all_reduce", exc) from exc
-            if op is ReduceOp.AVG:
-                arr /= g.size()
-            end(rec)
-            return None
-        body = plan[0]
+        body = (_PLANS.get((arr.dtype, op._value_, algorithm)) or _plan(arr.dtype, op, algorithm))[0]
     else:
         check_op_dtype(op, arr.dtype, prefix("all_reduce"))
         body = _choose(arr.dtype, algorithm)
@@ -111,32 +148,151 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
                   count=arr.size, redop=op)
 
 
-# (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op): validated once, then
-# reused (keyed on the enum's value: hashing an Enum member runs Python code).
+# (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op, inline below): checked
+# once, then reused (keyed on the enum's value: hashing an Enum member runs Python code).
+# ``inline below``: sizes (bytes) under it take all_reduce's inline MPI_Allreduce path.
 _PLANS: dict = {}
+#: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
+#: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
+_last: tuple = (None, None, None, None)
 
 
 def _choose(dtype: np.dtype, algorithm: Optional[str]):
     """The all_reduce body for ``algorithm`` on ``dtype``; raises for a bad choice."""
     if algorithm is None:
-        return _mpi_all_reduce if mpi_reducible(dtype) else _ring
+        return all_reduce_body
     if algorithm == "mpi":
         if not mpi_reducible(dtype):
             raise TypeError(f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {dtype}; "
-                            f"use algorithm='ring' or None")
+                            f"use algorithm='ring', 'shm' or None")
         return _mpi_all_reduce
     if algorithm == "ring":
         return _ring
+    if algorithm == "shm":
+        return _shm
     raise ValueError(f"{prefix('all_reduce')} algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
 
 
 def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> tuple:
     check_op_dtype(op, dtype, prefix("all_reduce"))
     body = _choose(dtype, algorithm)
-    mpi = body is _mpi_all_reduce
-    plan = (body, mpi_datatype(dtype) if mpi else None, to_mpi_op(op, dtype) if mpi else None)
+    mpi = mpi_reducible(dtype) and body in (_mpi_all_reduce, all_reduce_body)
+    inline = _NEVER if body is _mpi_all_reduce else _shm_floor(True) if mpi else 0
+    plan = (body, mpi_datatype(dtype) if mpi else None, to_mpi_op(op, dtype) if mpi else None, inline)
     _PLANS[(dtype, op._value_, algorithm)] = plan
     return plan
+
+
+# -- the automatic choice (algorithm=None) ----------------------------------------------------
+# The sizes (bytes, [lo, hi)) for which the shared-memory algorithm beats the alternative,
+# by group size, on dedicated cores (False) and oversubscribed (True: more ranks on the
+# node than cores), measured with benchmarks/bench_crossover.py:
+# benchmarks/results/allreduce_crossover.md. Unmeasured configurations take the nearest
+# measured group size of the same kind.
+# Measured on the 2-core test VM (AMD EPYC, MPICH 5.0.2, 2026-11-21); 3 ranks were not
+# measured and take 4 ranks' ranges.
+#: against MPI_Allreduce (dtypes MPI reduces itself): shared memory wins from 16 KiB at
+#: 2 ranks, from 32 KiB at 4 (oversubscribed), at every larger size up to 64 MiB
+SHM_OVER_MPI = {False: {2: (16 << 10, _NEVER)}, True: {4: (32 << 10, _NEVER)}}
+#: against the ring (dtypes MPI cannot reduce: float16, bfloat16, non-native byte order;
+#: measured on float16): at 2 ranks shared memory wins below 8-32 KiB only (two runs;
+#: within 10% between), since each rank folds the whole array there and numpy's float16
+#: arithmetic is slow (the ring folds half); at 4 ranks it wins up to 4-8 MiB, and the two
+#: are within noise above
+SHM_OVER_RING = {False: {2: (0, 16 << 10)}, True: {4: (0, 4 << 20)}}
+_ENV = "MPIDIST_SHM_MIN_BYTES"
+_settings: Optional[tuple] = None  # (env value or None, floor vs MPI, floor vs ring), read once
+
+
+def _env_min_bytes() -> Optional[int]:
+    """MPIDIST_SHM_MIN_BYTES: None when unset (use the measured tables), _NEVER for ``off``
+    or 0, else the byte count (``65536``, ``64K``, ``1M``). Must be equal on every rank."""
+    text = os.environ.get(_ENV, "").strip()
+    if not text:
+        return None
+    if text.lower() == "off":
+        return _NEVER
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    digits, unit = (text[:-1], units[text[-1].upper()]) if text[-1].upper() in units else (text, 1)
+    if not digits.isdigit():
+        raise ValueError(f"{prefix('all_reduce')} {_ENV} must be a byte count (65536, 64K, 1M), 0 or off, "
+                         f"got {text!r}")
+    return int(digits) * unit or _NEVER
+
+
+def _shm_floor(vs_mpi: bool) -> int:
+    """Size below which no group uses shared memory instead of MPI (``vs_mpi``) or the ring:
+    such calls never look up the group's choice, so the 8-byte path pays nothing for it."""
+    global _settings
+    if _settings is None:
+        env = _env_min_bytes()
+        _settings = (env, *(min(lo for t in table.values() for lo, _ in t.values()) if env is None else env
+                             for table in (SHM_OVER_MPI, SHM_OVER_RING)))
+    return _settings[1] if vs_mpi else _settings[2]
+
+
+def _reset_choice() -> None:
+    """Forget the cached plans and MPIDIST_SHM_MIN_BYTES (for tests that change it; groups
+    made before keep the thresholds they agreed on)."""
+    global _settings, _last
+    _settings = None
+    _PLANS.clear()
+    _last = (None, None, None, None)
+
+
+def _measured(table: dict, oversubscribed: bool, n: int) -> tuple[int, int]:
+    """The range for ``n`` ranks: measured, else that of the nearest measured size of the
+    same kind (or of the other kind where none is)."""
+    sizes = table[oversubscribed] or table[not oversubscribed]
+    return sizes[min(sizes, key=lambda m: (abs(m - n), m))]
+
+
+class _GroupShm:
+    """A group's resource ``"shm"`` (:meth:`ProcessGroup.resource`, freed with the group):
+    whether it can use shared memory, for which sizes, and its window.
+
+    Made collectively, once per group, by the first call that needs it (every rank makes
+    the same calls, so every rank gets here at the same op): all members on one node
+    (``shm_applicable``), and the size ranges agreed (the narrowest over the ranks).
+    """
+
+    __slots__ = ("run", "ranges")
+
+    def __init__(self, g: ProcessGroup) -> None:
+        n, cores = g.size(), os.cpu_count() or 1
+        env = _env_min_bytes()
+        mine = [_measured(t, n > cores, n) if env is None else (env, _NEVER) for t in (SHM_OVER_RING, SHM_OVER_MPI)]
+        # [lo, -hi] per range: one MAX gives the largest lo and the smallest hi
+        agreed = np.array([v for lo, hi in mine for v in (lo, -hi)], np.int64)
+        local = shm_applicable(g.comm)
+        g.comm.Allreduce(MPI.IN_PLACE, agreed, MPI.MAX)
+        #: [lo, hi) byte ranges; index 1: against MPI, 0: against the ring (index = whether
+        #: MPI reduces the dtype)
+        self.ranges = ((int(agreed[0]), -int(agreed[1])), (int(agreed[2]), -int(agreed[3])))
+        self.run: Optional[ShmAllReduce] = ShmAllReduce(g.comm) if local else None
+
+    def free(self) -> None:
+        if self.run is not None:
+            self.run.free()
+
+
+def _group_shm(g: ProcessGroup) -> _GroupShm:
+    return g.resource("shm", _GroupShm)
+
+
+def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
+    """The body ``algorithm=None`` runs for ``arr`` on ``g``: shared memory for sizes in the
+    group's measured range, when all its ranks are on one node; else MPI_Allreduce, or
+    the ring where MPI cannot reduce the dtype. The same on every rank: it depends on the
+    size, the dtype and the group's collectively agreed state only."""
+    mpi = mpi_reducible(arr.dtype)
+    nbytes = arr.nbytes
+    if nbytes >= _shm_floor(mpi) and len(g.ranks) > 1:
+        shm = _group_shm(g)
+        lo, hi = shm.ranges[mpi]
+        if shm.run is not None and lo <= nbytes < hi:
+            return _shm
+    return _mpi_all_reduce if mpi else _ring
 
 
 def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None,

@@ -42,6 +42,7 @@ import mpidist._array
 import mpidist.nn._util
 import mpidist.parallel.comm_hooks
 import mpidist.parallel.reducer
+from mpidist._buffers import mpi_reducible
 from mpidist.algorithms import ring_all_reduce
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.nn import CrossEntropyLoss, Linear, Module, ReLU, Sequential
@@ -449,6 +450,11 @@ def spy_all_reduce(monkeypatch) -> list:
     def all_reduce(tensor, *args, **kwargs):
         if tensor.dtype.kind == "f":
             seen.append(type(tensor))
+        if type(tensor) is XArray and kwargs.get("algorithm") is None:
+            # as the device router does: the automatic choice's host-only algorithm (shared
+            # memory) never gets device memory (XArray is a numpy subclass, so the router
+            # cannot see it is playing a device array)
+            kwargs["algorithm"] = "mpi" if mpi_reducible(tensor.dtype) else "ring"
         return real(tensor, *args, **kwargs)
 
     for mod in (mpidist.parallel.reducer, mpidist.parallel.comm_hooks):

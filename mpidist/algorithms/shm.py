@@ -19,6 +19,10 @@ when the node has more ranks than cores), then yields the core with ``sched_yiel
 between checks for about 100 us, then sleeps between checks (10 us doubling up to
 1 ms): yielding and sleeping release the GIL and the core to the caller's other
 threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
+
+``mpidist.all_reduce`` uses it with ``algorithm="shm"``, and by default from the measured
+crossover size up on groups confined to one node (one window per group, made on first
+use and freed with the group: docs/architecture.md, "Choosing the all-reduce algorithm").
 """
 from __future__ import annotations
 
@@ -47,7 +51,8 @@ _LINE = 64           # cache line: slices start on one, so two writers never sha
 _HEADER = 4096       # each rank's counter sits alone on the first page of its segment
 _SPINS = 1000        # counter checks (about 50 us) before yielding the core between checks
 _YIELDS = 100        # sched_yield calls (about 100 us) before sleeping between checks
-_SLEEP_MAX = 1e-3    # longest sleep between checks (s); sleeps double from 10 us
+_SLEEP_MAX = 2e-4    # longest sleep between checks (s); sleeps double from 10 us. Was 1 ms: a peer
+                     # descheduled briefly then cost up to 1 ms per 1 MiB chunk (slow 16 MiB spells)
 
 
 def shm_applicable(comm: MPI.Comm) -> bool:

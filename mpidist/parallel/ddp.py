@@ -92,9 +92,12 @@ class DistributedDataParallel:
             every step. Unused parameters are then allowed (as with
             find_unused_parameters) but the used-parameter all-reduce runs only in the
             first step; a later change is a RuntimeError.
-        algorithm: mpidist extension: ``"mpi"`` (MPI_Allreduce) or ``"ring"``
-            (:func:`mpidist.algorithms.ring_all_reduce`) for the built-in reduction;
-            buckets of a dtype MPI cannot sum (float16, bfloat16) use the ring.
+        algorithm: mpidist extension: the built-in reduction's all-reduce algorithm.
+            None (default): all_reduce's measured automatic choice (intra-node shared
+            memory for mid-size and large buckets on a one-node group, else MPI);
+            ``"mpi"`` (MPI_Allreduce), ``"ring"``
+            (:func:`mpidist.algorithms.ring_all_reduce`) or ``"shm"`` to force one.
+            Buckets of a dtype MPI cannot sum (float16, bfloat16) never use ``"mpi"``.
 
     There is no autograd: call ``ddp.backward(grad_output)`` (the gradient of the loss
     with respect to the module's output, e.g. ``criterion.backward()``) where torch calls
@@ -117,7 +120,7 @@ class DistributedDataParallel:
                  broadcast_buffers: bool = True, process_group: Optional[ProcessGroup] = None,
                  bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,
                  check_reduction: bool = False, gradient_as_bucket_view: bool = False,
-                 static_graph: bool = False, *, algorithm: str = "mpi") -> None:
+                 static_graph: bool = False, *, algorithm: Optional[str] = None) -> None:
         where = prefix(_OP)
         for name, flag in (("broadcast_buffers", broadcast_buffers), ("find_unused_parameters", find_unused_parameters),
                            ("check_reduction", check_reduction), ("gradient_as_bucket_view", gradient_as_bucket_view),
@@ -126,8 +129,8 @@ class DistributedDataParallel:
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
                           "and ignored.", FutureWarning, stacklevel=2)
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"{where} algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if algorithm is not None and algorithm not in ALGORITHMS:
+            raise ValueError(f"{where} algorithm must be None or one of {ALGORITHMS}, got {algorithm!r}")
         if bucket_cap_mb is not None and (not isinstance(bucket_cap_mb, numbers.Real) or isinstance(bucket_cap_mb, bool)
                                           or not bucket_cap_mb > 0):
             raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r} "

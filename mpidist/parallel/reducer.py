@@ -103,7 +103,7 @@ class Reducer:
     """
 
     def __init__(self, params: list, group: ProcessGroup, *, cap_bytes: int, first_cap_bytes: int,
-                 gradient_as_bucket_view: bool, algorithm: str, find_unused_parameters: bool,
+                 gradient_as_bucket_view: bool, algorithm: Optional[str], find_unused_parameters: bool,
                  static_graph: bool, timeline: Optional[Timeline]) -> None:
         self.params = params
         self.group = group
@@ -182,7 +182,7 @@ class Reducer:
             self._next += 1
 
     def _algo(self, dtype: np.dtype) -> Optional[str]:
-        return self.algorithm if self.algorithm == "ring" or mpi_reducible(dtype) else None
+        return self.algorithm if self.algorithm != "mpi" or mpi_reducible(dtype) else None
 
     def _reduce(self, index: int, flat: Any, views: Optional[list], divided: bool) -> Any:
         """Start reducing one bucket's ``flat``: the built-in all-reduce or the comm hook."""
