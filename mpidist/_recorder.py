@@ -113,7 +113,8 @@ def fail(rec: list) -> None:
 
 def group_key(g: Any) -> str:
     """A name for ``g`` that is the same on every member: ``"world"``, or its global ranks
-    and how many groups with those ranks this process made before it (``"[0, 1]#0"``).
+    and how many groups with those ranks this process made before it (``"[0, 1]#0"``,
+    set by new_group, destroyed groups counted, so a key is never reused).
 
     Groups are made in the same order on every rank, so the key matches across ranks
     even where ``group_name`` does not. Cached on the group's engine.

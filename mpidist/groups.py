@@ -63,6 +63,10 @@ def _check_backend(backend: Optional[str], op: str) -> Optional[str]:
     return None if backend is None else _runtime.canonical_backend(backend, prefix(op))
 
 
+# global ranks -> how many groups this process has made with them (flight recorder keys)
+_made: dict[tuple, int] = {}
+
+
 def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.timedelta] = None,
               backend: Optional[str] = None, pg_options: Any = None,
               use_local_synchronization: bool = False, group_desc: Optional[str] = None) -> ProcessGroup:
@@ -100,9 +104,15 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
         return None if comm == MPI.COMM_NULL else comm
 
     comm = world.engine.run_sync(create)
+    # the flight recorder's key for the group: the same on every member (every rank makes
+    # every group, in the same order) and never reused in this process, even after the group
+    # or the whole runtime is destroyed (the recorder keeps their entries)
+    index = _made.get(tuple(members), 0)
+    _made[tuple(members)] = index + 1
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
     pg = ProcessGroup(comm, members, name, backend)
+    pg.engine.key = f"{members}#{index}"
     st.groups.append(pg)
     return pg
 
