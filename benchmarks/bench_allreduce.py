@@ -50,15 +50,12 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import datetime  # noqa: E402
-import math  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable, Optional  # noqa: E402
+from typing import Optional  # noqa: E402
 
 import mpi4py  # noqa: E402
 import numpy as np  # noqa: E402
@@ -66,13 +63,12 @@ from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
 
-from _bench_common import human_bytes, parse_bytes, thread_limit, timed  # noqa: E402
+from _bench_common import (  # noqa: E402
+    MIN_ITERS, Case, Result, algbw, aligned_zeros, cpu_model, human_bytes, parse_bytes, ratio, sweep, thread_limit,
+)
+from _bench_common import bench_size as _bench_size  # noqa: E402
 
 DTYPE = np.float32
-MIN_ITERS = 3
-PAGE = 4096
-CALIBRATION_ROUNDS = 40
-PATTERN_PERIOD = 251  # validation values stay small integers: exact in float32
 LABELS = {"raw": "raw mpi4py Allreduce", "mpidist": "mpidist.all_reduce (automatic choice)",
           "ring": 'mpidist.all_reduce(algorithm="ring")', "async": "mpidist.all_reduce(async_op=True).wait()",
           "copy": "np.copyto, rank 0 alone"}
@@ -100,93 +96,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def sweep(min_bytes: int, max_bytes: int, factor: int, itemsize: int) -> list[int]:
-    """``min_bytes``, every power of ``factor`` strictly between, ``max_bytes``; whole elements."""
-    sizes, p = {min_bytes, max_bytes}, 1
-    while p < max_bytes:
-        if p > min_bytes:
-            sizes.add(p)
-        p *= factor
-    return sorted({max(itemsize, s - s % itemsize) for s in sizes})
-
-
-# ---------------------------------------------------------------- timing
-
-def page_aligned_zeros(count: int) -> np.ndarray:
-    """``np.zeros(count, DTYPE)`` starting on a page boundary, whatever the heap's history."""
-    nbytes = count * np.dtype(DTYPE).itemsize
-    raw = np.zeros(nbytes + PAGE, np.uint8)
-    start = -raw.ctypes.data % PAGE
-    return raw[start:start + nbytes].view(DTYPE)
-
-
-@dataclass
-class Case:
-    """One timed variant: ``call(buf)`` on every rank, or only where ``active``."""
-
-    name: str
-    call: Callable[[np.ndarray], object]
-    active: bool = True
-
-
-def calibrate(comm: MPI.Comm, fn: Callable[[], object], target_s: float, active: bool) -> int:
-    """Calls per measurement so that one takes ``target_s`` +- 1/3 (at least MIN_ITERS).
-
-    Doubles the batch until it is long enough to time (>= target / 8), then rescales
-    it until a batch lands in the window, so one slow batch cannot shrink the count.
-    """
-    iters = MIN_ITERS
-    for _ in range(CALIBRATION_ROUNDS):
-        batch = timed(comm, fn, iters, active) * iters
-        if batch >= target_s * 2 / 3 and (batch <= target_s * 4 / 3 or iters == MIN_ITERS):
-            break
-        iters = 2 * iters if batch < target_s / 8 else max(MIN_ITERS, math.ceil(iters * target_s / batch))
-    return iters
-
-
-def count_wrong(comm: MPI.Comm, case: Case, count: int) -> int:
-    """Reduce rank-dependent integer values with ``case``; wrong elements over all ranks."""
-    pattern = (np.arange(count) % PATTERN_PERIOD + 1).astype(DTYPE)
-    n = comm.Get_size()
-    buf = pattern * (comm.Get_rank() + 1)
-    case.call(buf)
-    return comm.allreduce(int(np.count_nonzero(buf != pattern * (n * (n + 1) // 2))), op=MPI.SUM)
-
-
-@dataclass
-class Result:
-    """One variant at one size: the median time per call, and the spread of the measurements."""
-
-    name: str
-    nbytes: int
-    samples: list[float]
-    iters: int
-    wrong: int
-
-    @property
-    def time_s(self) -> float:
-        return statistics.median(self.samples)
-
-
-def bench_size(comm: MPI.Comm, cases: list[Case], nbytes: int, args: argparse.Namespace) -> dict[str, Result]:
-    """Validate, warm up, calibrate and time every case at one size, measurements interleaved."""
-    count = nbytes // np.dtype(DTYPE).itemsize
-    wrong = {c.name: count_wrong(comm, c, count) for c in cases if c.name in COLLECTIVES}
-    buf = page_aligned_zeros(count)
-    calls = {c.name: partial(c.call, buf) for c in cases}
-    iters = {}
-    for c in cases:
-        for _ in range(args.warmup if c.active else 0):
-            calls[c.name]()
-        iters[c.name] = args.iters or calibrate(comm, calls[c.name], args.target_s, c.active)
-    samples: dict[str, list[float]] = {c.name: [] for c in cases}
-    for _ in range(args.reps):
-        for c in cases:
-            samples[c.name].append(timed(comm, calls[c.name], iters[c.name], c.active))
-    return {c.name: Result(c.name, nbytes, samples[c.name], iters[c.name], wrong.get(c.name, 0))
-            for c in cases}
-
-
 def make_cases(comm: MPI.Comm, rank: int) -> list[Case]:
     """The five variants; ``raw`` gets its own Dup of ``comm``."""
     raw = comm.Dup()
@@ -195,7 +104,7 @@ def make_cases(comm: MPI.Comm, rank: int) -> list[Case]:
     def copy(buf: np.ndarray) -> None:
         nonlocal dst
         if dst.size != buf.size:
-            dst = page_aligned_zeros(buf.size)
+            dst = aligned_zeros(buf.size, DTYPE)
         np.copyto(dst, buf)
 
     return [
@@ -209,28 +118,9 @@ def make_cases(comm: MPI.Comm, rank: int) -> list[Case]:
 
 # ---------------------------------------------------------------- reporting
 
-def algbw(r: Result) -> float:
-    return r.nbytes / r.time_s / 1e9
-
-
 def busbw(r: Result, n: int) -> float:
     """nccl-tests' bus bandwidth for all_reduce; the copy's plain bandwidth S / t."""
     return algbw(r) * (2 * (n - 1) / n if r.name in COLLECTIVES else 1.0)
-
-
-def ratio(a: float, b: float) -> float:
-    """a / b, NaN when b is 0 (busbw is 0 on one rank)."""
-    return a / b if b else math.nan
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def header(n: int, args: argparse.Namespace) -> list[str]:
@@ -365,7 +255,7 @@ def run_sweep(comm: MPI.Comm, rank: int, args: argparse.Namespace) -> list[dict[
     t0 = time.perf_counter()
     results = []
     for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor, np.dtype(DTYPE).itemsize):
-        results.append(bench_size(comm, cases, nbytes, args))
+        results.append(_bench_size(comm, cases, nbytes, args, COLLECTIVES, DTYPE))
         if rank == 0:
             print(f"# {human_bytes(nbytes):>8}: done at {time.perf_counter() - t0:6.1f} s", flush=True)
     return results
