@@ -222,3 +222,22 @@ def test_resume_without_checkpoint_starts_afresh_but_a_named_one_must_exist(tmp_
     out = subprocess.run([*JOB, "--out", str(tmp_path), "--resume", str(tmp_path / "nope.npz")],
                          capture_output=True, text=True, timeout=60, env=launcher_free_env())
     assert out.returncode != 0 and f"--resume {tmp_path / 'nope.npz'}: no such checkpoint" in out.stderr
+
+
+def test_a_stop_signal_after_training_does_not_kill_a_rank(tmp_path):
+    """A stop signal racing the job's end (a time-limit warning, ``scancel``) must not turn a
+    finished job into a failed one: Python resets handled signals to SIG_DFL at shutdown, before
+    MPI_Finalize, and SIGUSR1's default action kills. Once training is over the job ignores them."""
+    code = ("import os, signal, sys\n"
+            "from mpidist.examples.train_digits import STOP_SIGNALS, main\n"
+            f"rc = main(['--out', {str(tmp_path)!r}, '--epochs', '1', '--no-progress'])\n"
+            "assert all(signal.getsignal(s) is signal.SIG_IGN for s in STOP_SIGNALS), "
+            "[signal.getsignal(s) for s in STOP_SIGNALS]\n"
+            "for s in STOP_SIGNALS:\n"
+            "    os.kill(os.getpid(), s)\n"
+            "print('survived', flush=True)\n"
+            "sys.exit(rc)\n")
+    job = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=launcher_free_env(OMP_NUM_THREADS="1"))
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "final test accuracy" in job.stdout and "survived" in job.stdout, job.stdout + job.stderr

@@ -85,6 +85,17 @@ class StopFlag:
     def _handler(self, signum: int, frame: Any) -> None:
         self.signum = signum
 
+    def ignore(self) -> None:
+        """Ignore further stop signals: once training is over there is nothing left to stop.
+
+        A stop signal can still arrive then (a time-limit warning or ``scancel`` racing the
+        job's end). Python resets handled signals to SIG_DFL when the interpreter shuts
+        down, before MPI_Finalize; SIGUSR1's default action kills the process, which srun
+        and mpiexec report as a failed job. SIG_IGN is left in place through shutdown.
+        """
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
     def agreed(self) -> bool:
         """Collective: True on every rank once any rank got a stop signal (1-element all_reduce MAX)."""
         self._buf[0] = self.signum
@@ -308,6 +319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         epoch, step, totals = epoch + 1, 0, np.zeros(2)
     if bar is not None:
         bar.close()
+    stop.ignore()  # the ranks agreed for the last time: a late signal must not kill a rank at exit
 
     every = np.zeros((world, 2))
     if step:

@@ -9,7 +9,8 @@
 #      final test accuracy >= 0.95 in metrics.json;
 #   2. jobs/train_digits.sbatch again (srun, then MPIDIST_LAUNCHER=mpiexec: hydra inside the
 #      allocation), interrupted after epoch 3 by the time-limit warning (`--signal=B:USR1@..`,
-#      sent here with `scancel --batch --signal=USR1`): the ranks checkpoint, the job requeues
+#      sent here with `scancel --batch --signal=USR1` while the ranks are paused, so that it reaches
+#      them mid-training however fast the job runs): the ranks checkpoint, the job requeues
 #      itself, resumes with --resume and must end bitwise equal to job 1;
 #   3. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun).
 # The daemons (and any job left) are always stopped by their PIDs on exit; the temporary
@@ -240,8 +241,8 @@ run_training() {
     return 0
 }
 
-# 80 epochs (the default is 30, which takes about 2 s here): the stop signal below, sent when the
-# log shows epoch 3, must reach the ranks before they are done, also on a fast or a busy machine.
+# 80 epochs (the default is 30): the stop signal below is sent after epoch 3 (to ranks paused
+# until they have it, see pause_and_signal), and the run must have epochs left to stop in.
 train_args=(--epochs 80)
 run_training train-srun 0.95 "${train_args[@]}"
 
@@ -265,20 +266,66 @@ wait_for_state() {  # JOB: poll until it has finished; prints "STATE RESTARTS"
     echo "${state:-UNKNOWN} $(grep -o 'Restarts=[0-9]*' <<< "$info" | cut -d= -f2)"
 }
 
+# PIDs of the main job's ranks writing to OUT: the Python processes started under this harness
+# (marker) whose command line runs mpidist.examples.train_digits --out OUT (not srun or mpiexec).
+rank_pids() {  # OUT
+    local pid argv
+    for pid in $(grep -lsxzF -- "$marker" /proc/[0-9]*/environ | cut -d/ -f3); do
+        mapfile -d '' -t argv < "/proc/$pid/cmdline" 2>/dev/null || continue
+        (( ${#argv[@]} > 0 )) && [[ "${argv[0]##*/}" == python* ]] || continue
+        [[ " ${argv[*]} " == *" mpidist.examples.train_digits "* && " ${argv[*]} " == *" --out $1 "* ]] && echo "$pid"
+    done
+}
+
+# True when every PID has SIGUSR1 (10: bit 9 of the masks in /proc/PID/status) pending.
+usr1_pending() {  # PID...
+    local pid mask
+    for pid in "$@"; do
+        mask="$(awk '$1 == "ShdPnd:" || $1 == "SigPnd:" {print $2}' "/proc/$pid/status" 2>/dev/null)" || return 1
+        [[ -n "$mask" ]] || return 1
+        local any=0 m
+        for m in $mask; do (( (16#$m >> 9) & 1 )) && any=1; done
+        (( any )) || return 1
+    done
+}
+
+# The time-limit warning must reach the ranks while they train, however fast this machine runs
+# the job (80 epochs can take 2 s) and however slowly Slurm passes the signal on: the ranks are
+# paused (SIGSTOP) after epoch 3, the batch shell gets USR1 and passes it on, and the ranks go on
+# (SIGCONT) once every one of them has it pending, so they stop at the next step boundary.
+pause_and_signal() {  # JOB OUT: prints nothing; returns 1 with a reason on stderr
+    local job="$1" out="$2" pids=() i rc=0
+    for (( i = 0; i < 20; i++ )); do
+        mapfile -t pids < <(rank_pids "$out")
+        (( ${#pids[@]} == 4 )) && break
+        sleep 0.1
+    done
+    (( ${#pids[@]} == 4 )) || { echo "found ${#pids[@]} rank processes, not 4 (pids: ${pids[*]})" >&2; return 1; }
+    kill -STOP "${pids[@]}" || { echo "could not pause ranks ${pids[*]}" >&2; kill -CONT "${pids[@]}" 2>/dev/null; return 1; }
+    if scancel --batch --signal=USR1 "$job"; then
+        for (( i = 0; i < 120; i++ )); do usr1_pending "${pids[@]}" && break; sleep 0.5; done
+        usr1_pending "${pids[@]}" || { echo "SIGUSR1 did not reach every rank in 60 s" >&2; rc=1; }
+    else
+        echo "scancel --batch --signal=USR1 $job failed" >&2; rc=1
+    fi
+    kill -CONT "${pids[@]}" 2>/dev/null
+    return "$rc"
+}
+
 run_requeue() {  # NAME: with the launcher from MPIDIST_LAUNCHER
-    local name="$1" out="$tmp/out/$1" log="$tmp/jobs/$1.out" job i signalled="" result stopped
+    local name="$1" out="$tmp/out/$1" log="$tmp/jobs/$1.out" job i signalled="" why="" result stopped
     say "job $name (${MPIDIST_LAUNCHER:-srun}): USR1 to the batch shell after epoch 3, requeue, resume"
     job="$(OUT="$out" sbatch --parsable --output="$log" jobs/train_digits.sbatch "${train_args[@]}")"
     job="${job%%;*}"
-    for (( i = 0; i < 2 * job_timeout; i++ )); do
+    for (( i = 0; i < 10 * job_timeout; i++ )); do
         if grep -q "^epoch   3/" "$log" 2>/dev/null; then
-            scancel --batch --signal=USR1 "$job" && signalled=1
+            why="$(pause_and_signal "$job" "$out" 2>&1)" && signalled=1
             break
         fi
-        (( i % 4 == 3 )) && [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] && break  # it ended
-        sleep 0.5
+        (( i % 20 == 19 )) && [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] && break  # it ended
+        sleep 0.1
     done
-    [[ -n "$signalled" ]] || { fail "job $name ended or timed out before epoch 3"; show_log "$name"; return 0; }
+    [[ -n "$signalled" ]] || { fail "job $name: no stop signal sent after epoch 3: ${why:-it ended or timed out first}"; show_log "$name"; return 0; }
     result="$(wait_for_state "$job")"
     if [[ "$result" != "COMPLETED 1" ]]; then
         fail "job $name: state/restarts '$result' (want 'COMPLETED 1')"; show_log "$name"; return 0
