@@ -493,7 +493,7 @@ class Engine:
         self._name = name
         self._cond = threading.Condition(threading.Lock())
         self._items: collections.deque = collections.deque()  # (future, fn, args) not started yet
-        self._pending = 0  # queued or running
+        self.pending = 0  # ops queued or running (read by the ops' latency paths)
         self._runner: Optional[threading.Thread] = None  # the thread running a queued op now
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
@@ -521,7 +521,7 @@ class Engine:
             future.set_exception(exc)
         finally:
             with self._cond:
-                self._pending -= 1
+                self.pending -= 1
                 self._runner = None
                 if self._items or self._stopping:
                     self._cond.notify()
@@ -545,7 +545,7 @@ class Engine:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._loop, name=f"mpidist-{self._name}", daemon=True)
                 self._thread.start()
-            self._pending += 1
+            self.pending += 1
             self._items.append((future, fn, args))
             self._cond.notify()
         return future
@@ -572,12 +572,12 @@ class Engine:
         """True when an op may take its inline latency path: nothing is queued (or this is
         the thread running the group's queued ops) and no debug or no-abort mode needs
         every op to go through ``_dispatch.launch``."""
-        return self.inline and (self._pending == 0 or threading.current_thread() is self._runner)
+        return self.inline and (self.pending == 0 or threading.current_thread() is self._runner)
 
     def runs_inline(self) -> bool:
         """True when :meth:`run_sync` would run its op inline: nothing is queued, or this
         is the thread running the group's queued ops."""
-        return self._pending == 0 or threading.current_thread() is self._runner
+        return self.pending == 0 or threading.current_thread() is self._runner
 
     def run_sync(self, fn: Callable[..., Any], *args: Any, rec: Optional[list] = None) -> Any:
         """Run ``fn(*args)`` after every op queued before it, and return its result.

@@ -267,7 +267,7 @@ def test_waiter_runs_queued_ops_in_order():
     assert order == []
     assert futures[1].result() == 1  # runs ops 0 and 1 here, in order; leaves 2 and 3 queued
     assert order == [(0, threading.current_thread()), (1, threading.current_thread())]
-    assert not futures[2].done() and eng._pending == 2
+    assert not futures[2].done() and eng.pending == 2
     assert futures[3].result() == 3 and [i for i, _ in order] == [0, 1, 2, 3]
     assert eng.runs_inline() and eng._runner is None
     eng._thread = None
