@@ -102,7 +102,7 @@ GPU_NP ?= 1 2
 bench-gpu: install
 	@set -e; for n in $(GPU_NP); do \
 	  echo "== GPU benchmark under mpiexec -n $$n"; \
-	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_gpu.py; \
+	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(GPU_PY) benchmarks/bench_gpu.py; \
 	done
 
 # Smoke run (< 60 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to

@@ -4,9 +4,10 @@ path, against a device-to-device copy of the same size measured in the same run.
 Paths (each through the public API, one init_process_group per path):
 
 * ``nccl``: ``init_process_group(backend="cpu:mpi,cuda:nccl")`` (mpidist.device.nccl).
-* ``cuda-aware-mpi``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=1``, only where the MPI
-  library says it is CUDA-aware (``MPIX_Query_cuda_support``) or MPIDIST_CUDA_AWARE=1 is
-  set by the caller; otherwise one row says "not CUDA-aware".
+* ``cuda-aware-mpi``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=1``, only where mpidist's
+  own detection (``mpidist.device.detect``: MPIDIST_CUDA_AWARE from the caller,
+  ``MPIX_Query_cuda_support`` on the loaded MPI library, the MPI-4.1 info key) says the MPI
+  is CUDA-aware; otherwise one row says "not CUDA-aware" and why.
 * ``host-staging``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=0`` (device -> host copy, MPI
   on host memory, host -> device copy).
 
@@ -27,7 +28,6 @@ import _bench_common as bc  # first: sets the BLAS thread variables
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
-import ctypes  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -56,14 +56,13 @@ def skip_reason() -> str:
 
 
 def cuda_aware_mpi() -> tuple[bool, str]:
-    """(CUDA-aware, how we know): MPIDIST_CUDA_AWARE=1 from the caller, else MPIX_Query_cuda_support."""
-    if os.environ.get("MPIDIST_CUDA_AWARE") == "1":
-        return True, "MPIDIST_CUDA_AWARE=1 set by the caller"
-    try:
-        query = ctypes.CDLL(None).MPIX_Query_cuda_support
-    except (OSError, AttributeError):
-        return False, "the MPI library has no MPIX_Query_cuda_support"
-    return bool(query()), "MPIX_Query_cuda_support()"
+    """(CUDA-aware, how we know), decided as init_process_group decides it
+    (:func:`mpidist.device.detect.detect`: MPIDIST_CUDA_AWARE from the caller, else
+    MPIX_Query_cuda_support on the loaded MPI library or the MPI-4.1 info key)."""
+    from mpidist.device import detect  # noqa: PLC0415
+
+    found = detect.detect(comm=COMM)
+    return found.aware, found.source
 
 
 def nccl_ok(cupy: Any, n_local: int) -> str:
@@ -116,6 +115,7 @@ class DevicePath:
 
     def start(self, dist: Any, cupy: Any) -> str:
         """init_process_group for the path and a probe call; '' or why it is unavailable."""
+        self.saved = {key: os.environ.get(key) for key in self.env}
         os.environ.update(self.env)
         try:
             dist.init_process_group(backend=self.backend)
@@ -135,8 +135,11 @@ class DevicePath:
     def stop(self, dist: Any) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-        for key in self.env:
-            os.environ.pop(key, None)
+        for key, value in getattr(self, "saved", {}).items():  # the caller's values come back
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_sizes(path: DevicePath, cupy: Any, sizes: list[int], copy_bw: dict, rows: list) -> None:

@@ -226,6 +226,10 @@ class FakeShim:
             raise TypeError(f"commId must be {want.__name__}")
         return FakeComm(self, size, uid, rank, mpi_comm)
 
+    def from_dlpack(self, x: Any) -> FakeDeviceArray:
+        self.log.append(("from_dlpack", type(x).__name__))
+        return x.inner
+
     def group_start(self) -> None:
         self.depth += 1
 
@@ -353,6 +357,21 @@ class StridedFake(FakeDeviceArray):
         cai = dict(super().__cuda_array_interface__)
         cai["strides"] = tuple(reversed(self._data.strides))
         return cai
+
+
+class DLPackOnly:
+    """A device array that speaks DLPack only (like a JAX array): ``__dlpack__`` and a CUDA
+    ``__dlpack_device__``, no ``__cuda_array_interface__``. Wraps a FakeDeviceArray, which
+    :meth:`FakeShim.from_dlpack` hands out as the zero-copy view (same memory)."""
+
+    def __init__(self, inner: FakeDeviceArray) -> None:
+        self.inner = inner
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        raise NotImplementedError("the fake shim's from_dlpack unwraps it instead")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.inner.__dlpack_device__()
 
 
 class ReadOnlyFake(FakeDeviceArray):

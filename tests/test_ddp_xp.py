@@ -45,6 +45,7 @@ import mpidist.parallel.reducer
 from mpidist._buffers import mpi_reducible
 from mpidist.algorithms import ring_all_reduce
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
+from mpidist.device import detect
 from mpidist.nn import CrossEntropyLoss, Linear, Module, ReLU, Sequential
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel
@@ -231,6 +232,8 @@ def fakecp(monkeypatch):
     def array_module(x):
         return fake if isinstance(x, XArray) else real_module(x)
 
+    # Host memory stands in for device memory, which MPI may read as a CUDA-aware MPI would.
+    monkeypatch.setattr(detect, "_detected", detect.Detection(True, "fakecp: host memory as device memory"))
     for name, mod in list(sys.modules.items()):
         if name.startswith("mpidist"):
             if getattr(mod, "array_module", None) is real_module:
@@ -553,4 +556,15 @@ def test_ring_refuses_device_arrays_it_cannot_compute_on():
     buf = FakeDeviceArray.from_host(np.ones(4, np.float32))
     with pytest.raises(TypeError, match=r"ring_all_reduce: buf is a device array of type FakeDeviceArray, which "
                                         r"mpidist cannot reduce on the device \(only cupy arrays\)"):
+        ring_all_reduce(MPI.COMM_SELF, buf, ReduceOp.SUM)
+
+
+def test_ring_refuses_device_arrays_when_mpi_is_not_cuda_aware(fakecp, monkeypatch):
+    """Called directly (not through all_reduce, which stages), the ring must not hand a
+    device pointer to an MPI that is not CUDA-aware: that would segfault."""
+    monkeypatch.setattr(detect, "_detected", detect.Detection(False, "MPIDIST_CUDA_AWARE=0"))
+    buf = fakecp.asarray(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match=r"ring_all_reduce: buf is a device array \(XArray\) and MPI is not "
+                                        r"CUDA-aware \(MPIDIST_CUDA_AWARE=0\): MPI would dereference a device "
+                                        r"pointer and crash. Use mpidist.all_reduce\(buf, algorithm='ring'\)"):
         ring_all_reduce(MPI.COMM_SELF, buf, ReduceOp.SUM)

@@ -118,3 +118,22 @@ def test_all_reduce_ring_algorithm_on_device(dist, rt, world):
     dist.all_reduce(x, algorithm="ring")
     np.testing.assert_array_equal(x.host, np.arange(6, dtype=np.float32) * size)
     assert rt.views == 1 and rt.down == 0
+
+
+def test_staging_warning_under_a_cuda_aware_mpi_says_why_the_call_was_staged(dist, rt, monkeypatch):
+    """With a CUDA-aware MPI, calls mpidist does not hand MPI (all_gather's list form here)
+    are staged: the single warning must say so, not that MPI is not CUDA-aware."""
+    import warnings
+
+    monkeypatch.setattr(staging, "_warned", False)
+    n = dist.get_world_size()
+    out = [FakeDeviceArray.from_host(np.zeros(2)) for _ in range(n)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.all_gather(out, FakeDeviceArray.from_host(np.full(2, dist.get_rank(), np.float64)))
+        dist.all_gather(out, FakeDeviceArray.from_host(np.full(2, dist.get_rank(), np.float64)))
+    ours = [str(w.message) for w in caught if "staged through host memory" in str(w.message)]
+    assert len(ours) == 1, ours
+    assert "MPI is CUDA-aware (MPIDIST_CUDA_AWARE=1)" in ours[0] and "all_gather here is not such a call" in ours[0]
+    assert "not CUDA-aware" not in ours[0] and "set MPIDIST_CUDA_AWARE=1" not in ours[0]
+    assert [o.host.tolist() for o in out] == [[float(r)] * 2 for r in range(n)]

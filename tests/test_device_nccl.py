@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fake_device import FakeDeviceArray  # noqa: E402
-from fake_nccl import FakeShim, ReadOnlyFake, StridedFake  # noqa: E402
+from fake_nccl import DLPackOnly, FakeShim, ReadOnlyFake, StridedFake  # noqa: E402
 
 import mpidist  # noqa: E402
 from mpidist import ReduceOp, _recorder as R, _runtime, make_premul_sum  # noqa: E402
@@ -180,6 +180,29 @@ def test_all_reduce_every_op_and_dtype(dist, shim, name, dtype):
     want = expected_reduction(name, dtype, (3, 4), len(members), 1, factor)
     assert x.host.tobytes() == want.tobytes()
     assert len(set(MPI.COMM_WORLD.allgather(x.host.tobytes()))) == 1
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_dlpack_only_device_arrays_take_the_nccl_path(dist, shim, async_op):
+    """A device array with DLPack only (no __cuda_array_interface__, e.g. a JAX array) goes
+    through a zero-copy view: the results land in its own memory."""
+    g, members, me = world(dist)
+    x = DLPackOnly(dev(data(np.float32, (2, 3), 8, me)))
+    finish(nccl.run("all_reduce", g, {"tensor": x, "op": ReduceOp.SUM, "async_op": async_op}), async_op)
+    assert ("from_dlpack", "DLPackOnly") in shim.log
+    np.testing.assert_array_equal(x.inner.host, expected_reduction("SUM", np.float32, (2, 3), len(members), 8))
+    out = DLPackOnly(dev(np.zeros((len(members), 2), np.int32)))
+    finish(nccl.run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": dev(np.full(2, me, np.int32)),
+                                                  "async_op": async_op}), async_op)
+    np.testing.assert_array_equal(out.inner.host, np.repeat(np.arange(len(members), dtype=np.int32), 2).reshape(-1, 2))
+
+
+def test_a_host_object_is_not_taken_for_a_device_array_on_the_nccl_path(dist, shim):
+    g, _, _ = world(dist)
+    with pytest.raises(TypeError, match=PREFIX + r"all_reduce: tensor must be a device \(GPU\) array \(cupy, or any "
+                                                 r"object with __cuda_array_interface__ or a CUDA __dlpack_device__\) "
+                                                 r"on the NCCL path, got list"):
+        nccl.run("all_reduce", g, {"tensor": [1.0], "op": ReduceOp.SUM})
 
 
 def test_reduction_plans_match_nccl_codes():
@@ -619,7 +642,8 @@ def test_bad_arrays(dist, shim):
     n = len(members)
     cases = [
         ("all_reduce", {"tensor": np.ones(3)}, TypeError,
-         "tensor must be a device (GPU) array (cupy, or any object with __cuda_array_interface__) on the NCCL "
+         "tensor must be a device (GPU) array (cupy, or any object with __cuda_array_interface__ or a CUDA "
+         "__dlpack_device__) on the NCCL "
          "path, got ndarray"),
         ("all_reduce", {"tensor": StridedFake((2, 3))}, ValueError,
          "tensor must be C-contiguous, got a non-contiguous array of shape (2, 3) and strides (4, 12)"),
@@ -679,3 +703,25 @@ def test_batch_ops_must_share_one_group(dist, shim):
     with pytest.raises(ValueError, match=re.escape("p2p_op_list[0] must be a P2POp, got int")):
         nccl.run("batch_isend_irecv", g, {"p2p_op_list": [3]})
     dist.destroy_process_group(other)
+
+
+@pytest.mark.parametrize("accepts", [bytes, tuple], ids=["cupy14-bytes", "cupy13-tuple"])
+def test_cupy_shim_hands_the_unique_id_over_in_the_form_the_constructor_takes(accepts):
+    """CuPy 13's get_unique_id() gives (and NcclCommunicator takes) a tuple of 128 signed
+    chars, CuPy 14's bytes: an id made in either form reaches the other's constructor intact."""
+    raw = bytes(range(256))[::2]  # 128 bytes, half of them > 127
+    signed = tuple(b - 256 if b > 127 else b for b in raw)
+    made = []
+
+    class Communicator:
+        def __init__(self, size, uid, rank):
+            if not isinstance(uid, accepts):
+                raise TypeError(f"commId must be {accepts.__name__}")
+            made.append((size, uid, rank))
+
+    shim = _nccl_shim.CupyShim.__new__(_nccl_shim.CupyShim)  # no cupy here: only the nccl module is used
+    shim.nccl = type("StubNccl", (), {"NcclCommunicator": Communicator})
+    for uid in (raw, signed):
+        shim.communicator(2, uid, 1, None)
+    want = raw if accepts is bytes else signed
+    assert made == [(2, want, 1), (2, want, 1)]

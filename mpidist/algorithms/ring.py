@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from mpidist._array import array_module, is_device_array
 from mpidist._buffers import mpi_datatype
+from mpidist.device import detect
 from mpidist.reduce_op import ReduceOp, check_op_dtype, local_reduce
 
 __all__ = ["ring_all_reduce", "ring_chunk_bounds"]
@@ -50,8 +51,10 @@ def ring_all_reduce(comm: MPI.Comm, buf: Any, op: ReduceOp) -> None:
         buf: C-contiguous numpy or cupy array, any shape; same shape and dtype on
             every rank. Any dtype MPI and ``local_reduce`` support, bool included. A
             cupy array needs a CUDA-aware MPI (it reads the device memory directly;
-            another MPI would dereference a device pointer and crash): the caller
-            decides, as :mod:`mpidist.collectives` does.
+            another MPI would dereference a device pointer and crash), as decided by
+            :func:`mpidist.device.detect.cuda_aware_mpi`; otherwise it is refused.
+            ``mpidist.all_reduce(x, algorithm="ring")`` stages device arrays through
+            host memory instead.
         op: any :class:`ReduceOp` but PREMUL_SUM. AVG is reduced as SUM here:
             the caller divides by the group size afterwards.
 
@@ -78,7 +81,8 @@ def ring_all_reduce(comm: MPI.Comm, buf: Any, op: ReduceOp) -> None:
 
     Raises:
         TypeError: ``op`` is not a ReduceOp; ``buf`` is a device array that is not a
-            cupy array (mpidist cannot reduce it on the device).
+            cupy array (mpidist cannot reduce it on the device); ``buf`` is a cupy
+            array and MPI is not CUDA-aware.
         ValueError: unsupported op/dtype pair (see ``check_op_dtype``), or ``buf``
             is not C-contiguous or not writeable.
     """
@@ -88,6 +92,13 @@ def ring_all_reduce(comm: MPI.Comm, buf: Any, op: ReduceOp) -> None:
     if xp is np and is_device_array(buf):
         raise TypeError(f"ring_all_reduce: buf is a device array of type {type(buf).__name__}, which mpidist "
                         f"cannot reduce on the device (only cupy arrays); copy it to the host first")
+    if xp is not np:
+        aware = detect.detection()
+        if not aware.aware:
+            raise TypeError(f"ring_all_reduce: buf is a device array ({type(buf).__name__}) and MPI is not "
+                            f"CUDA-aware ({aware.source}): MPI would dereference a device pointer and crash. "
+                            f"Use mpidist.all_reduce(buf, algorithm='ring'), which stages it through host "
+                            f"memory, or set MPIDIST_CUDA_AWARE=1 if this MPI is CUDA-aware")
     check_op_dtype(op, buf.dtype, "ring_all_reduce")
     if not buf.flags.c_contiguous or not getattr(buf.flags, "writeable", True):
         raise ValueError("ring_all_reduce needs a writeable C-contiguous buffer")

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from mpidist._array import is_device_array
 from mpidist._buffers import value_kind
 from mpidist.device import _nccl_shim
 from mpidist.errors import DistBackendError, prefix
@@ -99,14 +100,23 @@ def _dtype_of(x: Any, cai: dict) -> np.dtype:
 def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
     """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype.
 
+    A DLPack-only device array (``__dlpack__`` and a CUDA ``__dlpack_device__``, no
+    ``__cuda_array_interface__``, e.g. a JAX array) is taken through ``shim.from_dlpack``:
+    a zero-copy view of the same memory, so results written to it land in ``x``.
+
     Raises:
-        TypeError: ``x`` has no ``__cuda_array_interface__``, or a non-numeric dtype.
+        TypeError: ``x`` is not a device array (neither ``__cuda_array_interface__`` nor a
+            CUDA DLPack device), or has a non-numeric dtype.
         ValueError: ``x`` is not C-contiguous, or read-only where it must be written.
     """
     cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None and is_device_array(x):
+        x = shim.from_dlpack(x)
+        cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
         raise TypeError(f"{prefix(op)} {arg} must be a device (GPU) array (cupy, or any object with "
-                        f"__cuda_array_interface__) on the NCCL path, got {type(x).__name__}")
+                        f"__cuda_array_interface__ or a CUDA __dlpack_device__) on the NCCL path, "
+                        f"got {type(x).__name__}")
     shape = tuple(cai["shape"])
     dtype = _dtype_of(x, cai)
     ptr, readonly = cai["data"]

@@ -91,6 +91,11 @@ class CupyShim:
             return int(x.__dlpack_device__()[1])
         return int(self.cupy.cuda.runtime.pointerGetAttributes(ptr).device)
 
+    def from_dlpack(self, x: Any) -> Any:
+        """A zero-copy cupy view of DLPack device array ``x`` (``cupy.from_dlpack`` orders
+        the producer's stream before cupy's current one)."""
+        return self.cupy.from_dlpack(x)
+
     # -- streams and events ---------------------------------------------------------------
     def current_stream(self) -> Any:
         return self.cupy.cuda.get_current_stream()

@@ -211,8 +211,75 @@ def test_stream_ordering_and_work(gpu):
 def test_bad_device(gpu):
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs two GPUs in this process's view")
+    nccl.run("all_reduce", gpu, {"tensor": cupy.ones(1)})  # makes the communicator (and its device)
     dev = state(gpu).device
     with cupy.cuda.Device(1 - dev if dev < 2 else 0):
         x = cupy.zeros(3)
     with pytest.raises(ValueError, match="is on device"):
         nccl.run("all_reduce", gpu, {"tensor": x})
+
+
+# -- the public API: the router sends device arrays on an NCCL group to NCCL --------------------
+
+@pytest.fixture
+def nccl_group(gpu):
+    """A group of every rank with torch's mixed backend string; destroyed afterwards."""
+    g = mpidist.new_group(list(range(_SIZE)), backend="cpu:mpi,cuda:nccl")
+    yield g
+    if not g.destroyed:
+        mpidist.destroy_process_group(g)
+
+
+def test_public_ops_on_an_nccl_group(nccl_group):
+    g, rank = nccl_group, MPI.COMM_WORLD.Get_rank()
+    x = cupy.asarray(data(np.float32, (4, 5), 21, rank))
+    assert mpidist.all_reduce(x, group=g) is None
+    np.testing.assert_array_equal(cupy.asnumpy(x), total("SUM", np.float32, (4, 5), _SIZE, 21))
+    y = cupy.full(3, rank, cupy.int64)
+    mpidist.broadcast(y, src=_SIZE - 1, group=g, async_op=True).wait()
+    assert cupy.asnumpy(y).tolist() == [_SIZE - 1] * 3
+    out = cupy.zeros((_SIZE, 2), cupy.int32)
+    mpidist.all_gather_into_tensor(out, cupy.full(2, rank, cupy.int32), group=g)
+    assert cupy.asnumpy(out).tolist() == [[r, r] for r in range(_SIZE)]
+    host = np.full(2, rank + 1.0)  # a host array on the same group goes through MPI
+    mpidist.all_reduce(host, group=g)
+    assert host.tolist() == [_SIZE * (_SIZE + 1) / 2] * 2
+    assert state(_runtime.resolve_group(g)).made >= 1
+
+
+def test_ddp_over_nccl_matches_ddp_over_mpi_on_the_host(nccl_group):
+    """DDP on cupy parameters with an NCCL process group (bucket all-reduces and the fp16
+    hook's future callbacks complete on NCCL's side) trains like DDP on numpy over MPI."""
+    from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential  # noqa: PLC0415
+    from mpidist.optim import SGD  # noqa: PLC0415
+    from mpidist.parallel import DistributedDataParallel  # noqa: PLC0415
+    from mpidist.parallel.comm_hooks import fp16_compress_hook  # noqa: PLC0415
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((4, 8 * _SIZE, 6)).astype(np.float32)[:, rank * 8:(rank + 1) * 8]
+    ys = rng.integers(0, 3, size=(4, 8 * _SIZE))[:, rank * 8:(rank + 1) * 8]
+    for hook, tol in ((None, 1e-5), (fp16_compress_hook, 2e-2)):
+        runs = []
+        for on_gpu in (False, True):
+            r = np.random.default_rng(40 + rank)
+            model = Sequential(Linear(6, 16, rng=r), ReLU(), Linear(16, 3, rng=r))
+            if on_gpu:
+                model.to("cuda")
+            ddp = DistributedDataParallel(model, process_group=nccl_group if on_gpu else None, bucket_cap_mb=0.001)
+            if hook is not None:
+                ddp.register_comm_hook(None, hook)
+            opt, crit = SGD(model.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss()
+            to = cupy.asarray if on_gpu else np.asarray
+            for x, y in zip(xs, ys):
+                opt.zero_grad()
+                crit(ddp(to(x)), to(y))
+                ddp.backward(crit.backward())
+                opt.step()
+            runs.append(model)
+        ref, dev = runs
+        mine = b"".join(cupy.asnumpy(p.data).tobytes() for p in dev.parameters())
+        assert len(set(MPI.COMM_WORLD.allgather(mine))) == 1, "ranks' GPU models differ"
+        for (name, p), q in zip(dev.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(cupy.asnumpy(p.data), q.data, rtol=tol, atol=tol, err_msg=name)
+    assert state(_runtime.resolve_group(nccl_group)).made >= 1
