@@ -463,6 +463,13 @@ class _EngineFuture(concurrent.futures.Future):
         return super().result(timeout)
 
 
+#: Called with no arguments at the start of each group's engine thread, before it runs an
+#: op. Device binding (:mod:`mpidist.device.binding`) puts the rank's GPU here: CUDA's
+#: current device is per thread, and an async op on device arrays (the CUDA-aware path's
+#: AVG division, for one) runs its kernels on the engine thread.
+THREAD_START: list = []
+
+
 class Engine:
     """One worker thread per process group that runs its async ops in issue order.
 
@@ -527,6 +534,8 @@ class Engine:
                     self._cond.notify()
 
     def _loop(self) -> None:
+        for hook in THREAD_START:
+            hook()
         while True:
             with self._cond:
                 item = self._take()

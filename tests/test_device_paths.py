@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import types
 
 import numpy as np
@@ -202,6 +203,35 @@ def test_binding_without_gpu(dist, monkeypatch):
     with pytest.raises(ValueError, match=r"init_process_group: device_id='cuda:0' was given but there is no CUDA "
                                          r"device \(or CuPy is not installed"):
         binding.bind("cuda:0", 0)
+
+
+def test_binding_makes_the_device_current_here_and_on_engine_threads(monkeypatch):
+    """bind() makes the device current on this thread and registers it for every engine thread
+    (CUDA's current device is per thread); a later bind without a GPU clears that again."""
+    from mpidist import work
+
+    used = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def use(self):
+            used.append((self.index, threading.current_thread().name))
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device)))
+    monkeypatch.setattr(binding, "_device_count", lambda: 2)
+    monkeypatch.setattr(binding, "_bound", None)
+    monkeypatch.setattr(work, "THREAD_START", [])
+    monkeypatch.delenv(binding.ENV, raising=False)
+    assert binding.bind(None, 3) == 1 and binding.bound_device() == 1  # local rank 3 % 2 GPUs
+    assert used == [(1, threading.current_thread().name)]
+    t = threading.Thread(target=lambda: [hook() for hook in work.THREAD_START], name="engine-like")
+    t.start()
+    t.join()
+    assert used[1:] == [(1, "engine-like")]
+    monkeypatch.setattr(binding, "_device_count", lambda: 0)
+    assert binding.bind(None, 0) is None and work.THREAD_START == []
 
 
 def test_init_with_device_id_but_no_gpu(dist, monkeypatch):

@@ -271,3 +271,18 @@ def test_waiter_runs_queued_ops_in_order():
     assert futures[3].result() == 3 and [i for i, _ in order] == [0, 1, 2, 3]
     assert eng.runs_inline() and eng._runner is None
     eng._thread = None
+
+
+def test_engine_threads_run_the_start_hooks_before_any_op(monkeypatch):
+    """THREAD_START (device binding puts the rank's GPU there: CUDA's current device is per
+    thread) runs on each new engine thread, before the first op it runs."""
+    seen = []
+    monkeypatch.setattr(work_module, "THREAD_START", [lambda: seen.append(("hook", threading.current_thread()))])
+    eng = work_module.Engine("hook-test")
+    gate = threading.Event()
+    future = eng.submit(lambda: gate.wait(5) and seen.append(("op", threading.current_thread())))
+    gate.set()
+    future.result(timeout=5)
+    assert [what for what, _ in seen] == ["hook", "op"], seen
+    assert seen[0][1] is seen[1][1] is eng._thread and eng._thread is not threading.current_thread()
+    eng.shutdown()

@@ -85,7 +85,8 @@ def _device_count() -> int:
 
 
 def bind(device_id: Any, local_rank: int, where: str = "init_process_group:") -> Optional[int]:
-    """Make the chosen device current on this thread (``cupy.cuda.Device(d).use()``);
+    """Make the chosen device current on this thread (``cupy.cuda.Device(d).use()``) and
+    on every group engine thread started from now on (:data:`mpidist.work.THREAD_START`);
     return it, or None where there is no CuPy or no GPU.
 
     Raises:
@@ -98,12 +99,18 @@ def bind(device_id: Any, local_rank: int, where: str = "init_process_group:") ->
             raise ValueError(f"{where} device_id={device_id!r} was given but there is no CUDA device "
                              f"(or CuPy is not installed: pip install 'mpidist[gpu]')")
         _bound = None
+        from mpidist import work  # noqa: PLC0415
+
+        work.THREAD_START[:] = []
         return None
     index = choose_device(device_id, os.environ, local_rank, count, where)
     import cupy  # noqa: PLC0415
 
     cupy.cuda.Device(index).use()
     _bound = index
+    from mpidist import work  # noqa: PLC0415  (engine threads take the same device)
+
+    work.THREAD_START[:] = [cupy.cuda.Device(index).use]
     return index
 
 
