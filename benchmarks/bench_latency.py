@@ -1,0 +1,119 @@
+"""Where the 8-byte all_reduce's time goes: raw mpi4py, mpidist, and the bare latency path.
+
+    mpiexec -n 2 python benchmarks/bench_latency.py [--calls 20000] [--passes 9] [--out DIR]
+
+Three loops of ``--calls`` back-to-back calls on a float32[2] (8 B), interleaved, the order
+the same each pass, ``--passes`` times; each value is the max over ranks of the mean time
+per call, and the table shows the median over passes and the median per-pass ratio to raw:
+
+* ``raw``: ``comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)`` on a duplicate of
+  the default group's communicator: the ceiling for any Python wrapper;
+* ``mpidist``: ``mpidist.all_reduce(x)`` (its inline latency path: every check, the
+  flight-recorder entry);
+* ``bare``: what is left of that path without mpidist's argument and group checks: the
+  flight-recorder entry (as :func:`mpidist._recorder.begin` / ``end`` make it) and the
+  same MPI call, inline in one Python function. The gap between ``bare`` and ``mpidist``
+  is the cost of the checks; between ``raw`` and ``bare``, of a Python function call plus
+  the recorder.
+
+Writes ``latency_np{N}.md`` to ``--out`` (default benchmarks/results). The target it
+explains (8 B within 1.5x raw) is in benchmarks/results/targets.md.
+"""
+from __future__ import annotations
+
+import _bench_common as bc  # first: sets the BLAS thread variables
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import mpidist  # noqa: E402
+from mpidist import _recorder as R  # noqa: E402
+
+
+def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
+    g = mpidist._runtime.state().world
+    comm = g.comm.Dup()
+    F, S, IP = MPI.FLOAT, MPI.SUM, MPI.IN_PLACE
+    now = time.monotonic
+
+    def bare(t: np.ndarray) -> None:
+        eng = g.engine
+        seq = eng.seq
+        eng.seq = seq + 1
+        t0 = now()
+        rec = [seq, "all_reduce", g, t.shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
+        R._append(rec)
+        eng.current = rec
+        g.comm.Allreduce(IP, [t, F], S)
+        rec[R.T_END] = now()
+        rec[R.STATE] = R.COMPLETED
+
+    def run_raw(calls: int) -> None:
+        for _ in range(calls):
+            comm.Allreduce(IP, [x, F], S)
+
+    def run_mpidist(calls: int) -> None:
+        ar = mpidist.all_reduce
+        for _ in range(calls):
+            ar(x)
+
+    def run_bare(calls: int) -> None:
+        for _ in range(calls):
+            bare(x)
+
+    return {"raw": run_raw, "mpidist": run_mpidist, "bare": run_bare}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=20000)
+    p.add_argument("--passes", type=int, default=9)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args()
+    if args.calls < 1 or args.passes < 1:
+        p.error("--calls and --passes must be >= 1")
+    load = os.getloadavg()[0]
+    mpidist.init_process_group("mpi")
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    x = np.zeros(2, np.float32)  # sums of zeros: the values stay put however many calls
+    cases = loops(x)
+    for run in cases.values():  # warm-up: the plan cache, the engine, MPI's connections
+        run(200)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(args.passes):
+        for name, run in cases.items():
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run(args.calls)
+            times[name].append(comm.allreduce((time.perf_counter() - t0) / args.calls, op=MPI.MAX))
+    x[:] = 1.0
+    for run in cases.values():
+        run(1)
+    assert x.tolist() == [float(n) ** 3] * 2, f"wrong all_reduce result {x}"
+    if comm.Get_rank() == 0:
+        rows = ["| loop | time per call (us) | / raw (median of per-pass ratios) |", "|---|---:|---:|"]
+        for name, ts in times.items():
+            ratio = statistics.median(t / r for t, r in zip(ts, times["raw"]))
+            rows.append(f"| {name} | {statistics.median(ts) * 1e6:.2f} | {ratio:.3f} |")
+        text = "\n".join([f"# 8-byte all_reduce latency breakdown, {n} ranks", "", *bc.machine_lines(n, load),
+                          f"- {bc.versions(mpidist=mpidist.__version__)}",
+                          f"- {args.passes} passes of {args.calls} calls per loop, interleaved; see the "
+                          f"docstring of benchmarks/bench_latency.py for the loops", "", *rows, ""])
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"latency_np{n}.md"
+        path.write_text(text)
+        print(text, flush=True)
+        print(f"# wrote {path}", flush=True)
+    mpidist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
