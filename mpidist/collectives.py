@@ -18,10 +18,9 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _runtime
+from mpidist import _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import group_root, launch, member
-from mpidist import _recorder as R
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, shm_applicable
@@ -134,7 +133,7 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
             if flags.c_contiguous and flags.writeable and eng.inline and (eng.pending == 0 or eng.idle()):
                 # The latency path: MPI_Allreduce with no thread hop, no closure, checks done
                 # once per (dtype, op), and no function call that the 8-byte case can feel
-                # (each costs ~60 ns of a ~1 us budget; benchmarks/results/collectives_np2.md).
+                # (each costs ~60 ns of a ~1 us budget; benchmarks/results/latency_np2.md, targets.md).
                 # Recorded as launch would record it: R.begin's entry (sequence number, flight
                 # recorder, timeout watchdog), built here; tests/test_recorder.py checks both
                 # paths' entries are alike.
