@@ -274,6 +274,15 @@ class FakeShim:
             self.streams[self.device_now] = self._stream(f"user{self.device_now}")
         return self.streams[self.device_now]
 
+    def external_stream(self, ptr: int) -> FakeStream:
+        """A producer's stream, by its handle (the same object for the same handle)."""
+        stream = self.by_ptr.get(ptr)
+        if stream is None:
+            stream = FakeStream(f"external{ptr}")
+            stream.ptr = ptr
+            self.by_ptr[ptr] = stream
+        return stream
+
     def _stream(self, name: str) -> FakeStream:
         stream = FakeStream(name)
         self.by_ptr[stream.ptr] = stream

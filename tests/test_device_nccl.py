@@ -546,7 +546,7 @@ def test_multigpu_forms_take_one_array(dist, shim):
 
 def test_stream_protocol_of_a_sync_op(dist, shim):
     g, _, me = world(dist)
-    x = dev(np.ones(3))
+    x = FakeDeviceArray.from_host(np.ones(3), stream=None)  # its interface: no stream to wait for
     nccl.run("all_reduce", g, {"tensor": x})  # makes the communicator
     comm = state(g).main
     user, mark = shim.current_stream().ptr, len(shim.log)
@@ -557,6 +557,33 @@ def test_stream_protocol_of_a_sync_op(dist, shim):
     assert nccl_stream == comm.stream.ptr != user  # the op runs on the NCCL stream
     assert on_nccl == comm.stream.ptr and back == user and waited2 == done  # the caller waits on the done event
     assert len(shim.log) == mark + 5  # and the host did not synchronize
+
+
+def test_ops_wait_for_the_streams_their_arrays_are_ready_on(dist, shim):
+    """__cuda_array_interface__ v3's ``stream`` (a torch tensor reports its current stream):
+    the NCCL stream waits on an event recorded there, once per distinct stream, before the op."""
+    g, members, me = world(dist)
+    nccl.run("all_reduce", g, {"tensor": FakeDeviceArray.from_host(np.ones(2), stream=None)})
+    nccl_ptr = state(g).main.stream.ptr
+
+    def waits_before_the_op(mark: int) -> list:
+        log = shim.log[mark:]
+        first = next(i for i, e in enumerate(log) if e[0] == "nccl")
+        recorded = {e[1]: e[2] for e in log[:first] if e[0] == "record"}
+        return sorted(recorded[e[2]] for e in log[:first] if e[0] == "wait" and e[1] == nccl_ptr)
+
+    user = shim.current_stream().ptr
+    mark = len(shim.log)
+    x = FakeDeviceArray.from_host(data(np.float32, 4, 2, me), stream=0x7000)
+    nccl.run("all_reduce", g, {"tensor": x})
+    assert waits_before_the_op(mark) == sorted([user, 0x7000])
+    np.testing.assert_array_equal(x.host, expected_reduction("SUM", np.float32, 4, len(members), 2))
+    mark = len(shim.log)
+    outs = [FakeDeviceArray.from_host(np.zeros(2), stream=s) for s in (0x8000, 0x9000) * len(members)][:len(members)]
+    nccl.run("all_gather", g, {"tensor_list": outs, "tensor": FakeDeviceArray.from_host(np.full(2, me * 1.0),
+                                                                                       stream=0x8000)})
+    assert waits_before_the_op(mark) == sorted([user, 0x8000] + ([0x9000] if len(members) > 1 else []))
+    assert [o.host.tolist() for o in outs] == [[float(r)] * 2 for r in range(len(members))]
 
 
 def test_async_work_completes_with_its_event(dist, shim):

@@ -100,6 +100,10 @@ class CupyShim:
     def current_stream(self) -> Any:
         return self.cupy.cuda.get_current_stream()
 
+    def external_stream(self, ptr: int) -> Any:
+        """A stream object for raw handle ``ptr`` made elsewhere (a producer's stream)."""
+        return self.cupy.cuda.ExternalStream(ptr)
+
     def new_stream(self) -> Any:
         return self.cupy.cuda.Stream(non_blocking=True)
 

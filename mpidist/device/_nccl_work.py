@@ -193,6 +193,10 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
         caller = shim.current_stream()
         shim.record(comm.ready, caller)
         shim.wait_event(comm.stream, comm.ready)
+        for stream in producer_streams(shim, refs, caller):
+            ready = shim.new_event()
+            shim.record(ready, stream)
+            shim.wait_event(comm.stream, ready)
         try:
             temps = body(comm, *args)
         except shim.error as exc:
@@ -220,6 +224,31 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
     if host_wait and not async_op:
         host_wait_for(shim, done, recs, None)
     return works
+
+
+def producer_streams(shim: Any, refs: Any, caller: Any) -> list:
+    """The streams, other than ``caller``, on which the arrays in ``refs`` (nested lists and
+    tuples too) say their data is ready: ``__cuda_array_interface__`` version 3's ``stream``
+    (1: the legacy default stream, 2: the per-thread default, else a stream handle; None:
+    no synchronization needed; absent before version 3: the caller's current stream, which
+    the op is ordered after anyway). A torch tensor reports its current stream here. The
+    op is ordered after each (an event recorded there, waited on by the NCCL stream), as
+    the CUDA Array Interface asks of a consumer. cupy arrays and DLPack objects carry no
+    such field: they are ready on cupy's current stream, the caller's."""
+    found: dict = {}
+    todo = list(refs) if isinstance(refs, (list, tuple)) else [refs]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, (list, tuple)):
+            todo.extend(x)
+            continue
+        cai = getattr(x, "__cuda_array_interface__", None)
+        if not isinstance(cai, dict) or cai.get("version", 0) < 3:
+            continue
+        ptr = cai.get("stream")
+        if ptr is not None and int(ptr) != int(caller.ptr) and int(ptr) not in found:
+            found[int(ptr)] = shim.external_stream(int(ptr))
+    return list(found.values())
 
 
 def collective_rec(g: ProcessGroup, name: str, shapes: Any, dtype: Any, root: int = -1) -> list:
