@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,14 +92,33 @@ def start_job(n: int, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=launcher_free_env(OMP_NUM_THREADS="1"))
 
 
-def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, timeout: float = 120) -> tuple[str, str]:
-    """Read the job's stdout until epoch ``epoch`` is reported, call ``kill(job)``, wait for the end."""
+def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, signum: int,
+                     timeout: float = 120) -> tuple[str, str]:
+    """Read the job's stdout until epoch ``epoch`` is reported, then send the stop signal
+    with ``kill(job)`` while the ranks are paused, and wait for the end.
+
+    The ranks (found by ``out_dir`` on their command line) get SIGSTOP first and SIGCONT
+    once at least one of them has ``signum`` pending: so the signal reaches them
+    mid-training however fast the job runs (20 epochs can take 1 s) and however long
+    mpiexec takes to pass it on, instead of racing the job's end."""
     lines = []
     try:
         for line in job.stdout:
             lines.append(line)
             if line.startswith(f"epoch {epoch:3d}/"):
-                kill(job)
+                pids = rank_pids(out_dir)
+                assert len(pids) == RESUME_N, f"found ranks {pids}"
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
+                try:
+                    kill(job)
+                    deadline = time.monotonic() + 30
+                    while not any(signal_pending(pid, signum) for pid in pids):
+                        assert time.monotonic() < deadline, f"signal {signum} did not reach ranks {pids} in 30 s"
+                        time.sleep(0.01)
+                finally:
+                    for pid in pids:
+                        os.kill(pid, signal.SIGCONT)
                 break
         out, err = job.communicate(timeout=timeout)
     except BaseException:
@@ -106,6 +126,16 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, timeout: float = 1
         job.communicate()
         raise
     return "".join(lines) + out, err
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """True if process ``pid`` has signal ``signum`` pending (/proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = [line.split()[1] for line in status.splitlines() if line.startswith(("ShdPnd:", "SigPnd:"))]
+    return any(int(m, 16) >> (signum - 1) & 1 for m in masks)
 
 
 def rank_pids(out_dir: Path) -> list[int]:
@@ -144,7 +174,7 @@ def interrupted(tmp_path_factory):
     """The same job, given SIGTERM (mpiexec forwards it to every rank) after epoch 3."""
     out = tmp_path_factory.mktemp("interrupted")
     job = start_job(RESUME_N, "--out", str(out), "--epochs", str(EPOCHS))
-    stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM))
+    stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM), out, signal.SIGTERM)
     return out, job.returncode, stdout, stderr
 
 
@@ -179,7 +209,7 @@ def test_stop_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
         os.kill(max(pids), signal.SIGUSR1)
 
     job = start_job(RESUME_N, "--out", str(tmp_path), "--epochs", str(EPOCHS))
-    stdout, stderr = stop_after_epoch(job, 3, kill_one)
+    stdout, stderr = stop_after_epoch(job, 3, kill_one, tmp_path, signal.SIGUSR1)
     check_stopped(tmp_path, job.returncode, stdout, stderr, n=RESUME_N, signame="SIGUSR1")
 
 
