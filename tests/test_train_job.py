@@ -111,6 +111,12 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, sig
                 for pid in pids:
                     os.kill(pid, signal.SIGSTOP)
                 try:
+                    # SIGSTOP takes effect asynchronously: a signal that lands before the stop
+                    # does would be taken (no longer pending) by a thread still running
+                    deadline = time.monotonic() + 30
+                    while not all(stopped(pid) for pid in pids):
+                        assert time.monotonic() < deadline, f"ranks {pids} did not stop in 30 s"
+                        time.sleep(0.005)
                     kill(job)
                     deadline = time.monotonic() + 30
                     while not any(signal_pending(pid, signum) for pid in pids):
@@ -126,6 +132,16 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, sig
         job.communicate()
         raise
     return "".join(lines) + out, err
+
+
+def stopped(pid: int) -> bool:
+    """True once every thread of process ``pid`` is stopped (state T in /proc/PID/task/*/status)."""
+    try:
+        states = [line.split()[1] for task in Path(f"/proc/{pid}/task").iterdir()
+                  for line in (task / "status").read_text().splitlines() if line.startswith("State:")]
+    except OSError:
+        return False
+    return bool(states) and all(state == "T" for state in states)
 
 
 def signal_pending(pid: int, signum: int) -> bool:

@@ -277,6 +277,15 @@ rank_pids() {  # OUT
     done
 }
 
+# True when every thread of every PID is stopped (State: T in /proc/PID/task/*/status).
+all_stopped() {  # PID...
+    local pid states
+    for pid in "$@"; do
+        states="$(awk '$1 == "State:" {print $2}' /proc/"$pid"/task/*/status 2>/dev/null | sort -u)"
+        [[ "$states" == T ]] || return 1
+    done
+}
+
 # True when every PID has SIGUSR1 (10: bit 9 of the masks in /proc/PID/status) pending.
 usr1_pending() {  # PID...
     local pid mask
@@ -302,6 +311,10 @@ pause_and_signal() {  # JOB OUT: prints nothing; returns 1 with a reason on stde
     done
     (( ${#pids[@]} == 4 )) || { echo "found ${#pids[@]} rank processes, not 4 (pids: ${pids[*]})" >&2; return 1; }
     kill -STOP "${pids[@]}" || { echo "could not pause ranks ${pids[*]}" >&2; kill -CONT "${pids[@]}" 2>/dev/null; return 1; }
+    # SIGSTOP takes effect asynchronously: wait until every rank is stopped (state T), or a
+    # signal landing first could be taken by a thread still running, and never show as pending.
+    for (( i = 0; i < 600; i++ )); do all_stopped "${pids[@]}" && break; sleep 0.05; done
+    all_stopped "${pids[@]}" || { echo "ranks ${pids[*]} did not stop in 30 s" >&2; kill -CONT "${pids[@]}" 2>/dev/null; return 1; }
     if scancel --batch --signal=USR1 "$job"; then
         for (( i = 0; i < 120; i++ )); do usr1_pending "${pids[@]}" && break; sleep 0.5; done
         usr1_pending "${pids[@]}" || { echo "SIGUSR1 did not reach every rank in 60 s" >&2; rc=1; }
