@@ -3,7 +3,7 @@
 Run as ``python benchmarks/bench_ddp_scaling.py [--ranks 1,2,4 --batch 128 --steps 3
 --reps 3 --quick --out benchmarks/results]`` (NOT under mpiexec): it is a driver that
 runs ``mpiexec -n k`` sub-runs of itself (``--worker``) with a timeout each, gathers
-their results and writes ``ddp_scaling.md`` / ``.csv`` and the traces
+their results and writes ``ddp_scaling.md`` / ``.csv`` / ``.png`` and the traces
 ``ddp_trace_np2.rank{r}.json`` in ``--out``.
 
 Model: the MLP 784-2048-2048-2048-10 (float32, 10,020,874 parameters, 38.2 MiB of
@@ -49,7 +49,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Optional  # noqa: E402
+from typing import Any, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -75,6 +75,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--bind", action="store_true", help="mpiexec -bind-to core (one core per rank)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per mpiexec sub-run")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--plot-only", action="store_true",
+                   help="only redraw OUT/ddp_scaling.png from OUT/ddp_scaling.csv (no measurement)")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)     # sub-run: its JSON result file
     p.add_argument("--trace-dir", type=Path, help=argparse.SUPPRESS)  # sub-run: where traces go
     args = p.parse_args(argv)
@@ -413,6 +415,66 @@ def write_csv(path: Path, rows: list) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
+def read_csv(path: Path) -> list:
+    """The rows :func:`write_csv` wrote, numbers as numbers."""
+    def num(v: str) -> Any:
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return v
+
+    with path.open(newline="") as f:
+        return [{k: num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def plot(path: Path, rows: list) -> None:
+    """ddp_scaling.png: samples/s against ranks (the default 25 MB buckets, with the linear
+    ideal), and at the largest measured rank count below 4 (2 here) the weak-scaling
+    efficiency and the hidden share of the all-reduce against bucket_cap_mb; one line per
+    algorithm."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    algorithms = sorted({r["algorithm"] for r in rows}, key=str)
+    caps = sorted({float(r["bucket_cap_mb"]) for r in rows})
+    cap = 25.0 if 25.0 in caps else caps[len(caps) // 2]
+    ranks = sorted({int(r["ranks"]) for r in rows})
+    pair = max((k for k in ranks if 1 < k < 4), default=max(ranks))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    for alg in algorithms:
+        pts = sorted((int(r["ranks"]), float(r["samples_per_s"])) for r in rows
+                     if r["algorithm"] == alg and float(r["bucket_cap_mb"]) == cap)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=alg)
+    one = [float(r["samples_per_s"]) for r in rows if int(r["ranks"]) == 1 and float(r["bucket_cap_mb"]) == cap]
+    if one:
+        ax.plot(ranks, [k * max(one) for k in ranks], linestyle="--", color="grey", label="linear (1 rank x k)")
+    ax.set(title=f"samples/s, bucket_cap_mb {cap:g}", xlabel="ranks", ylabel="samples/s", xticks=ranks)
+    for ax, key, title in ((axes[1], "efficiency", "weak-scaling efficiency"),
+                           (axes[2], "hidden_share", "all-reduce hidden behind backward")):
+        for alg in algorithms:
+            pts = sorted((float(r["bucket_cap_mb"]), float(r[key])) for r in rows
+                         if r["algorithm"] == alg and int(r["ranks"]) == pair)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=alg)
+        ax.axhline(0.85 if key == "efficiency" else 0.5, linestyle="--", color="grey", label="target")
+        ax.set_xscale("log")
+        ax.set(title=f"{title}, {pair} ranks", xlabel="bucket_cap_mb", ylabel=key.replace("_", " "), xticks=caps)
+        ax.set_xticklabels([f"{c:g}" for c in caps])
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"DDP scaling, {n_params() / 1e6:.1f}M-parameter MLP, {os.cpu_count()} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def driver(args: argparse.Namespace) -> int:
     if any(key.startswith(("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD")) for key in os.environ):
         sys.exit("bench_ddp_scaling.py runs its own mpiexec sub-runs: start it with plain python, not mpiexec")
@@ -439,12 +501,17 @@ def driver(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ddp_scaling.md").write_text("\n".join(lines) + "\n")
     write_csv(args.out / "ddp_scaling.csv", rows)
-    print(f"# wrote {args.out / 'ddp_scaling.md'}, {args.out / 'ddp_scaling.csv'}")
+    plot(args.out / "ddp_scaling.png", rows)
+    print(f"# wrote {args.out / 'ddp_scaling.md'}, {args.out / 'ddp_scaling.csv'}, {args.out / 'ddp_scaling.png'}")
     return 0 if len(results) == len(args.ranks) else 1
 
 
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv)
+    if args.plot_only:
+        plot(args.out / "ddp_scaling.png", read_csv(args.out / "ddp_scaling.csv"))
+        print(f"# wrote {args.out / 'ddp_scaling.png'} from {args.out / 'ddp_scaling.csv'}")
+        return 0
     return worker(args) if args.worker else driver(args)
 
 
