@@ -586,6 +586,23 @@ def test_ops_wait_for_the_streams_their_arrays_are_ready_on(dist, shim):
     assert [o.host.tolist() for o in outs] == [[float(r)] * 2 for r in range(len(members))]
 
 
+def test_the_legacy_default_stream_is_the_null_stream_of_the_caller(dist, shim):
+    """The interface names the legacy default stream 1; cupy's null stream has handle 0: an
+    array ready on it, used from the null stream, adds no wait (cupy arrays report 1 there)."""
+    g, members, me = world(dist)
+    nccl.run("all_reduce", g, {"tensor": FakeDeviceArray.from_host(np.ones(2), stream=None)})
+    null = shim.current_stream()
+    del shim.by_ptr[null.ptr]
+    null.ptr = 0
+    shim.by_ptr[0] = null
+    mark = len(shim.log)
+    x = FakeDeviceArray.from_host(np.ones(2), stream=1)
+    nccl.run("all_reduce", g, {"tensor": x})
+    first = next(i for i, e in enumerate(shim.log[mark:]) if e[0] == "nccl")
+    assert [e for e in shim.log[mark:mark + first] if e[0] == "record"] == [("record", state(g).main.ready.id, 0)]
+    assert x.host.tolist() == [float(len(members))] * 2
+
+
 def test_async_work_completes_with_its_event(dist, shim):
     g, members, me = world(dist)
     x = dev(data(np.float32, 6, 21, me))

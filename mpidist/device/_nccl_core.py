@@ -59,15 +59,20 @@ _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 # -- device arrays ------------------------------------------------------------------------------
 
 class Dev:
-    """What the NCCL path needs of one device array: pointer, shape, dtype, sizes, device.
+    """What the NCCL path needs of one device array: pointer, shape, dtype, sizes, device,
+    and ``stream``: the stream its ``__cuda_array_interface__`` (version 3) says its data
+    is ready on (1: the legacy default stream, 2: the per-thread default, else a handle),
+    None where it names none (no wait needed, or no such field: the caller's stream).
 
     Duck-types the attributes the host helpers read (``shape``, ``ndim``, ``dtype``, ``size``).
     """
 
-    __slots__ = ("obj", "ptr", "shape", "dtype", "size", "nbytes", "device")
+    __slots__ = ("obj", "ptr", "shape", "dtype", "size", "nbytes", "device", "stream")
 
-    def __init__(self, obj: Any, ptr: int, shape: tuple, dtype: np.dtype, device: int) -> None:
+    def __init__(self, obj: Any, ptr: int, shape: tuple, dtype: np.dtype, device: int,
+                 stream: Optional[int] = None) -> None:
         self.obj, self.ptr, self.shape, self.dtype, self.device = obj, ptr, shape, dtype, device
+        self.stream = stream
         self.size = math.prod(shape)
         self.nbytes = self.size * dtype.itemsize
 
@@ -129,7 +134,8 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
     if dtype.kind not in "biufc" and value_kind(dtype) not in "biufc":
         raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}, which cannot be communicated; "
                         f"expected a numeric or bool dtype")
-    return Dev(x, int(ptr or 0), shape, dtype, shim.device_of(x, ptr))
+    stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    return Dev(x, int(ptr or 0), shape, dtype, shim.device_of(x, ptr), None if stream is None else int(stream))
 
 
 def overlaps(a: Dev, b: Dev) -> bool:

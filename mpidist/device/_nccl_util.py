@@ -121,7 +121,7 @@ def collective(g: ProcessGroup, name: str, devs: Sequence[Dev], args: Sequence[s
     """Get the group's communicator (device-checking ``devs``), record, and launch ``body``."""
     comm = state(g).collective(name, devs, args)
     rec = collective_rec(g, name, shapes, devs[0].dtype, root)
-    works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)])
+    works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)], devs=devs)
     return works[0] if works else None
 
 

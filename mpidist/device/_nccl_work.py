@@ -6,10 +6,10 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from mpidist import _recorder as R
-from mpidist.device._nccl_core import NcclComm, nccl_failure
+from mpidist.device._nccl_core import Dev, NcclComm, nccl_failure
 from mpidist.errors import DistError, prefix
 from mpidist.group import ProcessGroup
 from mpidist.work import _CREATE_LOCK, Work, _seconds, _settle, _timed_out
@@ -174,7 +174,7 @@ def host_wait_for(shim: Any, event: Any, recs: list, limit: Optional[float]) -> 
 # -- enqueueing an op ----------------------------------------------------------------------------------
 
 def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any], args: tuple, refs: tuple,
-           async_op: bool, handles: list, host_wait: bool = False) -> Optional[list]:
+           async_op: bool, handles: list, host_wait: bool = False, devs: Sequence[Dev] = ()) -> Optional[list]:
     """Enqueue ``body(comm, *args)`` on the communicator's stream, ordered after the caller's
     current stream. Sync: the caller's stream waits on the op; returns None. Async: returns
     one NcclWork per entry of ``handles``, all on the op's done event.
@@ -183,7 +183,10 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
     to keep alive until the op is done; ``refs`` are the caller's arrays, kept likewise.
     ``handles``: ``(op name, outputs, flight-recorder entries, source rank or None)`` per
     Work (one, except for batch_isend_irecv). ``host_wait``: the host also waits for the
-    op (barrier; its Works' ``wait()`` too).
+    op (barrier; its Works' ``wait()`` too). ``devs``: the caller's arrays as validated;
+    the op is also ordered after each other stream they say their data is ready on
+    (``Dev.stream``: an event recorded there, waited on by the NCCL stream, as the CUDA
+    Array Interface asks of a consumer; a torch tensor reports its current stream there).
     """
     if g.engine.broken is not None:
         raise DistError(f"{prefix(name)} group {g.group_name!r} is unusable: {g.engine.broken}")
@@ -193,7 +196,7 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
         caller = shim.current_stream()
         shim.record(comm.ready, caller)
         shim.wait_event(comm.stream, comm.ready)
-        for stream in producer_streams(shim, refs, caller):
+        for stream in producer_streams(shim, devs, caller):
             ready = shim.new_event()
             shim.record(ready, stream)
             shim.wait_event(comm.stream, ready)
@@ -226,28 +229,16 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
     return works
 
 
-def producer_streams(shim: Any, refs: Any, caller: Any) -> list:
-    """The streams, other than ``caller``, on which the arrays in ``refs`` (nested lists and
-    tuples too) say their data is ready: ``__cuda_array_interface__`` version 3's ``stream``
-    (1: the legacy default stream, 2: the per-thread default, else a stream handle; None:
-    no synchronization needed; absent before version 3: the caller's current stream, which
-    the op is ordered after anyway). A torch tensor reports its current stream here. The
-    op is ordered after each (an event recorded there, waited on by the NCCL stream), as
-    the CUDA Array Interface asks of a consumer. cupy arrays and DLPack objects carry no
-    such field: they are ready on cupy's current stream, the caller's."""
+def producer_streams(shim: Any, devs: Sequence[Dev], caller: Any) -> list:
+    """The streams other than ``caller`` that ``devs`` name (``Dev.stream``), each once. The
+    legacy default stream is 1 in the interface and 0 as the caller's (cupy's null stream):
+    the same stream, so a cupy array on it costs no extra wait."""
+    mine = int(caller.ptr) or 1
     found: dict = {}
-    todo = list(refs) if isinstance(refs, (list, tuple)) else [refs]
-    while todo:
-        x = todo.pop()
-        if isinstance(x, (list, tuple)):
-            todo.extend(x)
-            continue
-        cai = getattr(x, "__cuda_array_interface__", None)
-        if not isinstance(cai, dict) or cai.get("version", 0) < 3:
-            continue
-        ptr = cai.get("stream")
-        if ptr is not None and int(ptr) != int(caller.ptr) and int(ptr) not in found:
-            found[int(ptr)] = shim.external_stream(int(ptr))
+    for d in devs:
+        ptr = d.stream
+        if ptr is not None and (ptr or 1) != mine and ptr not in found:
+            found[ptr] = shim.external_stream(ptr)
     return list(found.values())
 
 

@@ -91,7 +91,8 @@ def _p2p(g: ProcessGroup, name: str, tensor: Any, peer: Any, tag: Any, receive: 
     rec = R.begin_p2p(g, name, d.shape, d.dtype, int(peer))
     side = 1 - comm.rank
     handle = (name, (tensor,) if receive else (), [rec], int(peer) if receive else None)
-    works = launch(comm, g, name, _recv_body if receive else _send_body, (d, side), (tensor,), async_op, [handle])
+    works = launch(comm, g, name, _recv_body if receive else _send_body, (d, side), (tensor,), async_op, [handle],
+                   devs=[d])
     return works[0] if works else None
 
 
@@ -160,7 +161,7 @@ def batch_isend_irecv(g: ProcessGroup, p2p_op_list: Any) -> list:
     handles = [("irecv", (p.tensor,), [rec], int(p.peer)) if rcv else ("isend", (), [rec], None)
                for (rcv, _, _, p), rec in zip(plan, recs)]
     return launch(comm, g, name, p2p_group_body, (sends, recvs), tuple(p.tensor for p in p2p_op_list), True,
-                  handles)
+                  handles, devs=devs)
 
 
 def all_reduce_multigpu(g: ProcessGroup, tensor_list: Any, op: Any = ReduceOp.SUM,
