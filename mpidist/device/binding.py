@@ -11,6 +11,8 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
+from mpidist import work
+
 __all__ = ["choose_device", "parse_device", "bind", "bound_device", "ENV"]
 
 ENV = "MPIDIST_DEVICE"
@@ -98,20 +100,15 @@ def bind(device_id: Any, local_rank: int, where: str = "init_process_group:") ->
         if device_id is not None:
             raise ValueError(f"{where} device_id={device_id!r} was given but there is no CUDA device "
                              f"(or CuPy is not installed: pip install 'mpidist[gpu]')")
-        _bound = None
-        from mpidist import work  # noqa: PLC0415
+        _bound, hooks = None, []
+    else:
+        index = choose_device(device_id, os.environ, local_rank, count, where)
+        import cupy  # noqa: PLC0415
 
-        work.THREAD_START[:] = []
-        return None
-    index = choose_device(device_id, os.environ, local_rank, count, where)
-    import cupy  # noqa: PLC0415
-
-    cupy.cuda.Device(index).use()
-    _bound = index
-    from mpidist import work  # noqa: PLC0415  (engine threads take the same device)
-
-    work.THREAD_START[:] = [cupy.cuda.Device(index).use]
-    return index
+        cupy.cuda.Device(index).use()
+        _bound, hooks = index, [cupy.cuda.Device(index).use]
+    work.THREAD_START[:] = hooks  # engine threads (async ops) make the same device current when they start
+    return _bound
 
 
 def bound_device() -> Optional[int]:

@@ -109,7 +109,7 @@ def device_call(fn: Callable[..., Any], args: dict) -> Any:
     path = paths.choose(True, backend, aware.aware, found_ok)
     if path == paths.MPI_CUDA:
         return _mpi_cuda(fn, op, args, rt)
-    return staging.call(fn, op, args, rt, _make_p2p, aware.source, aware.aware)
+    return staging.call(fn, op, args, rt, _make_p2p, aware)
 
 
 def _batch_group(args: dict) -> tuple[Any, dict]:

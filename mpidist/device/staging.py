@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from mpidist.device import arrays as A
+from mpidist.device.detect import Detection
 from mpidist.device.paths import MPI_CUDA_OPS
 from mpidist.device.runtime import DeviceRuntime
 from mpidist.work import Work, _settle
@@ -93,23 +94,23 @@ def pool_for(runtime: DeviceRuntime) -> PinnedPool:
 _warned = False
 
 
-def warn_once(source: str, op: str = "", aware: bool = False) -> None:
+def warn_once(cuda: Detection, op: str) -> None:
     """Warn, once per process, that device arrays are staged and how to do better.
 
-    ``source`` says where the CUDA-awareness decision came from; ``aware``: MPI is
-    CUDA-aware, and ``op`` is staged because mpidist does not hand MPI this call's
-    device arrays (see :func:`mpidist.device.paths.mpi_cuda_ok`)."""
+    ``cuda``: the CUDA-awareness decision. Where MPI is CUDA-aware, ``op`` is staged
+    because mpidist does not hand MPI this call's device arrays (see
+    :func:`mpidist.device.paths.mpi_cuda_ok`)."""
     global _warned
     if _warned:
         return
     _warned = True
-    if aware:
-        why = (f"MPI is CUDA-aware ({source}), but mpidist hands it device arrays only for "
+    if cuda.aware:
+        why = (f"MPI is CUDA-aware ({cuda.source}), but mpidist hands it device arrays only for "
                f"{', '.join(sorted(MPI_CUDA_OPS))} on non-overlapping buffers, with a ReduceOp and an "
                f"MPI-reducible dtype where the op reduces; {op} here is not such a call). For a faster path "
                f"use init_process_group(backend='cpu:mpi,cuda:nccl').")
     else:
-        why = (f"the group's backend has no NCCL and MPI is not CUDA-aware: {source}). For a faster path use "
+        why = (f"the group's backend has no NCCL and MPI is not CUDA-aware: {cuda.source}). For a faster path use "
                f"init_process_group(backend='cpu:mpi,cuda:nccl'), or a CUDA-aware MPI (set "
                f"MPIDIST_CUDA_AWARE=1 if yours is one and detection missed it).")
     warnings.warn("mpidist: device arrays are staged through host memory (" + why, UserWarning, stacklevel=5)
@@ -235,11 +236,11 @@ class _Staged:
 
 
 def call(fn: Callable[..., Any], op: str, args: dict, rt: DeviceRuntime, make_p2p: Callable[..., Any],
-         source: str, aware: bool = False) -> Any:
+         cuda: Detection) -> Any:
     """Run the host op ``fn`` on host copies of the device arrays of ``args``; copy the
     written ones back at once (sync) or when the returned Work completes (async).
-    ``source`` and ``aware``: the CUDA-awareness decision, for the warning (:func:`warn_once`)."""
-    warn_once(source, op, aware)
+    ``cuda``: the CUDA-awareness decision, for the warning (:func:`warn_once`)."""
+    warn_once(cuda, op)
     staged = _Staged(rt)
     try:
         host_args = A.replace(op, args, staged.convert, make_p2p)
