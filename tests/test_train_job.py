@@ -84,7 +84,9 @@ def test_bad_flags_fail_fast(tmp_path):
 
 RESUME_N = 3
 STEPS = 30  # steps per epoch at RESUME_N ranks: ceil(ceil(1437 / 3) / 16)
-EPOCHS = 20  # the stop is asked for after epoch 3: leave the signal time to arrive
+# The stop is asked for after epoch 3, as soon as mpiexec passes the line on: 57 epochs (about
+# 2 s here) of margin for that, since the job ignores the signal once training is over.
+EPOCHS = 60
 
 
 def start_job(n: int, *args: str) -> subprocess.Popen:
@@ -99,8 +101,9 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, sig
 
     The ranks (found by ``out_dir`` on their command line) get SIGSTOP first and SIGCONT
     once at least one of them has ``signum`` pending: so the signal reaches them
-    mid-training however fast the job runs (20 epochs can take 1 s) and however long
-    mpiexec takes to pass it on, instead of racing the job's end."""
+    mid-training however long mpiexec takes to pass it on, instead of racing the job's end
+    (20 epochs can take 0.6 s). They must still be training when the epoch line has come
+    through mpiexec (EPOCHS leaves the margin); if not, this fails saying so."""
     lines = []
     try:
         for line in job.stdout:
@@ -117,9 +120,11 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, sig
                     while not all(stopped(pid) for pid in pids):
                         assert time.monotonic() < deadline, f"ranks {pids} did not stop in 30 s"
                         time.sleep(0.005)
+                    assert all(signal_in(pid, signum, "SigCgt") for pid in pids), \
+                        f"the ranks ended training before epoch {epoch} was read from mpiexec"
                     kill(job)
                     deadline = time.monotonic() + 30
-                    while not any(signal_pending(pid, signum) for pid in pids):
+                    while not any(signal_in(pid, signum, "SigPnd", "ShdPnd") for pid in pids):
                         assert time.monotonic() < deadline, f"signal {signum} did not reach ranks {pids} in 30 s"
                         time.sleep(0.01)
                 finally:
@@ -144,14 +149,15 @@ def stopped(pid: int) -> bool:
     return bool(states) and all(state == "T" for state in states)
 
 
-def signal_pending(pid: int, signum: int) -> bool:
-    """True if process ``pid`` has signal ``signum`` pending (/proc/PID/status)."""
+def signal_in(pid: int, signum: int, *masks: str) -> bool:
+    """True if process ``pid`` has signal ``signum`` in one of ``masks`` of /proc/PID/status
+    (SigCgt: caught; SigIgn: ignored; SigPnd, ShdPnd: pending)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    masks = [line.split()[1] for line in status.splitlines() if line.startswith(("ShdPnd:", "SigPnd:"))]
-    return any(int(m, 16) >> (signum - 1) & 1 for m in masks)
+    values = [line.split()[1] for line in status.splitlines() if line.split(":")[0] in masks]
+    return any(int(m, 16) >> (signum - 1) & 1 for m in values)
 
 
 def rank_pids(out_dir: Path) -> list[int]:

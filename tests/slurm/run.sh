@@ -8,10 +8,11 @@
 #   1. jobs/train_digits.sbatch (srun --mpi=pmi2, 4 tasks): "mpidist: 4 ranks" (not 4 singletons),
 #      final test accuracy >= 0.95 in metrics.json;
 #   2. jobs/train_digits.sbatch again (srun, then MPIDIST_LAUNCHER=mpiexec: hydra inside the
-#      allocation), interrupted after epoch 3 by the time-limit warning (`--signal=B:USR1@..`,
-#      sent here with `scancel --batch --signal=USR1` while the ranks are paused, so that it reaches
-#      them mid-training however fast the job runs): the ranks checkpoint, the job requeues
-#      itself, resumes with --resume and must end bitwise equal to job 1;
+#      allocation), interrupted by the time-limit warning (`--signal=B:USR1@..`, sent here with
+#      `scancel --batch --signal=USR1` while the ranks are paused, as soon as every rank has its
+#      stop handler installed, so that it reaches them before training ends however fast the job
+#      runs): the ranks checkpoint, the job requeues itself, resumes with --resume and must end
+#      bitwise equal to job 1;
 #   3. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun).
 # The daemons (and any job left) are always stopped by their PIDs on exit; the temporary
 # directory is removed after a pass and kept (with every log) after a failure.
@@ -241,12 +242,9 @@ run_training() {
     return 0
 }
 
-# 80 epochs (the default is 30): the stop signal below is sent after epoch 3 (to ranks paused
-# until they have it, see pause_and_signal), and the run must have epochs left to stop in.
-train_args=(--epochs 80)
-run_training train-srun 0.95 "${train_args[@]}"
+run_training train-srun 0.95
 
-# The time-limit warning (#SBATCH --signal=B:USR1@90) sent by hand after epoch 3: the ranks
+# The time-limit warning (#SBATCH --signal=B:USR1@90) sent by hand while the ranks train: they
 # checkpoint, the job requeues itself and resumes; it must end bitwise equal to job train-srun.
 wait_for_state() {  # JOB: poll until it has finished; prints "STATE RESTARTS"
     local job="$1" i info state held=-1 moved=""
@@ -286,38 +284,48 @@ all_stopped() {  # PID...
     done
 }
 
-# True when every PID has SIGUSR1 (10: bit 9 of the masks in /proc/PID/status) pending.
-usr1_pending() {  # PID...
-    local pid mask
+# True when every PID has signal SIG (a number) set in one of the masks named of its
+# /proc/PID/status: SigCgt (a handler is installed), SigIgn (ignored), ShdPnd/SigPnd (pending).
+signal_in() {  # SIG "MASK..." PID...
+    local bit=$(( $1 - 1 )) masks="$2" pid mask m any
+    shift 2
     for pid in "$@"; do
-        mask="$(awk '$1 == "ShdPnd:" || $1 == "SigPnd:" {print $2}' "/proc/$pid/status" 2>/dev/null)" || return 1
+        mask="$(awk -v want=" $masks " '{k = $1; sub(/:$/, "", k)} index(want, " " k " ") {print $2}' "/proc/$pid/status" 2>/dev/null)" || return 1
         [[ -n "$mask" ]] || return 1
-        local any=0 m
-        for m in $mask; do (( (16#$m >> 9) & 1 )) && any=1; done
+        any=0
+        for m in $mask; do (( (16#$m >> bit) & 1 )) && any=1; done
         (( any )) || return 1
     done
 }
 
 # The time-limit warning must reach the ranks while they train, however fast this machine runs
-# the job (80 epochs can take 2 s) and however slowly Slurm passes the signal on: the ranks are
-# paused (SIGSTOP) after epoch 3, the batch shell gets USR1 and passes it on, and the ranks go on
-# (SIGCONT) once every one of them has it pending, so they stop at the next step boundary.
+# the job (30 epochs can take 1 s) and however late Slurm writes the log (a trigger on the log's
+# "epoch 3" line once came after training had ended) or passes the signal on. So the trigger is
+# in the ranks themselves: their stop handlers. MPICH catches SIGUSR1 from MPI_Init on, so the
+# sign is a caught SIGTERM (the job installs its SIGUSR1 handler and then its SIGTERM handler
+# first thing in main, and sets both to ignored once training is over). Then the ranks are
+# paused (SIGSTOP), the batch shell gets USR1 and passes it on, and the ranks go on (SIGCONT)
+# once every one of them has it pending: they stop after their first training step.
 pause_and_signal() {  # JOB OUT: prints nothing; returns 1 with a reason on stderr
     local job="$1" out="$2" pids=() i rc=0
-    for (( i = 0; i < 20; i++ )); do
+    for (( i = 0; i < 20 * job_timeout; i++ )); do
         mapfile -t pids < <(rank_pids "$out")
-        (( ${#pids[@]} == 4 )) && break
-        sleep 0.1
+        (( ${#pids[@]} == 4 )) && signal_in 15 SigCgt "${pids[@]}" && break
+        (( i % 40 == 39 )) && [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] && break  # it ended
+        sleep 0.05
     done
     (( ${#pids[@]} == 4 )) || { echo "found ${#pids[@]} rank processes, not 4 (pids: ${pids[*]})" >&2; return 1; }
+    signal_in 15 SigCgt "${pids[@]}" || { echo "ranks ${pids[*]} never all had their stop handlers installed" >&2; return 1; }
     kill -STOP "${pids[@]}" || { echo "could not pause ranks ${pids[*]}" >&2; kill -CONT "${pids[@]}" 2>/dev/null; return 1; }
     # SIGSTOP takes effect asynchronously: wait until every rank is stopped (state T), or a
     # signal landing first could be taken by a thread still running, and never show as pending.
     for (( i = 0; i < 600; i++ )); do all_stopped "${pids[@]}" && break; sleep 0.05; done
     all_stopped "${pids[@]}" || { echo "ranks ${pids[*]} did not stop in 30 s" >&2; kill -CONT "${pids[@]}" 2>/dev/null; return 1; }
-    if scancel --batch --signal=USR1 "$job"; then
-        for (( i = 0; i < 120; i++ )); do usr1_pending "${pids[@]}" && break; sleep 0.5; done
-        usr1_pending "${pids[@]}" || { echo "SIGUSR1 did not reach every rank in 60 s" >&2; rc=1; }
+    if ! signal_in 15 SigCgt "${pids[@]}"; then  # a rank got past training (it ignores them now)
+        echo "the ranks had ended training before they were paused" >&2; rc=1
+    elif scancel --batch --signal=USR1 "$job"; then
+        for (( i = 0; i < 120; i++ )); do signal_in 10 "ShdPnd SigPnd" "${pids[@]}" && break; sleep 0.5; done
+        signal_in 10 "ShdPnd SigPnd" "${pids[@]}" || { echo "SIGUSR1 did not reach every rank in 60 s" >&2; rc=1; }
     else
         echo "scancel --batch --signal=USR1 $job failed" >&2; rc=1
     fi
@@ -326,19 +334,12 @@ pause_and_signal() {  # JOB OUT: prints nothing; returns 1 with a reason on stde
 }
 
 run_requeue() {  # NAME: with the launcher from MPIDIST_LAUNCHER
-    local name="$1" out="$tmp/out/$1" log="$tmp/jobs/$1.out" job i signalled="" why="" result stopped
-    say "job $name (${MPIDIST_LAUNCHER:-srun}): USR1 to the batch shell after epoch 3, requeue, resume"
-    job="$(OUT="$out" sbatch --parsable --output="$log" jobs/train_digits.sbatch "${train_args[@]}")"
+    local name="$1" out="$tmp/out/$1" log="$tmp/jobs/$1.out" job signalled="" why="" result stopped
+    say "job $name (${MPIDIST_LAUNCHER:-srun}): USR1 to the batch shell while the ranks train, requeue, resume"
+    job="$(OUT="$out" sbatch --parsable --output="$log" jobs/train_digits.sbatch)"
     job="${job%%;*}"
-    for (( i = 0; i < 10 * job_timeout; i++ )); do
-        if grep -q "^epoch   3/" "$log" 2>/dev/null; then
-            why="$(pause_and_signal "$job" "$out" 2>&1)" && signalled=1
-            break
-        fi
-        (( i % 20 == 19 )) && [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] && break  # it ended
-        sleep 0.1
-    done
-    [[ -n "$signalled" ]] || { fail "job $name: no stop signal sent after epoch 3: ${why:-it ended or timed out first}"; show_log "$name"; return 0; }
+    why="$(pause_and_signal "$job" "$out" 2>&1)" && signalled=1
+    [[ -n "$signalled" ]] || { fail "job $name: no stop signal sent while the ranks trained: $why"; show_log "$name"; return 0; }
     result="$(wait_for_state "$job")"
     if [[ "$result" != "COMPLETED 1" ]]; then
         fail "job $name: state/restarts '$result' (want 'COMPLETED 1')"; show_log "$name"; return 0
