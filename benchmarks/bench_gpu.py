@@ -110,6 +110,7 @@ class DevicePath:
     def __init__(self, name: str, backend: str, env: dict) -> None:
         self.name, self.backend, self.env = name, backend, env
         self.note = ""
+        self.saved: dict = {}  # the caller's values of the keys of env, put back by stop()
         self.all_reduce: Optional[Callable[[Any], Any]] = None
         self.all_gather: Optional[Callable[[Any, Any], Any]] = None
 
@@ -135,7 +136,7 @@ class DevicePath:
     def stop(self, dist: Any) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-        for key, value in getattr(self, "saved", {}).items():  # the caller's values come back
+        for key, value in self.saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:

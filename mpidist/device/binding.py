@@ -105,8 +105,9 @@ def bind(device_id: Any, local_rank: int, where: str = "init_process_group:") ->
         index = choose_device(device_id, os.environ, local_rank, count, where)
         import cupy  # noqa: PLC0415
 
-        cupy.cuda.Device(index).use()
-        _bound, hooks = index, [cupy.cuda.Device(index).use]
+        device = cupy.cuda.Device(index)
+        device.use()
+        _bound, hooks = index, [device.use]
     work.THREAD_START[:] = hooks  # engine threads (async ops) make the same device current when they start
     return _bound
 
