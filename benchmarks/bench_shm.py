@@ -46,7 +46,7 @@ from mpi4py import MPI  # noqa: E402
 import mpidist  # noqa: E402
 from mpidist.algorithms import ShmAllReduce, ring_all_reduce  # noqa: E402
 from mpidist.algorithms.shm import DEFAULT_SLOT_BYTES  # noqa: E402
-from mpidist.reduce_op import ReduceOp  # noqa: E402
+from mpidist._reduce_op import ReduceOp  # noqa: E402
 
 COLLECTIVES = ("raw", "shm", "ring")
 LABELS = {"raw": "raw mpi4py Allreduce", "shm": "ShmAllReduce (mpidist.algorithms.shm)",

@@ -21,7 +21,7 @@ from mpidist.collectives import all_reduce, barrier, broadcast, monitored_barrie
 from mpidist.device.detect import cuda_aware_mpi
 from mpidist.errors import DistBackendError, DistError
 from mpidist.gather_scatter import *  # noqa: F403  (exactly gather_scatter.__all__)
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.groups import (
     GroupMember,
     get_global_rank,
@@ -33,7 +33,7 @@ from mpidist.groups import (
 )
 from mpidist.objects import *  # noqa: F403  (exactly objects.__all__)
 from mpidist.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from mpidist.reduce_op import ReduceOp
+from mpidist._reduce_op import ReduceOp, reduce_op
 from mpidist.reductions import *  # noqa: F403  (exactly reductions.__all__)
 from mpidist.work import Work
 
@@ -46,5 +46,5 @@ __all__ = [
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
     "is_initialized", "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group",
     "new_subgroups",
-    "recv", "send",
+    "recv", "reduce_op", "send",
 ] + gather_scatter.__all__ + objects.__all__ + reductions.__all__

@@ -28,7 +28,7 @@ __all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "value_k
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
 # (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
 # non-native byte order) travel as opaque byte runs and are reduced by mpidist itself
-# (the ring, or a user-defined MPI op: reduce_op.to_mpi_op).
+# (the ring, or a user-defined MPI op: _reduce_op.to_mpi_op).
 _NUMERIC_KINDS = "biufc"
 _PREDEFINED = {
     ("b", 1): MPI.C_BOOL,

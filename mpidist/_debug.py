@@ -74,7 +74,7 @@ def _redop_code(redop: Any) -> int:
 
 
 def _redop_name(code: int) -> str:
-    from mpidist.reduce_op import ReduceOp  # noqa: PLC0415
+    from mpidist._reduce_op import ReduceOp  # noqa: PLC0415
 
     if code == 100:
         return "PREMUL_SUM"

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from mpidist import _debug, _recorder as R, _runtime, work
 from mpidist.errors import DistError, from_mpi, prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
 __all__ = ["launch", "member", "group_root", "p2p_call"]

@@ -36,7 +36,7 @@ from mpi4py import MPI
 from mpidist import _debug, _recorder as R, work
 from mpidist.device import binding, detect
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 
 __all__ = [
     "Backend", "RuntimeState", "init_process_group", "destroy_process_group", "is_initialized",

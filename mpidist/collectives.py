@@ -26,8 +26,8 @@ from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, shm_applicable
 from mpidist.device.route import device_call, takes
 from mpidist.errors import DistError, from_mpi, prefix
-from mpidist.group import ProcessGroup
-from mpidist.reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
 from mpidist.work import Work
 
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]

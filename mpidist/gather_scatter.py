@@ -38,7 +38,7 @@ from mpidist._buffers import host_array, mpi_datatype, same_dtype
 from mpidist._dispatch import _guarded, group_root, launch, member
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.work import Work
 
 __all__ = [

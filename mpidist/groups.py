@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpidist import _runtime
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 
 __all__ = ["GroupMember", "group", "new_group", "new_subgroups", "get_group_rank", "get_global_rank",
            "get_process_group_ranks"]

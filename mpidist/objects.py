@@ -34,7 +34,7 @@ from mpi4py.util import pkl5
 
 from mpidist._dispatch import group_root, launch, member, p2p_call
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
 from mpidist.p2p import peer_rank
 

@@ -21,7 +21,7 @@ from mpidist._recorder import begin_p2p
 from mpidist._tags import USER_TAG_MAX
 from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
 from mpidist.errors import DistBackendError, from_mpi, prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.work import RequestWork, Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]

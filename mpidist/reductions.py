@@ -7,7 +7,7 @@ return None, ``async_op=True`` a :class:`~mpidist.Work`.
 
 Dtypes: MPI's predefined reductions where MPI has the datatype (the fast path); for
 float16, bfloat16 (ml_dtypes) and non-native byte order, a cached user-defined MPI op
-over an opaque byte datatype applies the numpy ufunc (see :mod:`mpidist.reduce_op`).
+over an opaque byte datatype applies the numpy ufunc (see :mod:`mpidist._reduce_op`).
 AVG is a SUM followed by one division by the number of contributions on the ranks
 that receive the result. ``make_premul_sum(factor)`` (PREMUL_SUM) multiplies each
 input by ``factor`` on its own rank, then sums.
@@ -24,8 +24,8 @@ from mpidist._dispatch import group_root, launch, member
 from mpidist.collectives import Op, all_reduce_body
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
-from mpidist.reduce_op import ReduceOp, check_op_dtype, local_reduce, make_premul_sum, scaled, to_mpi_op
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce, make_premul_sum, scaled, to_mpi_op
 from mpidist.work import Work
 
 __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_multigpu", "reduce_multigpu",

@@ -50,7 +50,7 @@ from mpidist.nn import CrossEntropyLoss, Linear, Module, ReLU, Sequential
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel
 from mpidist.parallel.comm_hooks import PowerSGDState, allreduce_hook, fp16_compress_hook, powerSGD_hook
-from mpidist.reduce_op import ReduceOp
+from mpidist._reduce_op import ReduceOp
 
 pytestmark = pytest.mark.mpi
 

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from mpidist import ReduceOp, make_premul_sum
 from mpidist._buffers import mpi_reducible
-from mpidist.reduce_op import to_mpi_op
+from mpidist._reduce_op import to_mpi_op
 
 pytestmark = pytest.mark.mpi
 

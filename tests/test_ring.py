@@ -13,11 +13,11 @@ import pytest
 from mpi4py import MPI
 
 from mpidist.algorithms import ring_all_reduce, ring_chunk_bounds
-from mpidist.reduce_op import ReduceOp, to_mpi_op
+from mpidist._reduce_op import ReduceOp, to_mpi_op
 
 DTYPES = ["float32", "float64", "int32", "int64", "uint8", "bool"]
 OPS = [op for op in ReduceOp if op is not ReduceOp.PREMUL_SUM]
-# element-wise references, written out independently of mpidist.reduce_op
+# element-wise references, written out independently of mpidist._reduce_op
 REF = {
     ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
     ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,

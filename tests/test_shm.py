@@ -17,7 +17,7 @@ from mpidist import _runtime
 from mpidist._buffers import mpi_reducible
 from mpidist.algorithms import ShmAllReduce, shm_all_reduce, shm_applicable, shm_release
 from mpidist.algorithms import shm as shm_module
-from mpidist.reduce_op import ReduceOp, make_premul_sum, to_mpi_op
+from mpidist._reduce_op import ReduceOp, make_premul_sum, to_mpi_op
 
 try:
     import ml_dtypes
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.mpi
 DTYPES = ["float32", "float64", "float16", "complex64", "int8", "int32", "int64", "uint8", "uint64", "bool",
           ">f8"] + (["bfloat16"] if ml_dtypes is not None else [])
 OPS = [op for op in ReduceOp if op is not ReduceOp.PREMUL_SUM]
-# element-wise references, written out independently of mpidist.reduce_op
+# element-wise references, written out independently of mpidist._reduce_op
 REF = {
     ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
     ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from mpidist._array import array_module, is_device_array
 from mpidist._buffers import mpi_datatype
 from mpidist.device import detect
-from mpidist.reduce_op import ReduceOp, check_op_dtype, local_reduce
+from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce
 
 __all__ = ["ring_all_reduce", "ring_chunk_bounds"]
 

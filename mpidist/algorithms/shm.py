@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 from mpidist._buffers import host_array
 from mpidist.errors import prefix
-from mpidist.reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
+from mpidist._reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
 
 __all__ = ["ShmAllReduce", "shm_all_reduce", "shm_applicable", "shm_release", "DEFAULT_SLOT_BYTES"]
 

@@ -28,8 +28,8 @@ from mpidist._array import is_device_array
 from mpidist._buffers import value_kind
 from mpidist.device import _nccl_shim
 from mpidist.errors import DistBackendError, prefix
-from mpidist.group import ProcessGroup
-from mpidist.reduce_op import PremulSum, ReduceOp, check_op_dtype
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype
 
 __all__ = ["Dev", "device_array", "Plan", "reduction", "mover", "NcclComm", "NcclGroupState", "state",
            "overlaps", "nccl_failure", "AVG_MIN_VERSION"]

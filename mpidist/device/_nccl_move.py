@@ -14,7 +14,7 @@ from mpidist.device._nccl_util import (
 from mpidist.device._nccl_work import NcclWork
 from mpidist.errors import prefix
 from mpidist.gather_scatter import _splits
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 
 __all__ = ["all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single"]
 

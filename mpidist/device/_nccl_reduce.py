@@ -15,8 +15,8 @@ from mpidist.device._nccl_util import (
 )
 from mpidist.device._nccl_work import NcclWork, collective_rec, launch
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
-from mpidist.reduce_op import ReduceOp
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp
 
 __all__ = ["all_reduce", "broadcast", "reduce", "barrier", "reduce_scatter", "reduce_scatter_tensor"]
 

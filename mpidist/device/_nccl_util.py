@@ -11,8 +11,8 @@ from mpidist._buffers import same_dtype
 from mpidist.device._nccl_core import Dev, NcclComm, Plan, device_array, mover, overlaps, state
 from mpidist.device._nccl_work import NcclWork, collective_rec, launch
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
-from mpidist.reduce_op import _premul_factor
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import _premul_factor
 
 __all__ = ["version", "arrays", "same_shape", "given", "new_buffer", "copy_of", "scale", "divide", "scaled_input",
            "Group", "collective", "back_to_back", "copy", "p2p_group_body", "rows"]

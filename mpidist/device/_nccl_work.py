@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 from mpidist import _recorder as R
 from mpidist.device._nccl_core import Dev, NcclComm, nccl_failure
 from mpidist.errors import DistError, prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.work import _CREATE_LOCK, Work, _seconds, _settle, _timed_out
 
 __all__ = ["NcclWork", "REAPER", "host_wait_for", "launch", "collective_rec"]

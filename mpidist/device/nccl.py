@@ -47,9 +47,9 @@ from mpidist.device._nccl_reduce import all_reduce, barrier, broadcast, reduce, 
 from mpidist.device._nccl_util import p2p_group_body
 from mpidist.device._nccl_work import NcclWork, launch
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.p2p import P2POp, _check_tag, peer_rank
-from mpidist.reduce_op import ReduceOp
+from mpidist._reduce_op import ReduceOp
 
 __all__ = ["run", "NcclWork", "OPS"]
 

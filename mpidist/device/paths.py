@@ -50,7 +50,7 @@ def mpi_cuda_ok(op: str, dtype: Optional[np.dtype], redop: Any, algorithm: Any, 
     of the call share memory (in-place forms are staged).
     """
     from mpidist._buffers import mpi_reducible  # noqa: PLC0415
-    from mpidist.reduce_op import ReduceOp  # noqa: PLC0415
+    from mpidist._reduce_op import ReduceOp  # noqa: PLC0415
 
     if op not in MPI_CUDA_OPS or overlap:
         return False

@@ -44,9 +44,9 @@ from mpidist._array import array_module
 from mpidist._dispatch import member
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.nn._util import like, on_device
-from mpidist.reduce_op import ReduceOp
+from mpidist._reduce_op import ReduceOp
 
 __all__ = ["GradBucket", "then", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "PowerSGDState", "powerSGD_hook", "default_hooks", "powerSGD"]

@@ -23,11 +23,11 @@ from mpidist import _runtime
 from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
 from mpidist.errors import prefix
 from mpidist.gather_scatter import all_gather_into_tensor
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.nn._util import device_of
 from mpidist.parallel.reducer import DEFAULT_FIRST_BUCKET_BYTES, Reducer
 from mpidist.parallel.timeline import Timeline, timeline_from_env
-from mpidist.reduce_op import ReduceOp
+from mpidist._reduce_op import ReduceOp
 
 __all__ = ["DistributedDataParallel"]
 

@@ -26,11 +26,11 @@ from mpidist._array import array_module
 from mpidist._buffers import mpi_reducible
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
-from mpidist.group import ProcessGroup
+from mpidist._group import ProcessGroup
 from mpidist.nn._util import like, on_device
 from mpidist.parallel.comm_hooks import GradBucket
 from mpidist.parallel.timeline import Timeline
-from mpidist.reduce_op import ReduceOp
+from mpidist._reduce_op import ReduceOp
 
 __all__ = ["Reducer", "assign_buckets", "DEFAULT_FIRST_BUCKET_BYTES"]
 

@@ -25,7 +25,7 @@ from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential  # noqa: E402
 from mpidist.optim import SGD  # noqa: E402
 from mpidist.parallel import DistributedDataParallel  # noqa: E402
 from mpidist.parallel.comm_hooks import PowerSGDState, fp16_compress_hook, powerSGD_hook  # noqa: E402
-from mpidist.reduce_op import ReduceOp  # noqa: E402
+from mpidist._reduce_op import ReduceOp  # noqa: E402
 
 
 def _device_count() -> int:

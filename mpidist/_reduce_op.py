@@ -27,7 +27,7 @@ from mpidist._array import array_module
 from mpidist._buffers import dtype_of, mpi_reducible, value_kind
 
 __all__ = ["ReduceOp", "PremulSum", "make_premul_sum", "to_mpi_op", "local_reduce", "check_op_dtype",
-           "scaled"]
+           "scaled", "reduce_op"]
 
 
 class ReduceOp(enum.Enum):
@@ -49,6 +49,33 @@ class ReduceOp(enum.Enum):
 
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
+
+
+class _DeprecatedReduceOp:
+    """``reduce_op``: torch.distributed's deprecated alias of :class:`ReduceOp`.
+
+    ``reduce_op.SUM is ReduceOp.SUM``; every attribute read warns (FutureWarning), as
+    torch's ``torch.distributed.reduce_op`` does. Use :class:`ReduceOp`.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        import warnings  # noqa: PLC0415  (only on the deprecated path)
+
+        warnings.warn("`mpidist.reduce_op` is deprecated, please use `mpidist.ReduceOp` instead "
+                      "(as torch.distributed.reduce_op)", FutureWarning, stacklevel=2)
+        if name == "__members__":
+            return ReduceOp.__members__
+        try:
+            return ReduceOp[name]
+        except KeyError:
+            raise AttributeError(f"reduce_op has no member {name!r}; members: {list(ReduceOp.__members__)}") from None
+
+    def __repr__(self) -> str:
+        return "<mpidist.reduce_op: deprecated alias of mpidist.ReduceOp>"
+
+
+#: torch's deprecated alias of :class:`ReduceOp` (warns on use).
+reduce_op = _DeprecatedReduceOp()
 
 
 _MPI_OPS = {
