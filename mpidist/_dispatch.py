@@ -59,12 +59,20 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     With MPIDIST_ABORT_ON_TIMEOUT=0 a sync op runs on the engine thread and the caller
     waits at most the timeout (then DistError), since a stuck MPI call cannot be
     interrupted on the caller's own thread.
+
+    An op issued on the thread running the group's ops (from a done-callback of one of
+    them: torch's PowerSGD hook issues and waits on all-reduces there) runs at once on
+    that thread, sync or async (then its Work is complete): queued, it would wait behind
+    the callback that waits for it. It runs before the ops queued behind the op whose
+    callback issued it, on every rank alike. No caller can give up on it, so past its
+    timeout the watchdog aborts the job even with MPIDIST_ABORT_ON_TIMEOUT=0.
     """
     eng = group.engine
     if eng.broken is not None:
         raise DistError(f"{prefix(op)} group {group.group_name!r} is unusable: {eng.broken}")
-    eager = async_op and (group.size() == 1 or not _runtime.state().thread_multiple)
-    queued = (async_op and not eager) or not work.ABORT_ON_TIMEOUT or not eng.runs_inline()
+    nested = eng.on_runner()
+    eager = async_op and (nested or group.size() == 1 or not _runtime.state().thread_multiple)
+    queued = not nested and ((async_op and not eager) or not work.ABORT_ON_TIMEOUT or not eng.runs_inline())
     rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
     if limit is not None:
         rec[R.LIMIT] = limit
@@ -72,7 +80,13 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     run = _guarded(group, op, fn, rec, check)
     if async_op and not eager:
         return FutureWork(op, prefix(op), eng.submit(run, *args), outputs, rec)
-    if work.ABORT_ON_TIMEOUT or not _runtime.state().thread_multiple:
+    if nested and not work.ABORT_ON_TIMEOUT:
+        R.unbounded.add(id(rec))
+        try:
+            run(*args)
+        finally:
+            R.unbounded.discard(id(rec))
+    elif work.ABORT_ON_TIMEOUT or not _runtime.state().thread_multiple:
         eng.run_sync(run, *args, rec=rec)
     else:
         bounded_result(eng.submit(run, *args), rec)

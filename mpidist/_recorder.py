@@ -37,7 +37,7 @@ from typing import Any, Optional
 __all__ = [
     "SEQ", "OP", "GROUP", "SHAPES", "DTYPE", "ROOT", "T_ISSUE", "T_START", "T_END", "STATE", "LIMIT", "INFO",
     "SCHEDULED", "STARTED", "COMPLETED", "FAILED", "TIMED_OUT", "P2P_OPS",
-    "begin", "begin_p2p", "end", "fail", "watched", "configure", "snapshot", "dump", "trace_dir", "group_key",
+    "begin", "begin_p2p", "end", "fail", "watched", "unbounded", "configure", "snapshot", "dump", "trace_dir", "group_key",
     "describe",
 ]
 
@@ -56,6 +56,10 @@ timeout: float = 1800.0
 #: Entries a thread is blocked on outside any group engine (blocking p2p, Work.wait on a
 #: request), by id; the watchdog checks them as it checks each engine's current op.
 watched: dict = {}
+#: Ids of entries running on a thread no caller can give up on (an op issued from a
+#: callback, run on its group's runner thread): past the timeout the watchdog aborts the
+#: job even with MPIDIST_ABORT_ON_TIMEOUT=0, since there is no waiter to raise in.
+unbounded: set = set()
 _dir: Optional[str] = None
 _dump_lock = threading.RLock()  # a SIGTERM handler may dump while its thread is dumping
 

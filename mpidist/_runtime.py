@@ -601,6 +601,11 @@ class _Watchdog:
             _say(f"mpidist.errors.DistError: {text}\naborting the job (set MPIDIST_ABORT_ON_TIMEOUT=0 to raise "
                  f"the DistError in the caller instead)")
             abort_job(1)
+        if id(rec) in R.unbounded:
+            _say(f"mpidist.errors.DistError: {text}\naborting the job although MPIDIST_ABORT_ON_TIMEOUT=0: the "
+                 f"op was issued from a callback and runs on its group's engine thread, where no caller "
+                 f"can be given the error")
+            abort_job(1)
         if not p2p:
             g.engine.broken = f"{op} #{seq} timed out; destroy the group (or exit)"
         rec[R.INFO] = text  # the waiting caller raises DistError(text) once it is set

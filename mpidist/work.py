@@ -398,9 +398,11 @@ class FutureWork(Work):
 
     ``get_future()`` is a second future, completed with the list of output arrays (or
     the op's error) on the group's engine thread right after the op ran, so its
-    callbacks run there, in op order. A callback may issue ops on the same group (they
-    run at once, in order), but must not ``wait()`` on a later op of that group: the
-    engine thread that would run it is busy running the callback.
+    callbacks run there, in op order. A callback may issue ops on the same group, sync
+    or async, and wait on them (torch's PowerSGD hook does): an op issued on the thread
+    running the group's ops runs there at once, before the ops queued behind the one
+    whose callback issued it (``_dispatch.launch``), so every rank runs them in the
+    same order, and its Work is already complete.
     """
 
     def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (),
@@ -582,6 +584,12 @@ class Engine:
         the thread running the group's queued ops) and no debug or no-abort mode needs
         every op to go through ``_dispatch.launch``."""
         return self.inline and (self.pending == 0 or threading.current_thread() is self._runner)
+
+    def on_runner(self) -> bool:
+        """True on the thread running one of the group's queued ops now: the engine thread, or
+        a waiter running queued ops itself. A future's done-callbacks run there, so an op
+        issued from a callback is issued on the runner (and must run there, at once)."""
+        return threading.current_thread() is self._runner
 
     def runs_inline(self) -> bool:
         """True when :meth:`run_sync` would run its op inline: nothing is queued, or this

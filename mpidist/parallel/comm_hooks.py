@@ -12,8 +12,8 @@ torch returns ``torch.futures.Future[Tensor]``; here a ``concurrent.futures.Futu
 (``result()`` instead of ``wait()``/``value()``, ``add_done_callback`` instead of
 ``then``; :func:`then` gives torch's chaining). A future's callbacks may run on the
 process group's engine thread (see :class:`mpidist.work.FutureWork`): a callback may
-run *synchronous* collectives on that group, which run at once, in order, but must not
-``wait()`` on an async op issued inside it.
+issue collectives on that group, sync or async, and wait on them; they run at once, in
+the same order on every rank.
 
 Built-in hooks, as ``torch.distributed.algorithms.ddp_comm_hooks``:
 

@@ -1,0 +1,99 @@
+"""Ops issued from a Work future's callback (issue 14, item 7).
+
+A future's callbacks run on the thread running the group's ops; torch's PowerSGD hook
+issues an all-reduce there and waits on it. Such an op runs at once on that thread,
+sync or async, in both timeout modes (with MPIDIST_ABORT_ON_TIMEOUT=0 every sync op is
+otherwise queued on the engine, which is the thread that would wait for it: a
+deadlock before the fix). Past its timeout such an op aborts the job in every mode.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import launcher_free_env
+from mpidist import work
+from mpidist.parallel.comm_hooks import PowerSGDState, powerSGD_hook, then
+from test_comm_hooks import grads_after_step, same_on_every_rank
+
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+
+
+@pytest.fixture(params=["abort", "no-abort"])
+def timeout_mode(request, monkeypatch):
+    """Both MPIDIST_ABORT_ON_TIMEOUT modes, as init_process_group sets them (work's flags)."""
+    abort = request.param == "abort"
+    monkeypatch.setattr(work, "ABORT_ON_TIMEOUT", abort)
+    monkeypatch.setattr(work.Engine, "inline", abort)
+    return request.param
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_callback_issues_and_waits_on_ops_of_its_own_group(dist, world, timeout_mode):
+    rank, size = world
+    x = np.full(4, rank + 1.0)
+    seen = []
+
+    def callback(done: concurrent.futures.Future) -> float:
+        y = np.full(3, float(rank))
+        dist.all_reduce(y)                          # sync, on the engine thread
+        z = np.ones(2)
+        w = dist.all_reduce(z, async_op=True)       # async, then waited on: PowerSGD's pattern
+        assert w.is_completed()
+        w.wait()
+        seen.append((y.copy(), z.copy()))
+        return float(done.result()[0][0])
+
+    first = dist.all_reduce(x, async_op=True)
+    later = dist.broadcast(np.arange(3.0) if rank == 0 else np.zeros(3), 0, async_op=True)  # queued behind
+    chained = then(first.get_future(), callback)
+    assert chained.result(timeout=60) == size * (size + 1) / 2
+    later.wait()
+    y, z = seen[0]
+    assert np.array_equal(y, np.full(3, size * (size - 1) / 2)) and np.array_equal(z, np.full(2, float(size)))
+    after = np.ones(1)
+    dist.all_reduce(after)  # the group is in step on every rank afterwards
+    assert after[0] == size
+
+
+@pytest.mark.mpi(min_size=2)
+def test_powersgd_compressed_steps_run_in_both_timeout_modes(dist, world, timeout_mode):
+    state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    for step in range(4):  # two plain steps, then compressed ones
+        grads = grads_after_step(powerSGD_hook, state, step=step)
+    assert state.iter == 4
+    assert same_on_every_rank(grads)
+
+
+NESTED_STUCK = """
+import numpy as np, mpidist
+from mpidist.parallel.comm_hooks import then
+mpidist.init_process_group()
+x = np.ones(4)
+if mpidist.get_rank() == 0:
+    w = mpidist.all_reduce(x, async_op=True)
+    then(w.get_future(), lambda f: mpidist.all_reduce(np.ones(2))).result()
+else:
+    mpidist.all_reduce(x)
+    import time; time.sleep(60)  # never joins the callback's all_reduce
+"""
+
+
+def test_a_stuck_op_issued_from_a_callback_aborts_even_without_abort_on_timeout(tmp_path):
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED_STUCK)
+    t0 = time.monotonic()
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, env=launcher_free_env(MPIDIST_TIMEOUT="1", MPIDIST_ABORT_ON_TIMEOUT="0",
+                                                           MPIDIST_TRACE_DIR=str(tmp_path / "trace")))
+    assert out.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1 s on group 'default_pg' "
+            "(ranks [0, 1]) at sequence number 1") in out.stderr, out.stderr
+    assert "aborting the job although MPIDIST_ABORT_ON_TIMEOUT=0: the op was issued from a callback" in out.stderr
