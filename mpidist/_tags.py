@@ -5,6 +5,9 @@ Above them mpidist reserves, so its own messages never match a user's:
 
 * ``MONITORED_BARRIER_TAGS`` tags just below MPI_TAG_UB for monitored_barrier (call k
   of a group uses ``TAG_UB - 1 - k % MONITORED_BARRIER_TAGS``);
+* ``CREATE_GROUP_TAG = TAG_UB - 1 - MONITORED_BARRIER_TAGS``, below them, for the
+  members-only creation of a group's communicator (``MPI_Comm_create_group`` on the
+  default group's communicator, whose tag Open MPI sends point-to-point there);
 * ``OBJECT_TAG = MPI_TAG_UB`` for send_object_list / recv_object_list.
 
 MPI guarantees MPI_TAG_UB >= 32767, so users always keep at least 28,671 tags.
@@ -13,12 +16,14 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-__all__ = ["TAG_UB", "OBJECT_TAG", "MONITORED_BARRIER_TAGS", "USER_TAG_MAX", "monitored_barrier_tag"]
+__all__ = ["TAG_UB", "OBJECT_TAG", "MONITORED_BARRIER_TAGS", "CREATE_GROUP_TAG", "USER_TAG_MAX",
+           "monitored_barrier_tag"]
 
 TAG_UB: int = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
 OBJECT_TAG: int = TAG_UB
-MONITORED_BARRIER_TAGS: int = 4096
-USER_TAG_MAX: int = TAG_UB - 1 - MONITORED_BARRIER_TAGS
+MONITORED_BARRIER_TAGS: int = 4095
+CREATE_GROUP_TAG: int = TAG_UB - 1 - MONITORED_BARRIER_TAGS
+USER_TAG_MAX: int = CREATE_GROUP_TAG - 1
 
 
 def monitored_barrier_tag(call_index: int) -> int:

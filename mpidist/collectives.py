@@ -452,7 +452,7 @@ def monitored_barrier(group: Optional[ProcessGroup] = None,
 
     Ranks are global ranks. Nothing is left hanging after a failure: messages that could
     not complete stay posted and are drained by later calls, each of which uses its own
-    tag (MPI_TAG_UB - 4096 .. MPI_TAG_UB - 1 are reserved for this on the group's
+    tag (MPI_TAG_UB - 4095 .. MPI_TAG_UB - 1 are reserved for this on the group's
     communicator; do not use them with send/recv on the same group).
 
     Raises:

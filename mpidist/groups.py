@@ -16,6 +16,7 @@ from mpi4py import MPI
 from mpidist import _runtime
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
+from mpidist._tags import CREATE_GROUP_TAG
 
 __all__ = ["GroupMember", "group", "new_group", "new_subgroups", "get_group_rank", "get_global_rank",
            "get_process_group_ranks"]
@@ -72,14 +73,20 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
               use_local_synchronization: bool = False, group_desc: Optional[str] = None) -> ProcessGroup:
     """Create a group of the given global ranks on a new MPI communicator.
 
-    Collective over ALL ranks of the default group, which must call it in the same
-    order with the same ``ranks``. ``ranks=None`` means every rank. Members get a
-    :class:`ProcessGroup` whose group rank i is the i-th smallest of ``ranks``;
-    others get ``GroupMember.NON_GROUP_MEMBER``. ``timeout``, ``pg_options``,
-    ``use_local_synchronization`` and ``group_desc`` are accepted for torch
-    compatibility; ``use_local_synchronization=True`` is not supported (MPI group
-    creation is collective over the parent). ``backend``: as init_process_group's
-    (``"mpi"``, ``"nccl"``, ``"cpu:mpi,cuda:nccl"``); None inherits the default group's.
+    Collective over ALL ranks of the default group (``MPI_Comm_create``), which must call
+    it in the same order with the same ``ranks``. ``ranks=None`` means every rank.
+    Members get a :class:`ProcessGroup` whose group rank i is the i-th smallest of
+    ``ranks``; others get ``GroupMember.NON_GROUP_MEMBER``.
+
+    ``use_local_synchronization=True`` (torch's meaning): only the members need to call
+    it, in the same order as each other; the communicator is made by a members-only
+    ``MPI_Comm_create_group``. A non-member that calls it gets NON_GROUP_MEMBER at once,
+    without communicating. (torch's process-group plugins are created this way: torch
+    calls the creator on members only.)
+
+    ``timeout``, ``pg_options`` and ``group_desc`` are accepted for torch compatibility
+    (``group_desc`` names the group). ``backend``: as init_process_group's (``"mpi"``,
+    ``"nccl"``, ``"cpu:mpi,cuda:nccl"``); None inherits the default group's.
 
     Raises:
         TypeError / ValueError: ranks not ints, out of range, repeated or empty; an
@@ -88,17 +95,18 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     op = "new_group"
     st = _runtime.state()
     backend = _check_backend(backend, op) or st.backend
-    if use_local_synchronization:
-        raise ValueError(f"{prefix(op)} use_local_synchronization=True is not supported: creating an "
-                         f"MPI communicator is collective over all ranks")
     members = list(range(st.world_size)) if ranks is None else _check_ranks(ranks, st.world_size, op)
     world = st.world
     name = group_desc or f"group{len(st.groups) + 1}:{members}"
+    local = bool(use_local_synchronization)
+    if local and st.rank not in members:
+        return GroupMember.NON_GROUP_MEMBER  # the members make it among themselves
 
     def create() -> Optional[MPI.Comm]:
         mpi_group = world.comm.Get_group().Incl(members)
         try:
-            comm = world.comm.Create(mpi_group)
+            comm = (world.comm.Create_group(mpi_group, CREATE_GROUP_TAG) if local
+                    else world.comm.Create(mpi_group))
         finally:
             mpi_group.Free()
         return None if comm == MPI.COMM_NULL else comm

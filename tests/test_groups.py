@@ -117,3 +117,24 @@ def test_translation_errors(dist):
         dist.get_global_rank(dist.group.WORLD, size)
     with pytest.raises(ValueError, match=r"NON_GROUP_MEMBER"):
         dist.get_process_group_ranks(dist.GroupMember.NON_GROUP_MEMBER)
+
+
+def test_members_only_creation_with_use_local_synchronization(dist, world):
+    """torch's use_local_synchronization=True: only the members call new_group (here the
+    non-members do something else meanwhile), and the group works as any other."""
+    rank, size = world
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    mine = evens if rank % 2 == 0 else odds
+    # members of each parity make their group among themselves, in their own order
+    g = dist.new_group(mine, use_local_synchronization=True, group_desc=f"local{rank % 2}")
+    assert g is not dist.GroupMember.NON_GROUP_MEMBER
+    assert dist.get_rank(g) == mine.index(rank) and dist.get_world_size(g) == len(mine)
+    assert dist.get_process_group_ranks(g) == mine and g.group_name == f"local{rank % 2}"
+    x = np.full(3, float(rank))
+    dist.all_reduce(x, group=g)
+    np.testing.assert_array_equal(x, np.full(3, float(sum(mine))))
+    other = odds if rank % 2 == 0 else evens
+    if other:  # a non-member that calls it gets NON_GROUP_MEMBER without communicating
+        assert dist.new_group(other, use_local_synchronization=True) is dist.GroupMember.NON_GROUP_MEMBER
+    dist.destroy_process_group(g)
+    dist.barrier()
