@@ -401,8 +401,11 @@ class FutureWork(Work):
     callbacks run there, in op order. A callback may issue ops on the same group, sync
     or async, and wait on them (torch's PowerSGD hook does): an op issued on the thread
     running the group's ops runs there at once, before the ops queued behind the one
-    whose callback issued it (``_dispatch.launch``), so every rank runs them in the
-    same order, and its Work is already complete.
+    whose callback issued it (``_dispatch.launch``), and its Work is already complete.
+    A callback attached after the op completed runs at once on the attaching thread
+    instead, so its ops come where the attach is in the program. Either way every rank
+    issues them in the same order provided nothing is issued on the group between the
+    op and attaching its callbacks (attach right after issuing, as torch's hooks do).
     """
 
     def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (),

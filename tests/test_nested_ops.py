@@ -51,8 +51,8 @@ def test_a_callback_issues_and_waits_on_ops_of_its_own_group(dist, world, timeou
         return float(done.result()[0][0])
 
     first = dist.all_reduce(x, async_op=True)
+    chained = then(first.get_future(), callback)  # attached at once, as torch's hooks do
     later = dist.broadcast(np.arange(3.0) if rank == 0 else np.zeros(3), 0, async_op=True)  # queued behind
-    chained = then(first.get_future(), callback)
     assert chained.result(timeout=60) == size * (size + 1) / 2
     later.wait()
     y, z = seen[0]
