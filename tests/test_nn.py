@@ -1,10 +1,13 @@
-"""mpidist.nn: gradients vs finite differences, loss values, hooks, state dicts, devices."""
+"""mpidist.nn: gradients vs finite differences, loss values, hooks, state dicts, devices,
+manual_seed, Dropout, LogSoftmax, NLLLoss, MSELoss and torch's ``.data`` habit."""
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
-from mpidist.nn import CrossEntropyLoss, Linear, Module, Parameter, ReLU, Sequential
+from mpidist.nn import (CrossEntropyLoss, Dropout, Linear, LogSoftmax, Module, MSELoss, NLLLoss, Parameter, ReLU,
+                        Sequential, consume_prefix_in_state_dict_if_present, initial_seed, manual_seed)
 
 
 def numeric_grad(f, arr, eps=1e-6):
@@ -307,3 +310,177 @@ def test_cuda_without_cupy_is_a_clear_error(monkeypatch):
         model.to("cuda:0")
     assert all(type(p.data) is np.ndarray for p in model.parameters())
     assert [p.data.tobytes() for p in model.parameters()] == [p.tobytes() for p in params]
+
+
+# -- manual_seed (torch.manual_seed) ---------------------------------------------------
+def test_manual_seed_makes_initialization_and_dropout_masks_reproducible():
+    def draw():
+        model = Sequential(Linear(4, 5), ReLU(), Dropout(0.5), Linear(5, 2))
+        x = np.ones((3, 4), dtype=np.float32)
+        return [p.data.copy() for p in model.parameters()] + [model[2](x[:, :1].repeat(5, axis=1))]
+
+    assert isinstance(manual_seed(1234), np.random.Generator) and initial_seed() == 1234
+    first = draw()
+    manual_seed(1234)
+    again = draw()
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    manual_seed(1235)
+    assert not np.array_equal(draw()[0], first[0])
+    manual_seed(-1)  # torch takes negative seeds modulo 2**64
+    assert initial_seed() == 2**64 - 1
+
+
+def test_explicit_rng_is_independent_of_the_default_generator():
+    manual_seed(7)
+    Linear(3, 3)                    # consumes the default generator
+    a = Linear(3, 3, rng=5)         # its own generator: the same whatever came before
+    manual_seed(8)
+    b = Linear(3, 3, rng=5)
+    np.testing.assert_array_equal(a.weight.data, b.weight.data)
+    manual_seed(9)
+    d = Dropout(0.5, rng=np.random.default_rng(3))
+    mask_a = d(np.ones((4, 4)))
+    manual_seed(10)
+    mask_b = Dropout(0.5, rng=np.random.default_rng(3))(np.ones((4, 4)))
+    np.testing.assert_array_equal(mask_a, mask_b)
+
+
+def test_manual_seed_and_rng_errors():
+    with pytest.raises(TypeError, match=r"manual_seed: seed must be an int, got float"):
+        manual_seed(1.5)
+    with pytest.raises(ValueError, match=r"manual_seed: seed must be in \[-9223372036854775808, "):
+        manual_seed(2**64)
+    with pytest.raises(TypeError, match=r"Linear: rng must be a numpy.random.Generator, a seed or None, got str"):
+        Linear(2, 2, rng="x")
+
+
+# -- Dropout ------------------------------------------------------------------------------
+def test_dropout_scales_kept_elements_and_backward_uses_the_same_mask():
+    d = Dropout(0.25, rng=0)
+    x = np.random.default_rng(1).normal(size=(200, 50)).astype(np.float32)
+    y = d(x)
+    kept = y != 0
+    assert y.dtype == np.float32 and 0.70 < kept.mean() < 0.80
+    np.testing.assert_array_equal(y[kept], x[kept] * (np.float32(1) / np.float32(0.75)))
+    g = np.ones_like(x)
+    np.testing.assert_array_equal(d.backward(g), np.where(kept, np.float32(1) / np.float32(0.75), 0))
+    d.eval()
+    assert d(x) is x and d.backward(g) is g          # eval: the identity
+    d.train()
+    assert Dropout(0.0)(x) is x
+    np.testing.assert_array_equal(Dropout(1.0, rng=0)(x), 0)
+    inplace = x.copy()
+    out = Dropout(0.5, inplace=True, rng=0)(inplace)
+    assert out is inplace and np.array_equal(out, Dropout(0.5, rng=0)(x))
+
+
+def test_dropout_errors():
+    with pytest.raises(ValueError, match=r"dropout probability has to be between 0 and 1, but got 1.5"):
+        Dropout(1.5)
+    with pytest.raises(TypeError, match=r"Dropout: inplace must be a bool, got int"):
+        Dropout(0.5, 1)
+    with pytest.raises(RuntimeError, match=r"Dropout.backward: called before forward"):
+        Dropout().backward(np.ones(3))
+    d = Dropout()
+    d(np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"grad_output must have shape \(2, 3\), got \(3,\)"):
+        d.backward(np.ones(3))
+    with pytest.raises(TypeError, match=r"x must have a floating dtype, got int64"):
+        d(np.ones(3, dtype=np.int64))
+
+
+# -- LogSoftmax, NLLLoss, MSELoss --------------------------------------------------------------
+def test_log_softmax_values_gradient_and_implicit_dim():
+    x = np.random.default_rng(3).normal(size=(4, 5)) * 10
+    ls = LogSoftmax(dim=1)
+    out = ls(x)
+    np.testing.assert_allclose(out, x - np.log(np.exp(x).sum(axis=1, keepdims=True)), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.exp(out).sum(axis=1), 1, rtol=1e-12)
+    w = np.random.default_rng(4).normal(size=(4, 5))
+    loss = lambda: float((LogSoftmax(dim=1)(x) * w).sum())  # noqa: E731
+    ls(x)
+    np.testing.assert_allclose(ls.backward(w), numeric_grad(loss, x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(LogSoftmax(dim=0)(x), x - np.log(np.exp(x).sum(axis=0)), rtol=1e-12, atol=1e-12)
+    assert np.isfinite(LogSoftmax(1)(np.array([[1e4, 0.0]]))).all()
+    with pytest.warns(UserWarning, match=r"Implicit dimension choice for log_softmax has been deprecated.*dim=1"):
+        np.testing.assert_array_equal(LogSoftmax()(x), out)
+    with pytest.raises(ValueError, match=r"dim must be in \[-2, 1\] for a 2-D input, got 2"):
+        LogSoftmax(2)(x)
+
+
+def test_nll_loss_of_log_softmax_equals_cross_entropy():
+    rng = np.random.default_rng(5)
+    logits, t = rng.normal(size=(6, 4)), rng.integers(0, 4, size=6)
+    for reduction in ("mean", "sum"):
+        ls, nll, ce = LogSoftmax(dim=1), NLLLoss(reduction=reduction), CrossEntropyLoss(reduction)
+        loss = nll(ls(logits), t)
+        np.testing.assert_allclose(loss, ce(logits, t), rtol=1e-12)
+        np.testing.assert_allclose(ls.backward(nll.backward(2.0)), ce.backward(2.0), rtol=1e-12, atol=1e-15)
+    assert isinstance(loss, float) and loss.item() == float(loss)  # torch's loss.item()
+
+
+def test_nll_loss_weight_ignore_index_and_errors():
+    logp = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]]))
+    t = np.array([0, -100, 2])
+    crit = NLLLoss(weight=np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(crit(logp, t), -(np.log(0.5) + 3 * np.log(0.6)) / 4, rtol=1e-12)
+    g = crit.backward()
+    np.testing.assert_allclose(g, [[-0.25, 0, 0], [0, 0, 0], [0, 0, -0.75]], rtol=1e-12)
+    assert np.isnan(NLLLoss()(logp, np.full(3, -100)))            # nothing counted: nan, as torch
+    with pytest.raises(ValueError, match=r"targets must be in \[0, 3\), got min 0, max 3"):
+        NLLLoss()(logp, np.array([0, 3, 1]))
+    with pytest.raises(ValueError, match=r"weight must have shape \(3,\) for 3 classes"):
+        NLLLoss(weight=np.ones(2))(logp, t)
+    with pytest.raises(TypeError, match=r"ignore_index must be an int, got float"):
+        NLLLoss(ignore_index=1.0)
+
+
+def test_mse_loss_value_gradient_and_errors():
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(5, 3))
+    for reduction, div in (("mean", 15), ("sum", 1)):
+        crit = MSELoss(reduction)
+        loss = crit(x, y)
+        diff = x - y.astype(np.float32)
+        np.testing.assert_allclose(loss, float((diff.astype(np.float64) ** 2).sum()) / div, rtol=1e-6)
+        g = crit.backward(3.0)
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, 2 * diff * 3.0 / div, rtol=1e-6)
+    assert loss.item() == float(loss)
+    with pytest.raises(ValueError, match=r"MSELoss: target must have the input's shape \(5, 3\), got \(5,\)"):
+        MSELoss()(x, y[:, 0])
+    with pytest.raises(ValueError, match=r"reduction must be 'mean' or 'sum', got 'none'"):
+        MSELoss("none")
+    with pytest.raises(RuntimeError, match=r"MSELoss.backward: called before forward"):
+        MSELoss().backward()
+
+
+# -- torch's .data habit, state-dict prefixes ----------------------------------------------------
+def test_grad_data_is_the_grad_itself_as_torch_tensor_data():
+    lin = Linear(3, 2, rng=0, dtype=np.float64)
+    lin(np.ones((4, 3)))
+    lin.backward(np.ones((4, 2)))
+    g = lin.weight.grad
+    assert g.data is g and isinstance(g, np.ndarray)
+    before = g.copy()
+    lin.weight.grad.data /= 4          # the tutorial's average_gradients: in place
+    np.testing.assert_array_equal(lin.weight.grad, before / 4)
+    assert lin.weight.grad is g
+    lin.weight.grad.data = np.zeros((2, 3))   # assigning .data copies into the grad
+    assert lin.weight.grad is g and not g.any()
+    lin.bias.grad = np.arange(2.0)            # a plain array: viewed, not copied
+    assert lin.bias.grad.data is lin.bias.grad and lin.bias.grad.tolist() == [0.0, 1.0]
+
+
+def test_consume_prefix_in_state_dict_if_present():
+    state = {"module.0.weight": 1, "module.0.bias": 2, "other": 3}
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    assert state == {"0.weight": 1, "0.bias": 2, "other": 3}
+    consume_prefix_in_state_dict_if_present(state, "module.")   # nothing left to strip
+    assert set(state) == {"0.weight", "0.bias", "other"}
+    with pytest.raises(TypeError, match=r"state_dict must be a mutable mapping"):
+        consume_prefix_in_state_dict_if_present([("a", 1)], "module.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        consume_prefix_in_state_dict_if_present({}, "module.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,11 +19,12 @@ from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import write_idx
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
-JOB = [sys.executable, "-m", "mpidist", "-m", "mpidist.examples.train_digits", "--no-progress"]
+JOB_DEFAULTS = [sys.executable, "-m", "mpidist", "-m", "mpidist.examples.train_digits"]
+JOB = [*JOB_DEFAULTS, "--no-progress"]
 
 
-def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([MPIEXEC, "-n", str(n), *JOB, *args], capture_output=True, text=True,
+def run_job(n: int, *args: str, timeout: float = 300, job: list = JOB) -> subprocess.CompletedProcess:
+    return subprocess.run([MPIEXEC, "-n", str(n), *job, *args], capture_output=True, text=True,
                           timeout=timeout, env=launcher_free_env(OMP_NUM_THREADS="1"))
 
 
@@ -69,6 +71,56 @@ def test_mnist_idx_job(tmp_path):
     history = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert history[-1]["test_accuracy"] >= 0.9, history[-1]
     assert load_checkpoint(tmp_path / "out" / "checkpoint.npz")["model.0.weight"].shape == (128, 784)
+
+
+# --- output through pipes (a batch job's log): no progress bar mixed into the epoch lines ---
+
+def test_piped_output_gets_epoch_lines_and_no_progress_bar(tmp_path):
+    """mpiexec passes the ranks' output through pipes, as a batch job's log: by default the
+    job shows no bar there (the bar used to go to stderr while the epoch lines went to stdout,
+    so a merged log had "...step/s]epoch   1/2" lines)."""
+    out = run_job(2, "--out", str(tmp_path), "--epochs", "2", job=JOB_DEFAULTS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "\r" not in out.stdout + out.stderr and "step/s" not in out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert [line[:11] for line in lines if "samples/s" in line] == ["epoch   1/2", "epoch   2/2"]
+
+
+def test_a_forced_progress_bar_shares_stdout_with_the_epoch_lines(tmp_path):
+    """--progress shows the bar on stdout, the epoch lines' stream, and writes the epoch
+    lines through it: each starts on a line of its own (after the bar is cleared with
+    carriage returns), never after the bar's text."""
+    out = run_job(2, "--out", str(tmp_path), "--epochs", "2", "--progress", job=JOB_DEFAULTS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "step/s" in out.stdout and "step/s" not in out.stderr
+    segments = [seg for seg in re.split(r"[\r\n]", out.stdout) if "samples/s" in seg]
+    assert [seg[:11] for seg in segments] == ["epoch   1/2", "epoch   2/2"], segments
+    out = subprocess.run([*JOB, "--progress"], capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    assert out.returncode == 2 and "--progress: not allowed with argument --no-progress" in out.stderr
+
+
+# --- divergence: every rank stops at the first non-finite loss, with a clear message ---
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss_on_every_rank(tmp_path):
+    """--lr 1e4 drives the loss to inf/NaN within a few steps. The ranks agree on it in the
+    per-step stop all_reduce, stop after the same step, write metrics.json and training.png of
+    what ran and no checkpoint, and the job fails with "loss is not finite at epoch E step S"
+    (it used to train on in NaN and end with "checkpoint ... does not match this rank's state")."""
+    out = run_job(2, "--out", str(tmp_path), "--lr", "1e4", "--epochs", "3", timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    found = re.search(r"train_digits: loss is not finite at epoch (\d+) step (\d+) \(--lr 10000.0: try a smaller "
+                      r"one\); stopped every rank there", out.stderr)
+    assert found, out.stdout + out.stderr
+    assert "does not match" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    assert "RuntimeWarning" not in out.stderr
+    epoch, step = int(found.group(1)), int(found.group(2))
+    history = json.loads((tmp_path / "metrics.json").read_text())   # valid JSON: no NaN
+    last = history[-1]
+    assert (last["epoch"], last["step"], last["world_size"]) == (epoch, step, 2)
+    assert last["diverged"] == f"loss is not finite at epoch {epoch} step {step}"
+    assert last["rank0_step_losses"][-1][0] == step and len(history) == epoch
+    assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "checkpoint.npz").exists()
 
 
 def test_bad_flags_fail_fast(tmp_path):

@@ -4,9 +4,20 @@ Run under MPI, for example ``mpiexec -n 4 python -m mpidist.examples.train_digit
 By default it trains on scikit-learn's digits (1,797 8x8 images, shipped with
 scikit-learn); ``--data DIR`` reads the four standard MNIST IDX files instead. Each
 rank trains on its DistributedSampler shard with a per-rank batch; gradients are
-averaged by DistributedDataParallel. Rank 0 shows progress and writes, under
+averaged by DistributedDataParallel. Rank 0 prints a line per epoch and writes, under
 ``--out``: ``checkpoint.npz`` (atomic, no pickle; every rank loads it back and checks
-it), ``metrics.json`` and ``training.png`` (loss and test accuracy per epoch).
+it), ``metrics.json`` and ``training.png`` (loss and test accuracy per epoch). A progress
+bar is shown when rank 0's stdout is a terminal (a plain ``python -m`` run), or with
+``--progress``; never in a log (under ``mpiexec`` the ranks' output is a pipe), where it would
+interleave with the epoch lines. When shown it writes to stdout, the epoch lines' stream,
+and the epoch lines go through it (``tqdm.write``), so the two never mix.
+
+The ranks check after each step, in the same all_reduce as the stop flag below, whether
+any rank's loss is not finite (a diverging run, e.g. ``--lr 1e4``): then every rank stops
+after that step, rank 0 reports "loss is not finite at epoch E step S", writes
+``metrics.json`` and ``training.png`` of what ran (the last record marks the divergence),
+leaves the checkpoint alone (a non-finite model is not worth resuming; an earlier
+checkpoint stays as it was) and the job exits with code 1.
 
 SIGTERM or SIGUSR1 (a Slurm time limit, preemption, ``scancel --signal=TERM``,
 ``kill`` on mpiexec) makes every rank stop at the same step boundary: the ranks agree
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -64,7 +76,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--resume", nargs="?", const=_AUTO, default=None, metavar="CKPT",
                    help="continue from checkpoint CKPT (without CKPT: OUT/checkpoint.npz, or start afresh "
                         "if there is none, as a requeued job wants)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true",
+                     help="show a progress bar even when stdout is not a terminal (e.g. mpiexec in a terminal)")
+    bar.add_argument("--no-progress", action="store_true",
+                     help="no progress bar (the default when stdout is not a terminal, as in a batch job's log)")
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size", "hidden"):
         if getattr(args, name) < 1:
@@ -75,11 +91,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGUSR1 on any rank; :meth:`agreed` makes all ranks see it at the same step."""
+    """Set by SIGTERM/SIGUSR1 on any rank; :meth:`agreed` makes all ranks see it at the same step,
+    together with whether any rank's loss was not finite."""
 
     def __init__(self) -> None:
         self.signum = 0
-        self._buf = np.zeros(1, dtype=np.int32)
+        self._buf = np.zeros(2, dtype=np.int32)   # [signal number, a loss was not finite]
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -99,11 +116,22 @@ class StopFlag:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
-    def agreed(self) -> bool:
-        """Collective: True on every rank once any rank got a stop signal (1-element all_reduce MAX)."""
+    def agreed(self, loss_finite: bool = True) -> bool:
+        """Collective: True on every rank once any rank got a stop signal or a non-finite loss.
+
+        One 2-element int32 all_reduce(MAX) per step, the same single collective as for the
+        stop signal alone: telling every rank about a local non-finite loss costs no extra
+        message (a separate finite-flag all_reduce would add one small collective per step).
+        """
         self._buf[0] = self.signum
+        self._buf[1] = not loss_finite
         mpidist.all_reduce(self._buf, op=ReduceOp.MAX)
-        return bool(self._buf[0])
+        return bool(self._buf.any())
+
+    @property
+    def diverged(self) -> bool:
+        """After :meth:`agreed`: some rank's loss was not finite in the step just agreed on."""
+        return bool(self._buf[1])
 
     @property
     def name(self) -> str:
@@ -127,20 +155,37 @@ def evaluate(model: Sequential, x: np.ndarray, y: np.ndarray, rank: int, world: 
 
 
 def save_plot(path: Path, history: list[dict]) -> None:
+    """Loss and test accuracy per completed epoch; a divergence record (see :func:`divergence_record`)
+    is drawn as a red line where training stopped."""
     import matplotlib  # noqa: PLC0415  (rank 0 only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    epochs = [h["epoch"] for h in history]
+    done = [h for h in history if "diverged" not in h]
+    epochs = [h["epoch"] for h in done]
     fig, ax1 = plt.subplots(figsize=(7, 4))
-    ax1.plot(epochs, [h["loss"] for h in history], "o-", color="tab:blue", label="train loss")
+    ax1.plot(epochs, [h["loss"] for h in done], "o-", color="tab:blue", label="train loss")
     ax1.set_xlabel("epoch")
     ax1.set_ylabel("train loss", color="tab:blue")
     ax2 = ax1.twinx()
-    ax2.plot(epochs, [h["test_accuracy"] for h in history], "s-", color="tab:green", label="test accuracy")
+    ax2.plot(epochs, [h["test_accuracy"] for h in done], "s-", color="tab:green", label="test accuracy")
     ax2.set_ylabel("test accuracy", color="tab:green")
     ax2.set_ylim(0, 1)
+    for h in history:
+        if "diverged" in h:
+            where = h["epoch"] - 1 + h["step"] / h["steps_per_epoch"]
+            finite = [(h["epoch"] - 1 + s / h["steps_per_epoch"], loss) for s, loss in h["rank0_step_losses"]
+                      if loss is not None]
+            if finite:
+                ax1.plot(*zip(*finite), ".", color="tab:blue", label="rank 0's step losses")
+                values = [loss for _, loss in finite] + [d["loss"] for d in done]
+                if max(values) > 100 * max(min(values), 1e-12):
+                    ax1.set_yscale("log")   # a blow-up spans many decades
+            ax1.axvline(where, color="tab:red")
+            ax1.text(where, 0.5, f" {h['diverged']}", color="tab:red", rotation=90, va="center",
+                     transform=ax1.get_xaxis_transform())
+            ax1.set_xlim(0, max(epochs + [where]) + 0.5)
     fig.suptitle(f"mpidist DDP on {history[0]['dataset']}, {history[0]['world_size']} ranks")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -169,16 +214,25 @@ def training_state(model: Sequential, optimizer: SGD, epoch: int, step: int, tot
     return state
 
 
+def _same_bits(a: np.ndarray, b: Any) -> bool:
+    """Bitwise equality (a NaN equals the same NaN, 0.0 differs from -0.0): the checkpoint must
+    hold exactly this rank's state."""
+    b = np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
 def save_training_state(path: Path, state: dict[str, np.ndarray], rank: int, world: int) -> None:
     """Collective: rank 0 writes ``path`` (atomically); every rank then reads it back and checks it
-    against its own state (all but the history, whose timings are rank 0's)."""
+    bitwise against its own state (all but the history, whose timings are rank 0's)."""
     if rank == 0:
         save_checkpoint(path, state)
     mpidist.barrier()
     loaded = load_checkpoint(path)
-    if set(loaded) != set(state) or any(not np.array_equal(loaded[k], np.asarray(v))
-                                        for k, v in state.items() if k != "history"):
-        raise RuntimeError(f"[rank {rank}/{world}] checkpoint {path} does not match this rank's state")
+    differ = sorted(set(loaded) ^ set(state)) or [k for k, v in state.items()
+                                                  if k != "history" and not _same_bits(loaded[k], v)]
+    if differ:
+        raise RuntimeError(f"[rank {rank}/{world}] checkpoint {path} does not match this rank's state: {differ} "
+                           f"differ (the model differs between ranks, or the file was changed)")
 
 
 def resume_path(args: argparse.Namespace) -> Optional[Path]:
@@ -218,17 +272,30 @@ def restore(path: Path, model: Sequential, optimizer: SGD, config: dict, world: 
     return epoch, step, mine, _from_json_bytes(ckpt["history"])
 
 
-def write_outputs(args: argparse.Namespace, state: dict[str, np.ndarray], history: list[dict],
+def write_outputs(args: argparse.Namespace, state: Optional[dict[str, np.ndarray]], history: list[dict],
                   rank: int, world: int) -> Path:
-    """Collective: checkpoint (checked on every rank); rank 0 also writes metrics.json and the plot."""
+    """Collective: checkpoint (checked on every rank; none if ``state`` is None); rank 0 also
+    writes metrics.json and the plot."""
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = args.out / "checkpoint.npz"
-    save_training_state(ckpt, state, rank, world)
+    if state is not None:
+        save_training_state(ckpt, state, rank, world)
     if rank == 0:
         (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
         if history:
             save_plot(args.out / "training.png", history)
+    mpidist.barrier()   # the outputs are complete when any rank goes on (or exits)
     return ckpt
+
+
+def divergence_record(epoch: int, step: int, steps: int, step_losses: list, dataset: str, world: int) -> dict:
+    """The metrics.json record of a run stopped by a non-finite loss in step ``step`` (1-based)
+    of epoch ``epoch + 1``: valid JSON (non-finite losses are null), recognisable by its
+    "diverged" message; ``step_losses``: this rank's (step, loss) in that epoch."""
+    return {"epoch": epoch + 1, "step": step, "steps_per_epoch": steps, "loss": None, "test_accuracy": None,
+            "diverged": f"loss is not finite at epoch {epoch + 1} step {step}",
+            "rank0_step_losses": [[s, loss if math.isfinite(loss) else None] for s, loss in step_losses],
+            "dataset": dataset, "world_size": world}
 
 
 def load_data(args: argparse.Namespace) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -240,11 +307,12 @@ def load_data(args: argparse.Namespace) -> tuple[str, np.ndarray, np.ndarray, np
 
 def train_steps(ddp: DistributedDataParallel, optimizer: SGD, criterion: CrossEntropyLoss, x: np.ndarray,
                 y: np.ndarray, order: np.ndarray, batch: int, step: int, steps: int, totals: np.ndarray,
-                stop: StopFlag, bar: Any) -> tuple[int, bool]:
-    """Run steps ``step..steps-1`` of an epoch, adding (loss * samples, samples) to ``totals``.
+                stop: StopFlag, bar: Any, losses: list) -> tuple[int, bool]:
+    """Run steps ``step..steps-1`` of an epoch, adding (loss * samples, samples) to ``totals`` and
+    (step number from 1, this rank's loss) to ``losses``.
 
     Returns (steps done, stopped): after each step every rank learns whether any rank got a
-    stop signal, so all of them stop after the same step.
+    stop signal or a non-finite loss (``stop.diverged``), so all of them stop after the same step.
     """
     while step < steps:
         idx = order[step * batch:(step + 1) * batch]
@@ -254,11 +322,22 @@ def train_steps(ddp: DistributedDataParallel, optimizer: SGD, criterion: CrossEn
         optimizer.step()
         totals += (loss * len(idx), len(idx))
         step += 1
+        losses.append((step, float(loss)))
         if bar is not None:
             bar.update()
-        if stop.agreed():
+        if stop.agreed(math.isfinite(loss)):
             return step, True
     return step, False
+
+
+def progress_bar(args: argparse.Namespace, total: int, initial: int) -> Any:
+    """Rank 0's tqdm bar on stdout, or None: shown with --progress, or when stdout is a terminal
+    and --no-progress is not given (a batch job's log, or mpiexec's pipes, get no bar)."""
+    if args.no_progress or not (args.progress or sys.stdout.isatty()):
+        return None
+    from tqdm import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, initial=initial, unit="step", file=sys.stdout, dynamic_ncols=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -294,20 +373,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{steps} steps/epoch of {args.batch_size} per rank, algorithm={args.algorithm}", flush=True)
         if source is not None:
             print(f"resumed from {source}: {epoch} epochs and {step}/{steps} steps done", flush=True)
-        if not args.no_progress:
-            from tqdm import tqdm  # noqa: PLC0415
-
-            bar = tqdm(total=steps * args.epochs, initial=min(steps * epoch + step, steps * args.epochs),
-                       unit="step", file=sys.stderr, dynamic_ncols=True)
+        bar = progress_bar(args, steps * args.epochs, min(steps * epoch + step, steps * args.epochs))
 
     stopped = False
     while epoch < args.epochs and not stopped:
         sampler.set_epoch(epoch)
         order = np.fromiter(sampler, dtype=np.int64)
-        resumed_samples, start = totals[1], time.perf_counter()
-        step, stopped = train_steps(ddp, optimizer, criterion, x_train, y_train, order, args.batch_size,
-                                    step, steps, totals, stop, bar)
-        if step < steps:  # stopped mid-epoch: the checkpoint keeps every rank's partial sums
+        resumed_samples, start, step_losses = totals[1], time.perf_counter(), []
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a diverging run: reported below
+            step, stopped = train_steps(ddp, optimizer, criterion, x_train, y_train, order, args.batch_size,
+                                        step, steps, totals, stop, bar, step_losses)
+        if step < steps or stop.diverged:  # stopped mid-epoch: the checkpoint keeps every rank's partial sums
             break
         summed = np.array([totals[0], totals[1], totals[1] - resumed_samples])  # the last: samples run now
         mpidist.all_reduce(summed)
@@ -324,6 +400,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bar.close()
     stop.ignore()  # the ranks agreed for the last time: a late signal must not kill a rank at exit
 
+    if stop.diverged:
+        return diverged(args, divergence_record(epoch, step, steps, step_losses, dataset, world), history, rank,
+                        world)
     every = np.zeros((world, 2))
     if step:
         mpidist.all_gather_into_tensor(every, totals)
@@ -338,6 +417,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{final}wrote {ckpt}, {args.out / 'metrics.json'}, {args.out / 'training.png'}", flush=True)
     mpidist.destroy_process_group()
     return 0
+
+
+def diverged(args: argparse.Namespace, record: dict, history: list[dict], rank: int, world: int) -> int:
+    """Collective end of a run whose loss went non-finite on some rank (``record``, see
+    :func:`divergence_record`): metrics.json and the plot of what ran, no checkpoint; exit code 1."""
+    history = history + [record]
+    write_outputs(args, None, history, rank, world)
+    if rank == 0:
+        print(f"train_digits: {record['diverged']} (--lr {args.lr}: try a smaller one); stopped every rank "
+              f"there. Wrote {args.out / 'metrics.json'} and {args.out / 'training.png'}; no checkpoint written "
+              f"(a non-finite model is not worth resuming).", file=sys.stderr, flush=True)
+    mpidist.destroy_process_group()
+    return 1
 
 
 if __name__ == "__main__":

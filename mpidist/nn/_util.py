@@ -16,9 +16,13 @@ from typing import Any, Callable, ContextManager, Optional, Tuple, Union
 import numpy as np
 
 from mpidist._array import array_module, is_device_array
+from mpidist.nn._data import DataArray
 
 __all__ = ["prefix", "check_array", "cupy_module", "parse_device", "device_of", "on_device", "move",
-           "to_host", "like", "check_device"]
+           "to_host", "like", "check_device", "HOST_TYPES"]
+
+#: Exact types of the host arrays the toolkit handles (for ``type(x) in HOST_TYPES`` fast paths).
+HOST_TYPES = (np.ndarray, DataArray)
 
 _CUDA = re.compile(r"cuda(?::(\d+))?")
 
@@ -96,7 +100,7 @@ def move(x: Any, kind: str, index: Optional[int], op: str) -> Any:
     cp = cupy_module(op)
     with cp.cuda.Device(index) if index is not None else contextlib.nullcontext():
         if xp is np:
-            return cp.asarray(x)
+            return cp.asarray(np.asarray(x))  # a plain ndarray: cupy may read a subclass's .data
         return x if x.device.id == cp.cuda.Device().id else x.copy()
 
 
@@ -121,7 +125,7 @@ def check_device(value: Any, ref: Any, what: str, owner: Union[str, Callable[[],
     """TypeError unless array ``value`` is on the device of ``ref``; ``owner`` (or ``owner()``,
     only called for the message) names ``ref``. Host arrays take a two-comparison fast path.
     """
-    if type(value) is np.ndarray and type(ref) is np.ndarray:
+    if type(value) in HOST_TYPES and type(ref) in HOST_TYPES:
         return
     got, want = device_of(value), device_of(ref)
     if got != want:

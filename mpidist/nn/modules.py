@@ -1,7 +1,7 @@
 """Module tree and layers with explicit backward (no autograd).
 
 Follows the ``torch.nn.Module`` / ``torch.nn.Linear`` / ``torch.nn.ReLU`` /
-``torch.nn.Sequential`` docs. ``forward`` caches what ``backward`` needs (one
+``torch.nn.Dropout`` / ``torch.nn.LogSoftmax`` / ``torch.nn.Sequential`` docs. ``forward`` caches what ``backward`` needs (one
 forward per module instance at a time); ``backward(grad_output)`` accumulates
 parameter gradients, fires each parameter's post-accumulate-grad hooks as its
 gradient becomes ready, and returns the gradient w.r.t. the forward input.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -20,13 +21,37 @@ import numpy as np
 
 from mpidist._array import array_module
 from mpidist.nn._util import check_array, check_device, cupy_module, like, move, on_device, parse_device, prefix
+from mpidist.nn._random import generator
 from mpidist.nn.parameter import Parameter
 
-__all__ = ["Module", "Linear", "ReLU", "Sequential"]
+__all__ = ["Module", "Linear", "ReLU", "Dropout", "LogSoftmax", "Sequential"]
 
 
 def _join(a: str, b: str) -> str:
     return f"{a}.{b}" if a else b
+
+
+def _check_grad_output(grad_output: Any, cached: Any, op: str) -> None:
+    """An elementwise layer's backward: forward ran (``cached``, an array of the input's
+    shape and device, is not None) and ``grad_output`` is an array of that shape and device.
+
+    Raises RuntimeError (no forward), TypeError (not an array, another device), ValueError (shape)."""
+    if cached is None:
+        raise RuntimeError(f"{prefix(op)} called before forward")
+    check_array(grad_output, "grad_output", op)
+    if tuple(grad_output.shape) != tuple(cached.shape):
+        raise ValueError(f"{prefix(op)} grad_output must have shape {tuple(cached.shape)}, "
+                         f"got {tuple(grad_output.shape)}")
+    check_device(grad_output, cached, "grad_output", "the forward input", op)
+
+
+def mismatched_keys(state: Any, own: Mapping, op: str) -> Tuple[List[str], List[str]]:
+    """``(missing, unexpected)`` keys of state dict ``state`` against ``own``'s.
+
+    Raises TypeError if ``state`` is not a mapping."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{prefix(op)} state must be a mapping of name -> array, got {type(state).__name__}")
+    return [k for k in own if k not in state], [k for k in state if k not in own]
 
 
 def _check_name(name: Any, op: str) -> None:
@@ -180,11 +205,8 @@ class Module:
             ValueError: ``strict`` and keys are missing or unexpected; or a shape differs.
         """
         op = f"{type(self).__name__}.load_state_dict"
-        if not isinstance(state, Mapping):
-            raise TypeError(f"{prefix(op)} state must be a mapping of name -> array, got {type(state).__name__}")
         own = self.state_dict()
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
+        missing, unexpected = mismatched_keys(state, own, op)
         if strict and (missing or unexpected):
             raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unexpected}")
         copies = []
@@ -296,7 +318,8 @@ class Linear(Module):
         in_features, out_features: positive ints.
         bias: learn an additive bias.
         dtype: floating dtype of the parameters (default float32); inputs must match it.
-        rng: ``numpy.random.Generator``, seed, or ``None`` (fresh entropy) for the init.
+        rng: ``numpy.random.Generator`` or seed for the init; ``None`` (default): the default
+            generator of :mod:`mpidist.nn` (:func:`mpidist.nn.manual_seed`, torch's habit).
         xp: array module (numpy or cupy) the parameters live in.
         device: torch's factory argument: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (see
             :meth:`Module.to`); overrides ``xp``. The initial values are drawn on the host
@@ -310,7 +333,7 @@ class Linear(Module):
 
     Raises:
         TypeError: non-int features, non-floating dtype, input dtype != parameter dtype,
-            input (or grad_output) on another device than the parameters.
+            input (or grad_output) on another device than the parameters; a bad ``rng``.
         ValueError: features < 1, input last dim != in_features, grad_output shape mismatch.
         RuntimeError: backward before forward.
     """
@@ -327,7 +350,7 @@ class Linear(Module):
         dt = np.dtype(dtype)
         if dt.kind != "f":
             raise TypeError(f"{prefix('Linear')} dtype must be a floating dtype, got {dt}")
-        gen = np.random.default_rng(rng)
+        gen = generator(rng, "Linear")
         bound = 1.0 / math.sqrt(in_features)
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.weight = Parameter(xp.asarray(gen.uniform(-bound, bound, (out_features, in_features)).astype(dt)))
@@ -394,15 +417,126 @@ class ReLU(Module):
         return array_module(x).maximum(x, 0)
 
     def backward(self, grad_output: Any) -> Any:
-        op = "ReLU.backward"
-        if self._mask is None:
-            raise RuntimeError(f"{prefix(op)} called before forward")
-        check_array(grad_output, "grad_output", op)
-        if tuple(grad_output.shape) != tuple(self._mask.shape):
-            raise ValueError(f"{prefix(op)} grad_output must have shape {tuple(self._mask.shape)}, "
-                             f"got {tuple(grad_output.shape)}")
-        check_device(grad_output, self._mask, "grad_output", "the forward input", op)
+        _check_grad_output(grad_output, self._mask, "ReLU.backward")
         return grad_output * self._mask
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training, scale the rest by ``1/(1-p)``
+    (torch.nn.Dropout); the identity in eval mode (``module.eval()``) or with ``p == 0``.
+
+    Args:
+        p: probability of an element being zeroed, in [0, 1] (``p == 1`` zeroes everything).
+        inplace: write the result into the input array (torch's ``inplace``).
+        rng: mpidist extension: a ``numpy.random.Generator`` or seed for the masks; ``None``
+            (default): the default generator of :mod:`mpidist.nn` at each forward, so
+            :func:`mpidist.nn.manual_seed` makes the masks reproducible, as ``torch.manual_seed``.
+
+    ``forward(x)``: any shape, floating dtype; the mask is drawn on the host (so a seed gives
+    the same mask on every device) as ``bernoulli(1 - p) / (1 - p)`` in ``x.dtype`` and
+    multiplied in. ``backward(g)`` returns ``g`` times the same mask.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1]; grad_output of another shape than the input.
+        TypeError: ``p`` not a real number, ``inplace`` not a bool, a bad ``rng``; a
+            non-floating input.
+        RuntimeError: backward before forward.
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False, *,
+                 rng: Union[np.random.Generator, int, None] = None) -> None:
+        super().__init__()
+        if not isinstance(p, numbers.Real) or isinstance(p, bool):
+            raise TypeError(f"{prefix('Dropout')} p must be a real number, got {type(p).__name__}")
+        if not 0 <= p <= 1:
+            raise ValueError(f"{prefix('Dropout')} dropout probability has to be between 0 and 1, but got {p}")
+        if not isinstance(inplace, bool):
+            raise TypeError(f"{prefix('Dropout')} inplace must be a bool, got {type(inplace).__name__}")
+        self.p, self.inplace = float(p), inplace
+        self._rng = None if rng is None else generator(rng, "Dropout")
+        self._scale: Optional[Any] = None   # the mask times 1/(1-p); None: identity
+        self._input: Optional[Any] = None   # the forward input (shape, device), by reference
+
+    def forward(self, x: Any) -> Any:
+        op = "Dropout.forward"
+        check_array(x, "x", op)
+        if x.dtype.kind != "f":
+            raise TypeError(f"{prefix(op)} x must have a floating dtype, got {x.dtype}")
+        self._input = x
+        if not self.training or self.p == 0:
+            self._scale = None
+            return x
+        gen = self._rng if self._rng is not None else generator(None, op)
+        keep = gen.random(x.shape) >= self.p
+        dt = x.dtype.type
+        scale = keep.astype(x.dtype) / dt(1 - self.p) if self.p < 1 else keep.astype(x.dtype)
+        self._scale = like(scale, x, op)
+        if self.inplace:
+            x *= self._scale
+            return x
+        return x * self._scale
+
+    def backward(self, grad_output: Any) -> Any:
+        _check_grad_output(grad_output, self._input, "Dropout.backward")
+        return grad_output if self._scale is None else grad_output * self._scale
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+def _softmax_dim(ndim: int) -> int:
+    """torch's implicit dimension for ``dim=None`` (``torch.nn.functional._get_softmax_dim``)."""
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+class LogSoftmax(Module):
+    """``log(softmax(x))`` along ``dim`` (torch.nn.LogSoftmax), computed as ``z - log(sum(exp(z)))``
+    with ``z = x - max(x)`` so large inputs stay finite.
+
+    ``dim=None`` picks torch's implicit dimension (0 for 0-, 1- and 3-D inputs, else 1) with
+    torch's deprecation UserWarning. ``backward(g)`` returns ``g - softmax(x) * sum(g, dim)``.
+
+    Raises:
+        TypeError: ``dim`` not an int or None; a non-floating input.
+        ValueError: ``dim`` out of range for the input; grad_output of another shape.
+        RuntimeError: backward before forward.
+    """
+
+    def __init__(self, dim: Optional[int] = None) -> None:
+        super().__init__()
+        if dim is not None and (not isinstance(dim, numbers.Integral) or isinstance(dim, bool)):
+            raise TypeError(f"{prefix('LogSoftmax')} dim must be an int or None, got {type(dim).__name__}")
+        self.dim = dim
+        self._out: Optional[Any] = None
+        self._axis = 0
+
+    def forward(self, x: Any) -> Any:
+        op = "LogSoftmax.forward"
+        check_array(x, "x", op)
+        if x.dtype.kind != "f":
+            raise TypeError(f"{prefix(op)} x must have a floating dtype, got {x.dtype}")
+        dim = self.dim
+        if dim is None:
+            dim = _softmax_dim(x.ndim)
+            warnings.warn(f"Implicit dimension choice for log_softmax has been deprecated. Change the call to "
+                          f"include dim={dim} as an argument.", UserWarning, stacklevel=2)
+        ndim = max(x.ndim, 1)
+        if not -ndim <= dim < ndim:
+            raise ValueError(f"{prefix(op)} dim must be in [{-ndim}, {ndim - 1}] for a {x.ndim}-D input, got {dim}")
+        self._axis = dim % ndim if x.ndim else None
+        xp = array_module(x)
+        z = x - x.max(axis=self._axis, keepdims=True)
+        self._out = z - xp.log(xp.exp(z).sum(axis=self._axis, keepdims=True))
+        return self._out
+
+    def backward(self, grad_output: Any) -> Any:
+        out = self._out
+        _check_grad_output(grad_output, out, "LogSoftmax.backward")
+        xp = array_module(out)
+        return grad_output - xp.exp(out) * grad_output.sum(axis=self._axis, keepdims=True)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
 
 
 class Sequential(Module):

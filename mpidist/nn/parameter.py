@@ -11,6 +11,7 @@ import itertools
 from typing import Any, Callable, Dict
 
 from mpidist._array import array_module
+from mpidist.nn._data import as_data_array
 from mpidist.nn._util import check_array, check_device, prefix
 
 __all__ = ["Parameter", "RemovableHandle"]
@@ -51,8 +52,17 @@ class Parameter:
             (what ``Module.to`` does).
         grad: the accumulated gradient (same shape, dtype and device as ``data``) or ``None``. May be
             replaced by any array of that shape (e.g. a view into a DDP bucket): accumulation
-            after the first is in place (``grad += g``).
+            after the first is in place (``grad += g``). Usable directly as a collective's
+            argument: ``dist.all_reduce(p.grad)`` reduces it in place.
         name: dotted name set by the owning Module tree, e.g. ``"0.weight"``; ``""`` when free.
+
+    A host (numpy) ``grad`` is a :class:`mpidist.nn._data.DataArray`: a numpy array whose
+    ``.data`` is the array itself, as torch's ``Tensor.data``, so torch's
+    ``dist.all_reduce(param.grad.data)`` and ``param.grad.data /= n`` work unchanged (on a
+    plain numpy array ``.data`` is a memoryview). Assigning a plain numpy array views it as
+    one, without a copy. ``data`` stays a plain array (``param.data`` is what torch code
+    passes to collectives); cupy arrays are kept as they are (their ``.data`` is cupy's
+    device pointer: pass ``param.grad`` itself).
 
     Raises:
         TypeError: ``data`` is not an array-like of floating-point dtype.
@@ -61,7 +71,7 @@ class Parameter:
     def __init__(self, data: Any, name: str = "") -> None:
         self._post_accumulate_grad_hooks: Dict[int, Hook] = {}
         self.data = data
-        self.grad: Any = None
+        self._grad: Any = None
         self.name = name
 
     @property
@@ -74,6 +84,14 @@ class Parameter:
         if arr.dtype.kind not in "fc":
             raise TypeError(f"{prefix('Parameter')} data must be a floating-point array, got dtype {arr.dtype}")
         self._data = arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+    @property
+    def grad(self) -> Any:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        self._grad = as_data_array(value)
 
     @property
     def shape(self) -> tuple:

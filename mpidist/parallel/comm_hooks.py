@@ -19,8 +19,9 @@ Built-in hooks, as ``torch.distributed.algorithms.ddp_comm_hooks``:
 
 * ``default_hooks.allreduce_hook``: divide by the world size, then sum (the default).
 * ``default_hooks.fp16_compress_hook`` / ``bf16_compress_hook``: cast to float16 /
-  bfloat16 (``ml_dtypes``), divide by the world size, sum in that dtype (mpidist's ring),
-  cast back into the bucket. Half the bytes on the wire, about 3 / 2 significant digits.
+  bfloat16 (``ml_dtypes``), then divide by the world size (torch's order and rounding),
+  sum in that dtype (mpidist's ring), cast back into the bucket. Half the bytes on the
+  wire, about 3 / 2 significant digits.
 * ``powerSGD_hook`` with :class:`PowerSGDState`: rank-r PowerSGD (Vogels, Karimireddy
   and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
   Optimization", NeurIPS 2019), following torch's ``powerSGD_hook.py``.
@@ -160,10 +161,11 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
     g = _group(process_group, op)
     buffer = bucket.buffer()
     xp = array_module(buffer)
-    with on_device(buffer):
-        compressed = xp.empty(buffer.shape, dtype)
-        # divide in the bucket's dtype while casting: one pass, one rounding (torch casts first)
-        xp.divide(buffer, g.size(), out=compressed, casting="same_kind", dtype=buffer.dtype)
+    with on_device(buffer), np.errstate(over="ignore"):   # beyond the dtype's range: inf, silently (torch)
+        # torch: buffer.to(dtype).div_(world_size): cast (rounding once), then divide computing in
+        # float32 (torch's opmath for half types) and round again; bitwise torch's result
+        compressed = buffer.astype(dtype)
+        xp.divide(compressed, g.size(), out=compressed, dtype=np.float32, casting="same_kind")
     work = all_reduce(compressed, ReduceOp.SUM, g, async_op=True)
 
     def decompress(done: Future) -> Any:
@@ -177,10 +179,14 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
 def fp16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future:
     """Reduce the bucket in float16: cast, divide by the group size, SUM, cast back in place.
 
-    torch: ``default_hooks.fp16_compress_hook`` (same order: cast first, then divide, in
-    float16). The sum runs in float16 (mpidist's ring; MPI has no float16 sum), rounding
-    every partial sum as NCCL does. Relative error per element about 1e-3 of the
-    bucket's magnitude; values beyond float16's range (65504) overflow to inf.
+    torch: ``default_hooks.fp16_compress_hook``, same order and rounding: cast to float16,
+    then divide by the group size (computed in float32 and rounded to float16, as torch's
+    ``div_`` on a half tensor), so each rank contributes bitwise what torch's would (tested
+    against that formula; checked against torch 2.13 itself). The sum runs in float16
+    (mpidist's ring; MPI has no float16 sum), rounding every partial sum as NCCL does.
+    Relative error per element about 1e-3 of the bucket's magnitude; values beyond
+    float16's range (65504) become inf, and tiny ones lose precision twice (once in the
+    cast, once in the division: torch's choice, kept).
     """
     return _compress_hook(process_group, bucket, np.float16, "fp16_compress_hook")
 
@@ -188,8 +194,9 @@ def fp16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket
 def bf16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future:
     """Reduce the bucket in bfloat16 (``ml_dtypes.bfloat16``), like :func:`fp16_compress_hook`.
 
-    torch: ``default_hooks.bf16_compress_hook``. bfloat16 keeps float32's range with 8
-    significant bits: relative error about 1e-2 of the bucket's magnitude.
+    torch: ``default_hooks.bf16_compress_hook``: cast to bfloat16, then divide (in float32,
+    rounded to bfloat16), as torch. bfloat16 keeps float32's range with 8 significant bits:
+    relative error about 1e-2 of the bucket's magnitude.
 
     Raises:
         ImportError: ml_dtypes is not installed.

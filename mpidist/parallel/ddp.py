@@ -14,8 +14,9 @@ import hashlib
 import inspect
 import numbers
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from mpidist.errors import prefix
 from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist._group import ProcessGroup
 from mpidist.nn._util import device_of
+from mpidist.nn.modules import mismatched_keys
 from mpidist.parallel.reducer import DEFAULT_FIRST_BUCKET_BYTES, Reducer
 from mpidist.parallel.timeline import Timeline, timeline_from_env
 from mpidist._reduce_op import ReduceOp
@@ -32,6 +34,7 @@ from mpidist._reduce_op import ReduceOp
 __all__ = ["DistributedDataParallel"]
 
 _OP = "DistributedDataParallel"
+_PREFIX = "module."   # torch's DDP holds the model as its submodule "module"
 
 
 @dataclass(frozen=True)
@@ -56,24 +59,114 @@ def _check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{prefix(_OP)} {name} must be a bool, got {type(value).__name__}")
 
 
+@dataclass(frozen=True)
+class _BucketLimits:
+    """The bucket sizes the constructor's arguments ask for (torch's ``_BucketCapacityConfig``)."""
+
+    cap_mb: float                 # bucket_cap_mb, or the largest of bucket_cap_mb_list
+    default: bool                 # bucket_cap_mb and bucket_cap_mb_list left unset
+    per_bucket: List[int]         # bucket_cap_mb_list in bytes ([] when unset)
+
+    def reducer_limits(self, cap_bytes: int) -> List[int]:
+        """Limits for :func:`~mpidist.parallel.reducer.assign_buckets`, in launch order."""
+        if self.per_bucket:
+            return list(self.per_bucket)
+        return [DEFAULT_FIRST_BUCKET_BYTES if self.default else cap_bytes, cap_bytes]
+
+
+def _bucket_limits(bucket_cap_mb: Any, bucket_cap_mb_list: Any) -> _BucketLimits:
+    """Validate ``bucket_cap_mb`` and ``bucket_cap_mb_list`` (each > 0) into bucket limits."""
+    where = prefix(_OP)
+
+    def positive(value: Any) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+    if bucket_cap_mb is not None and not positive(bucket_cap_mb):
+        raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r} (None: the default, 25 MiB)")
+    if bucket_cap_mb_list is not None:
+        if not isinstance(bucket_cap_mb_list, (list, tuple)) or not all(map(positive, bucket_cap_mb_list)):
+            raise ValueError(f"{where} bucket_cap_mb_list must be a list of sizes in MiB, each > 0, got "
+                             f"{bucket_cap_mb_list!r}")
+        if bucket_cap_mb_list:   # torch: an empty list means unset
+            return _BucketLimits(max(bucket_cap_mb_list), False,
+                                 [int(mb * 2**20) for mb in bucket_cap_mb_list])
+    if bucket_cap_mb is None:
+        return _BucketLimits(25, True, [])
+    return _BucketLimits(bucket_cap_mb, False, [])
+
+
+def _buffer_sync(broadcast_buffers: Optional[bool], forward_sync_buffers: Optional[bool]) -> tuple:
+    """``(forward_sync_buffers, init_sync_buffers)`` from torch 2.13's two buffer flags, with its warnings."""
+    if broadcast_buffers is not None:
+        if forward_sync_buffers is not None:
+            warnings.warn("Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` "
+                          "is deprecated and its value is ignored when `forward_sync_buffers` is provided.",
+                          FutureWarning, stacklevel=3)
+        else:
+            warnings.warn("`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: "
+                          "unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at "
+                          "init. If you rely on buffers NOT being synced at init (e.g. rank-local buffers), keep "
+                          "using `broadcast_buffers=False`.", FutureWarning, stacklevel=3)
+    if forward_sync_buffers is not None:
+        return forward_sync_buffers, True
+    effective = True if broadcast_buffers is None else broadcast_buffers
+    return effective, effective
+
+
+def _refuse_unsupported(delay_all_reduce_named_params: Any, param_to_hook_all_reduce: Any,
+                        mixed_precision: Any) -> None:
+    """torch 2.13 constructor arguments mpidist does not implement: None only."""
+    where = prefix(_OP)
+    if (delay_all_reduce_named_params is None) != (param_to_hook_all_reduce is None):
+        raise ValueError(f"{where} delay_all_reduce_named_params and param_to_hook_all_reduce need to be set at "
+                         f"the same time.")
+    if delay_all_reduce_named_params is not None:
+        raise NotImplementedError(f"{where} delay_all_reduce_named_params / param_to_hook_all_reduce are not "
+                                  f"supported: mpidist's Reducer has no delayed all-reduce; leave them None (every "
+                                  f"parameter is then reduced in its bucket during backward)")
+    if mixed_precision is not None:
+        raise NotImplementedError(f"{where} mixed_precision is not supported: leave it None and train in the "
+                                  f"parameters' dtype, or reduce gradients in float16/bfloat16 with "
+                                  f"register_comm_hook(None, comm_hooks.fp16_compress_hook / bf16_compress_hook)")
+
+
+def _mesh_group(process_group: Optional[ProcessGroup], device_mesh: Any) -> Optional[ProcessGroup]:
+    """The group DDP averages over: ``process_group``, or a 1-D ``device_mesh``'s group (torch)."""
+    if device_mesh is None:
+        return process_group
+    where = prefix(_OP)
+    if process_group is not None:
+        raise RuntimeError(f"{where} Cannot specify both process_group and device_mesh arguments.")
+    if not (hasattr(device_mesh, "ndim") and callable(getattr(device_mesh, "get_group", None))):
+        raise TypeError(f"{where} device_mesh must be a DeviceMesh (with ndim and get_group), got "
+                        f"{type(device_mesh).__name__}")
+    if device_mesh.ndim != 1:
+        raise RuntimeError(f"{where} Only 1D device mesh is supported, but got {device_mesh}.")
+    return device_mesh.get_group(mesh_dim=0)
+
+
 class DistributedDataParallel:
     """Wrap ``module`` so that backward leaves every gradient averaged over the group.
 
-    Same constructor as ``torch.nn.parallel.DistributedDataParallel``:
+    Same constructor as ``torch.nn.parallel.DistributedDataParallel`` in torch 2.13 (same
+    names, positions and defaults; ``algorithm`` is mpidist's, keyword-only):
 
     Args:
         module: an :class:`mpidist.nn.Module` with at least one parameter, all on one
             device: host (numpy) or one GPU (cupy; move it first with ``module.to("cuda")``).
-            Its parameters (and buffers, if ``broadcast_buffers``) are broadcast from the
-            group's rank 0 at construction; the module is used in place. Gradient buckets
-            are allocated on the parameters' device and all-reduced there.
+            With ``init_sync`` its parameters and buffers are broadcast from the group's
+            rank 0 at construction; the module is used in place. Gradient buckets are
+            allocated on the parameters' device and all-reduced there.
         device_ids, output_device: torch places a single-device module with them. Host
             module: only ``None`` (or ``[]`` for ``device_ids``). Module on GPU N: ``None``,
             ``[N]`` / ``N`` (or ``"cuda:N"``); the module already lives there.
         dim: torch scatters inputs along ``dim`` to ``device_ids``; only 0 (no scatter).
-        broadcast_buffers: broadcast the module's buffers from rank 0 (in join mode: the
-            highest rank still active) at the start of each forward that follows a
-            synchronized step (torch's ``require_forward_param_sync``).
+        broadcast_buffers: deprecated in torch 2.13 for ``forward_sync_buffers`` (a
+            FutureWarning when given, as torch). ``False`` also keeps buffers out of the
+            construction-time broadcast; ignored when ``forward_sync_buffers`` is given.
+        init_sync: compare the ranks' parameter shapes and broadcast parameters and buffers
+            from rank 0 at construction (default True). False: no communication at
+            construction; every rank must then already hold the same weights (torch).
         process_group: the group to average over (default: all ranks); must contain
             this rank.
         bucket_cap_mb: bucket size in MiB. ``None`` (default): 25 MiB, and the first
@@ -92,6 +185,31 @@ class DistributedDataParallel:
             every step. Unused parameters are then allowed (as with
             find_unused_parameters) but the used-parameter all-reduce runs only in the
             first step; a later change is a RuntimeError.
+        delay_all_reduce_named_params, param_to_hook_all_reduce: not supported (mpidist's
+            Reducer has no delayed all-reduce): anything but ``None`` is a
+            NotImplementedError; setting only one of them is torch's ValueError.
+        mixed_precision: not supported: anything but ``None`` is a NotImplementedError
+            (train in the dtype you want, or reduce in float16/bfloat16 with
+            :func:`~mpidist.parallel.comm_hooks.fp16_compress_hook` / ``bf16_compress_hook``).
+        device_mesh: a 1-D device mesh (anything with ``ndim`` and ``get_group(mesh_dim=0)``,
+            e.g. ``mpidist.DeviceMesh``) whose group to average over, as torch; RuntimeError
+            together with ``process_group`` or for ``ndim != 1``.
+        skip_all_reduce_unused_params: with ``find_unused_parameters`` or ``static_graph``,
+            do not reduce buckets whose parameters are unused (torch: requires the unused
+            set to be the same on every rank for the whole training). Here the buckets to
+            skip are decided once, from the first synchronized step's all-reduced used map,
+            so every rank skips the same ones (torch decides per rank and hangs if they
+            differ); a gradient that later appears in a skipped bucket is a RuntimeError on
+            every rank, raised after the step's collectives. No effect without either flag.
+        bucket_cap_mb_list: per-bucket limits in MiB, in launch order; the last applies to
+            every later bucket (torch 2.13). Overrides ``bucket_cap_mb``
+            (``bucket_bytes_cap`` is then the largest).
+        batched_grad_copy: accepted; a no-op (torch batches the grad-to-bucket copies into
+            fewer kernel launches; the gradients are the same).
+        forward_sync_buffers: broadcast the module's buffers from rank 0 (in join mode: the
+            highest rank still active) at the start of each forward that follows a
+            synchronized step (torch's ``require_forward_param_sync``), and after a join.
+            ``None`` (default): True, or the deprecated ``broadcast_buffers`` if given.
         algorithm: mpidist extension: the built-in reduction's all-reduce algorithm.
             None (default): all_reduce's measured automatic choice (intra-node shared
             memory for mid-size and large buckets on a one-node group, else MPI);
@@ -106,35 +224,48 @@ class DistributedDataParallel:
     every rank. Whether a step is synchronized is decided at its forward, as in torch
     (``no_sync`` must wrap the forward).
 
+    ``state_dict()`` keys carry torch's ``"module."`` prefix; see :meth:`state_dict`.
+
     Raises:
         TypeError: an argument of the wrong type; ``module`` is not an mpidist Module.
         ValueError: parameters on more than one device; device_ids / output_device / dim
-            that do not match the parameters' device;
-            bad ``bucket_cap_mb`` or ``algorithm``; this rank is not in
+            that do not match the parameters' device; bad ``bucket_cap_mb``,
+            ``bucket_cap_mb_list`` or ``algorithm``; this rank is not in
             ``process_group``; the ranks' models differ in parameter shapes or dtypes
-            (naming the ranks).
-        RuntimeError: the module has no parameters.
+            (naming the ranks); only one of the two delayed-all-reduce arguments.
+        RuntimeError: the module has no parameters; ``device_mesh`` with
+            ``process_group``, or not 1-D.
+        NotImplementedError: ``delay_all_reduce_named_params``/``param_to_hook_all_reduce``
+            or ``mixed_precision`` given.
     """
 
     def __init__(self, module: Any, device_ids: Optional[list] = None, output_device: Any = None, dim: int = 0,
-                 broadcast_buffers: bool = True, process_group: Optional[ProcessGroup] = None,
-                 bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,
-                 check_reduction: bool = False, gradient_as_bucket_view: bool = False,
-                 static_graph: bool = False, *, algorithm: Optional[str] = None) -> None:
+                 broadcast_buffers: Optional[bool] = None, init_sync: bool = True,
+                 process_group: Optional[ProcessGroup] = None, bucket_cap_mb: Optional[float] = None,
+                 find_unused_parameters: bool = False, check_reduction: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 delay_all_reduce_named_params: Optional[list] = None, param_to_hook_all_reduce: Any = None,
+                 mixed_precision: Any = None, device_mesh: Any = None, skip_all_reduce_unused_params: bool = False,
+                 bucket_cap_mb_list: Optional[List[float]] = None, batched_grad_copy: bool = False,
+                 forward_sync_buffers: Optional[bool] = None, *, algorithm: Optional[str] = None) -> None:
         where = prefix(_OP)
-        for name, flag in (("broadcast_buffers", broadcast_buffers), ("find_unused_parameters", find_unused_parameters),
+        for name, flag in (("init_sync", init_sync), ("find_unused_parameters", find_unused_parameters),
                            ("check_reduction", check_reduction), ("gradient_as_bucket_view", gradient_as_bucket_view),
-                           ("static_graph", static_graph)):
+                           ("static_graph", static_graph),
+                           ("skip_all_reduce_unused_params", skip_all_reduce_unused_params),
+                           ("batched_grad_copy", batched_grad_copy)):
             _check_bool(name, flag)
+        for name, flag in (("broadcast_buffers", broadcast_buffers), ("forward_sync_buffers", forward_sync_buffers)):
+            if flag is not None:
+                _check_bool(name, flag)
+        _refuse_unsupported(delay_all_reduce_named_params, param_to_hook_all_reduce, mixed_precision)
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
                           "and ignored.", FutureWarning, stacklevel=2)
+        self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
         if algorithm is not None and algorithm not in ALGORITHMS:
             raise ValueError(f"{where} algorithm must be None or one of {ALGORITHMS}, got {algorithm!r}")
-        if bucket_cap_mb is not None and (not isinstance(bucket_cap_mb, numbers.Real) or isinstance(bucket_cap_mb, bool)
-                                          or not bucket_cap_mb > 0):
-            raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r} "
-                             f"(None: the default, 25 MiB)")
+        limits = _bucket_limits(bucket_cap_mb, bucket_cap_mb_list)
         if not (callable(getattr(module, "parameters", None)) and callable(getattr(module, "backward", None))):
             raise TypeError(f"{where} module must be an mpidist.nn.Module (with parameters() and backward()), "
                             f"got {type(module).__name__}")
@@ -145,16 +276,20 @@ class DistributedDataParallel:
         self.device = self._parameters_device(where)
         self.device_ids, self.output_device = self._check_placement(device_ids, output_device, dim)
         self.dim = 0
-        self.process_group = _runtime.resolve_group(process_group)
+        self.device_mesh = device_mesh
+        self.process_group = _runtime.resolve_group(_mesh_group(process_group, device_mesh))
         if not self.process_group.is_member():
             raise ValueError(f"{where} this rank is not a member of process_group")
-        self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
+        self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
+        self.batched_grad_copy = batched_grad_copy
+        self.mixed_precision = None
         self.algorithm = algorithm
-        self.bucket_bytes_cap_default = bucket_cap_mb is None
-        self.bucket_cap_mb = 25 if bucket_cap_mb is None else bucket_cap_mb
+        self.bucket_bytes_cap_list = limits.per_bucket
+        self.bucket_bytes_cap_default = limits.default
+        self.bucket_cap_mb = limits.cap_mb
         self.bucket_bytes_cap = int(self.bucket_cap_mb * 2**20)
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
@@ -162,16 +297,25 @@ class DistributedDataParallel:
         self._div = self.process_group.size()  # what the built-in reduction divides by (set at forward)
         self._join_config: Optional[_JoinConfig] = None
         self._src = self.process_group.global_rank(0)
-        self._verify_same_model(where)
-        self._sync_module_states(self._src, self.broadcast_buffers)
+        if init_sync:
+            self._verify_same_model(where)
+            self._sync_module_states(self._src, init_sync_buffers)
         self._timeline: Optional[Timeline] = timeline_from_env(_runtime.state().rank)
-        first = DEFAULT_FIRST_BUCKET_BYTES if self.bucket_bytes_cap_default else self.bucket_bytes_cap
-        self.reducer = Reducer(self._params, self.process_group, cap_bytes=self.bucket_bytes_cap, first_cap_bytes=first,
+        self.reducer = Reducer(self._params, self.process_group, limits=limits.reducer_limits(self.bucket_bytes_cap),
                                gradient_as_bucket_view=gradient_as_bucket_view, algorithm=algorithm,
                                find_unused_parameters=find_unused_parameters, static_graph=static_graph,
-                               timeline=self._timeline)
+                               skip_all_reduce_unused_params=skip_all_reduce_unused_params, timeline=self._timeline)
         if self._timeline is not None:
             self._instrument_layers(self._timeline)
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """torch 2.13's deprecated alias of :attr:`forward_sync_buffers` (read and write)."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = value
 
     # -- construction -----------------------------------------------------------------
     def _parameters_device(self, where: str) -> str:
@@ -251,7 +395,7 @@ class DistributedDataParallel:
 
     # -- the step ---------------------------------------------------------------------
     def _will_sync_buffers(self) -> bool:
-        return (self.require_forward_param_sync and self.broadcast_buffers and self.process_group.size() > 1
+        return (self.require_forward_param_sync and self.forward_sync_buffers and self.process_group.size() > 1
                 and bool(self.module.buffers()))
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -439,26 +583,51 @@ class DistributedDataParallel:
         g = self.process_group
         rank = np.array([g.rank() if is_last_joiner else -1], dtype=np.int64)
         all_reduce(rank, ReduceOp.MAX, g)
-        self._sync_module_states(g.ranks[int(rank[0])], self.broadcast_buffers)
+        self._sync_module_states(g.ranks[int(rank[0])], self.forward_sync_buffers)
 
     # -- conveniences forwarded to the module -------------------------------------------
     def parameters(self) -> list:
         return self._params
 
     def named_parameters(self) -> list:
-        return list(self.module.named_parameters())
+        """``("module.<name>", Parameter)`` pairs: torch's DDP is a Module holding ``module``."""
+        return [(_PREFIX + name, p) for name, p in self.module.named_parameters()]
 
     def buffers(self) -> list:
         return self.module.buffers()
 
     def named_buffers(self) -> list:
-        return self.module.named_buffers()
+        """``("module.<name>", array)`` pairs, as :meth:`named_parameters`."""
+        return [(_PREFIX + name, b) for name, b in self.module.named_buffers()]
 
     def state_dict(self) -> dict:
-        return self.module.state_dict()
+        """The module's state dict with torch DDP's ``"module."`` key prefix (live arrays, not copies).
 
-    def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        self.module.load_state_dict(state, strict=strict)
+        As torch: ``ddp.load_state_dict(ddp.state_dict())`` round-trips; a bare model loads it
+        after ``mpidist.nn.consume_prefix_in_state_dict_if_present(state, "module.")``, and a
+        bare model's state dict loads into the wrapped one with ``ddp.module.load_state_dict``.
+        """
+        return {_PREFIX + key: value for key, value in self.module.state_dict().items()}
+
+    def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
+        """Load a state dict whose keys carry the ``"module."`` prefix (torch's DDP), in place.
+
+        Raises:
+            TypeError: ``state`` is not a mapping, or a dtype differs (see
+                :meth:`mpidist.nn.Module.load_state_dict`).
+            ValueError: ``strict`` and the keys differ from :meth:`state_dict`'s (naming the
+                missing and unexpected keys, and saying what to do when they are a bare
+                model's keys); a shape differs.
+        """
+        op = "DistributedDataParallel.load_state_dict"
+        own = self.state_dict()
+        missing, unexpected = mismatched_keys(state, own, op)
+        if strict and (missing or unexpected):
+            bare = unexpected and all(_PREFIX + k in own for k in unexpected)
+            hint = (f"; these are the bare model's keys, without torch DDP's {_PREFIX!r} prefix: load them with "
+                    f"ddp.module.load_state_dict(state)") if bare else ""
+            raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unexpected}{hint}")
+        self.module.load_state_dict({k[len(_PREFIX):]: v for k, v in state.items() if k in own}, strict=strict)
 
     def train(self, mode: bool = True) -> "DistributedDataParallel":
         self.module.train(mode)

@@ -27,6 +27,7 @@ from mpidist._buffers import mpi_reducible
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
+from mpidist.nn._data import as_data_array
 from mpidist.nn._util import like, on_device
 from mpidist.parallel.comm_hooks import GradBucket
 from mpidist.parallel.timeline import Timeline
@@ -89,7 +90,9 @@ def _make_bucket(index: int, params: list, indices: List[int]) -> Bucket:
     xp = array_module(data)
     with on_device(data):
         flat = xp.zeros(offsets[-1], dtype=members[0].dtype)
-    views = [flat[offsets[k]:offsets[k + 1]].reshape(p.shape) for k, p in enumerate(members)]
+    # the parameters' grad type (DataArray on the host): assigning a view to p.grad keeps it
+    typed = as_data_array(flat)
+    views = [typed[offsets[k]:offsets[k + 1]].reshape(p.shape) for k, p in enumerate(members)]
     return Bucket(index, members, list(indices), offsets, flat, views, xp)
 
 
@@ -100,22 +103,28 @@ class Reducer:
     built-in reduction divides by), :meth:`mark_ready` from each parameter's
     post-accumulate-grad hook, :meth:`finalize` after. Outside that window the hooks only
     record which parameters got gradients (``no_sync`` accumulation).
+
+    ``limits``: bucket size limits in bytes, see :func:`assign_buckets`.
+    ``skip_all_reduce_unused_params``: from the second synchronized step on, buckets whose
+    parameters no rank used in the first one (with find_unused_parameters or static_graph)
+    are not reduced; the set is decided from the first step's all-reduced used map, so every
+    rank (a joined one too) skips the same buckets.
     """
 
-    def __init__(self, params: list, group: ProcessGroup, *, cap_bytes: int, first_cap_bytes: int,
-                 gradient_as_bucket_view: bool, algorithm: Optional[str], find_unused_parameters: bool,
-                 static_graph: bool, timeline: Optional[Timeline]) -> None:
+    def __init__(self, params: list, group: ProcessGroup, *, limits: List[int], gradient_as_bucket_view: bool,
+                 algorithm: Optional[str], find_unused_parameters: bool, static_graph: bool,
+                 skip_all_reduce_unused_params: bool = False, timeline: Optional[Timeline]) -> None:
         self.params = params
         self.group = group
         self.view_mode = gradient_as_bucket_view
         self.algorithm = algorithm
         self.find_unused = find_unused_parameters
         self.static_graph = static_graph
+        self.skip_unused = skip_all_reduce_unused_params and (find_unused_parameters or static_graph)
         self.timeline = timeline
         self.hook: Optional[Callable[[Any, GradBucket], concurrent.futures.Future]] = None
         self.hook_state: Any = None
-        self.buckets = [_make_bucket(k, params, idx)
-                        for k, idx in enumerate(assign_buckets(params, [first_cap_bytes, cap_bytes]))]
+        self.buckets = [_make_bucket(k, params, idx) for k, idx in enumerate(assign_buckets(params, limits))]
         self._where = {id(p): (i, b, pos) for b in self.buckets for pos, (i, p) in
                        enumerate(zip(b.indices, b.params))}
         self._ready = [False] * len(params)
@@ -126,6 +135,11 @@ class Reducer:
         self._late: List[str] = []
         self._static_local: Optional[np.ndarray] = None
         self._static_global: Optional[np.ndarray] = None
+        # the used-parameter counts as last all-reduced (torch's local_used_map_dev_), which a
+        # joined rank re-sends while it shadows the others
+        self._used_counts: Optional[np.ndarray] = None
+        self.skipped: frozenset = frozenset()   # buckets not reduced (skip_all_reduce_unused_params)
+        self._skip_decided = False
         if self.view_mode:
             self._adopt_existing_grads()
         self.handles = [p.register_post_accumulate_grad_hook(self.mark_ready) for p in params]
@@ -200,6 +214,8 @@ class Reducer:
 
     def _launch(self, b: Bucket) -> None:
         b.launched = True
+        if b.index in self.skipped:
+            return   # skip_all_reduce_unused_params: no rank uses these parameters
         tl = self.timeline
         if tl is not None:
             b.started_us = tl.now()
@@ -222,9 +238,10 @@ class Reducer:
         """
         try:
             error = self._fill_missing()
+            skipped = self.skipped
             global_used = self._global_used()
             self._wait_all()
-            error = error or self._check_static()
+            error = error or self._check_static() or self._check_skipped(skipped, global_used)
             if error is not None:
                 raise RuntimeError(error)
             self._write_back(global_used)
@@ -261,15 +278,35 @@ class Reducer:
         return self.find_unused or (self.static_graph and self._static_global is None)
 
     def _global_used(self, local: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-        """Which parameters got a gradient on any rank (one small all-reduce), or None."""
+        """Which parameters got a gradient on any rank (one small all-reduce), or None.
+
+        ``local``: the counts to contribute instead of this backward's (a joined rank's)."""
         if not self._needs_used_map():
             return self._static_global
-        counts = (self.used if local is None else local).astype(np.int32)
+        counts = self.used.astype(np.int32) if local is None else local
         all_reduce(counts, ReduceOp.SUM, self.group)
+        self._used_counts = counts
         used = counts > 0
         if self.static_graph and self._static_global is None:
             self._static_global = used
+        if self.skip_unused and not self._skip_decided:
+            self._skip_decided = True
+            self.skipped = frozenset(b.index for b in self.buckets if not used[b.indices].any())
         return used
+
+    def _check_skipped(self, skipped: frozenset, global_used: Optional[np.ndarray]) -> Optional[str]:
+        """skip_all_reduce_unused_params: a skipped bucket's parameter got a gradient somewhere."""
+        if not skipped or global_used is None:
+            return None
+        names = [self.params[i].name or f"parameter {i}"
+                 for i in sorted(i for b in self.buckets if b.index in skipped for i in b.indices) if global_used[i]]
+        if not names:
+            return None
+        return (f"{prefix('DistributedDataParallel.backward')} skip_all_reduce_unused_params=True, but parameters "
+                f"{names} got a gradient on some rank, and their buckets are no longer reduced (no rank used them "
+                f"in the first synchronized step); their .grad holds unreduced local gradients. Construct "
+                f"DistributedDataParallel without skip_all_reduce_unused_params if the set of unused parameters "
+                f"changes")
 
     def _check_static(self) -> Optional[str]:
         if not self.static_graph:
@@ -287,6 +324,8 @@ class Reducer:
         """Wait for every bucket's reduction; copy hook results in; re-raise the first error."""
         first: Optional[BaseException] = None
         for b, job in zip(self.buckets, pending if pending is not None else [b.pending for b in self.buckets]):
+            if job is None:
+                continue  # a skipped bucket
             try:
                 if self.hook is None:
                     job.wait()
@@ -310,6 +349,8 @@ class Reducer:
 
     def _write_back(self, global_used: Optional[np.ndarray]) -> None:
         for b in self.buckets:
+            if b.index in self.skipped:
+                continue
             for i, p, view in zip(b.indices, b.params, b.views):
                 if global_used is not None and not global_used[i]:
                     continue  # no rank produced a gradient: leave .grad as it is (torch)
@@ -333,11 +374,22 @@ class Reducer:
     # -- join ------------------------------------------------------------------------------------
     def shadow(self) -> None:
         """A joined rank's backward: the same collectives as the others', on zeros (torch's
-        ``_match_all_reduce_for_bwd_pass``); gradients and buckets are not touched."""
+        ``_match_all_reduce_for_bwd_pass``); gradients and buckets are not touched.
+
+        With find_unused_parameters it contributes to the used-parameter all-reduce the
+        counts it last all-reduced (torch's ``_match_unused_params_allreduce`` re-sends
+        ``local_used_map_dev_``, the reduced map of its last step, all-reducing it in place
+        again): a parameter used anywhere in that step counts as used in every step of the
+        join phase, so the active ranks write its (zero, if they did not use it) reduced
+        gradient instead of leaving its ``.grad`` untouched. Zeros before any step."""
         pending = []
         for b in self.buckets:
+            if b.index in self.skipped:
+                pending.append(None)
+                continue
             with on_device(b.flat):
                 zeros = b.xp.zeros_like(b.flat)
             pending.append(self._reduce(b.index, zeros, None, divided=True))
-        self._global_used(np.zeros(len(self.params), dtype=bool))
+        last = self._used_counts if self.find_unused and self._used_counts is not None else None
+        self._global_used(np.zeros(len(self.params), dtype=np.int32) if last is None else last)
         self._wait_all(pending)
