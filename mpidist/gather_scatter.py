@@ -42,8 +42,8 @@ from mpidist._group import ProcessGroup
 from mpidist.work import Work
 
 __all__ = [
-    "all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
-    "broadcast_multigpu", "all_gather_multigpu",
+    "all_gather", "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "all_to_all",
+    "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
 ]
 
 
@@ -335,6 +335,14 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
                 count=out.size)
 
 
+def all_gather_single(output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """torch 2.13's name for :func:`all_gather_into_tensor`, which torch 2.13 deprecates
+    (``mpidist.all_gather_into_tensor`` warns as torch's does; this module's does not):
+    the same arguments, semantics and errors."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
 def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
@@ -384,11 +392,22 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
     for i, lst in enumerate(lists[1:], 1):
         for s, (a, ref) in enumerate(zip(lst, first)):
             _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
-    sizes = tuple([a.size for a in first])
-    rank_counts = tuple([sum(sizes[k * n_dev:(k + 1) * n_dev]) for k in range(g.size())])
     copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
     results = tuple(a for lst in output_tensor_lists for a in lst)
-    return _all_gatherv(g, op, _pack(inps), first, rank_counts, async_op, results, copies, sizes)
+    return gather_slots(g, op, inps, first, async_op, results, copies)
+
+
+def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Sequence[np.ndarray],
+                 async_op: bool, results: tuple, copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()
+                 ) -> Optional[Work]:
+    """All-gather of ``L = len(inps)`` arrays per rank: input ``j`` of group rank ``k`` lands
+    in ``slots[k * L + j]``, by one MPI_Allgather(v) of each rank's packed inputs; then the
+    ``copies`` (dst, src). Validated arrays only. Not public (not in ``__all__``): the body
+    of all_gather_multigpu and all_gather_coalesced."""
+    n = len(inps)
+    sizes = tuple([a.size for a in slots])
+    rank_counts = tuple([sum(sizes[k * n:(k + 1) * n]) for k in range(g.size())])
+    return _all_gatherv(g, op, _pack(inps), slots, rank_counts, async_op, results, copies, sizes)
 
 
 # -- gather, scatter ------------------------------------------------------------------------

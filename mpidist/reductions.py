@@ -28,8 +28,8 @@ from mpidist._group import ProcessGroup
 from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce, make_premul_sum, scaled, to_mpi_op
 from mpidist.work import Work
 
-__all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_multigpu", "reduce_multigpu",
-           "make_premul_sum"]
+__all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
+           "reduce_multigpu", "make_premul_sum", "supports_complex"]
 
 
 def _same_shape(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_arg: str) -> None:
@@ -215,6 +215,29 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
     op = check_op_dtype(op, out.dtype, prefix(name))
     return launch(g, name, _reduce_scatter_tensor, (g, out, inp, op), async_op, (output,), shapes=inp.shape,
                   dtype=out.dtype, count=out.size, redop=op)
+
+
+def reduce_scatter_single(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
+                          group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """torch 2.13's name for :func:`reduce_scatter_tensor`, which torch 2.13 deprecates
+    (``mpidist.reduce_scatter_tensor`` warns as torch's does; this module's does not):
+    the same arguments, semantics and errors."""
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def supports_complex(reduceOp: Op) -> bool:  # noqa: N803  (torch's argument name)
+    """Whether ``reduceOp`` reduces complex arrays here (torch.distributed.supports_complex):
+    SUM, AVG, PRODUCT and PREMUL_SUM do; MIN, MAX and the bitwise ops do not. torch also
+    says False for PRODUCT, which mpidist computes on complex values (MPI_PROD).
+
+    Raises:
+        TypeError: not a ReduceOp (or a premul sum).
+    """
+    try:
+        check_op_dtype(reduceOp, np.dtype(np.complex64), prefix("supports_complex"))
+    except ValueError:
+        return False
+    return True
 
 
 # -- the seeds' multi-array ("multigpu") forms ------------------------------------------------
