@@ -291,7 +291,8 @@ class AllGatherIntoTensor(Collective):
     chunked = True
     variants = (OOP, IP)
     busbw_doc = "(n-1)/n"
-    api = ("`all_gather_into_tensor(out, inp)`; raw `Allgather(inp, out)` / `Allgather(IN_PLACE, out)`; "
+    api = ("`all_gather_single(out, inp)` (torch 2.13's name of all_gather_into_tensor); raw `Allgather(inp, out)` / "
+           "`Allgather(IN_PLACE, out)`; "
            "gloo `dist.all_gather_into_tensor(out, inp)` (torch 2.13 renamed it `all_gather_single`, "
            "used where present)")
 
@@ -310,7 +311,7 @@ class AllGatherIntoTensor(Collective):
     def calls(self, b: dict, variant: str) -> dict:
         e, out, inp = self.env, b["out"], b["inp"]
         send = MPI.IN_PLACE if variant == IP else [inp, FT]
-        calls = {"mpidist": partial(mpidist.all_gather_into_tensor, out, inp),
+        calls = {"mpidist": partial(mpidist.all_gather_single, out, inp),
                  "raw": partial(e.comm.Allgather, send, [out, FT])}
         if e.gloo.ok:
             d = e.gloo.dist
@@ -343,7 +344,8 @@ class ReduceScatterTensor(Collective):
     chunked = True
     variants = (OOP, IP)
     busbw_doc = "(n-1)/n"
-    api = ("`reduce_scatter_tensor(out, inp)` (in place: out = inp's own block; mpidist then copies inp); "
+    api = ("`reduce_scatter_single(out, inp)` (torch 2.13's name of reduce_scatter_tensor; in place: out = inp's "
+           "own block; mpidist then copies inp); "
            "raw `Reduce_scatter_block(inp, out, SUM)` / `Reduce_scatter_block(IN_PLACE, inp, SUM)` "
            "(result in inp's first block); gloo `dist.reduce_scatter_tensor(out, inp)` "
            "(torch 2.13: `reduce_scatter_single`, used where present)")
@@ -366,7 +368,7 @@ class ReduceScatterTensor(Collective):
     def calls(self, b: dict, variant: str) -> dict:
         e, out, inp = self.env, b["out"], b["inp"]
         raw = ((MPI.IN_PLACE, [inp, FT]) if variant == IP else ([inp, FT], [out, FT]))
-        calls = {"mpidist": partial(mpidist.reduce_scatter_tensor, out, inp),
+        calls = {"mpidist": partial(mpidist.reduce_scatter_single, out, inp),
                  "raw": partial(e.comm.Reduce_scatter_block, *raw, MPI.SUM)}
         if e.gloo.ok:
             d = e.gloo.dist

@@ -124,7 +124,7 @@ class DevicePath:
             reason = f"init_process_group(backend={self.backend!r}) failed: {exc}"
         else:
             self.all_reduce = lambda x: dist.all_reduce(x)
-            self.all_gather = lambda out, x: dist.all_gather_into_tensor(out, x)
+            self.all_gather = lambda out, x: dist.all_gather_single(out, x)
             try:
                 self.all_reduce(cupy.ones(2, cupy.float32))
                 cupy.cuda.get_current_stream().synchronize()

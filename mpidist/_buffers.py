@@ -82,7 +82,9 @@ def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
         if is_device_array(x):
             return _device_array(x, op, arg)
         if not isinstance(x, np.ndarray):
-            raise TypeError(f"{prefix(op)} {arg} must be a numpy.ndarray, got {type(x).__name__}")
+            hint = ("; a numpy array's .data is its raw buffer, not an array as torch's tensor.data: pass "
+                    "the array itself" if isinstance(x, memoryview) else "")
+            raise TypeError(f"{prefix(op)} {arg} must be a numpy.ndarray, got {type(x).__name__}{hint}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of "
                          f"shape {x.shape} and strides {x.strides}")

@@ -14,7 +14,7 @@ from mpidist.errors import DistError, from_mpi, prefix
 from mpidist._group import ProcessGroup
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root", "p2p_call"]
+__all__ = ["launch", "member", "group_root", "root_rank", "p2p_call"]
 
 
 def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list,
@@ -138,3 +138,38 @@ def group_root(g: ProcessGroup, rank: Any, op: str, arg: str) -> int:
         return g.group_rank(int(rank))
     except ValueError as exc:
         raise ValueError(f"{prefix(op)} {arg}={rank}: {exc}") from None
+
+
+def root_rank(g: ProcessGroup, rank: Any, group_rank: Any, op: str, arg: str, group_arg: str,
+              default: Optional[int] = None) -> int:
+    """Group rank of the rank an op names either as a global rank (``rank``, its argument
+    ``arg``: ``src``, ``dst``, ``peer``) or as a rank in ``g`` (``group_rank``, its argument
+    ``group_arg``: ``group_src``, ``group_dst``, ``group_peer``), exactly one of them.
+
+    torch.distributed 2.4+'s rule (``_canonicalize_group_rank``); with the default group
+    the two numberings coincide. ``default``: the global rank meant when neither is given
+    (0 for gather, scatter and the object collectives, as torch); None: one is required.
+
+    Raises:
+        ValueError: both given, or neither without a default ("Can't specify both" /
+            "Must specify" in torch); a global rank that is not a member; a group rank
+            out of range.
+        TypeError: a rank that is not an int.
+    """
+    if group_rank is None:
+        if rank is None:
+            if default is None:
+                raise ValueError(f"{prefix(op)} neither {arg} (a global rank) nor {group_arg} (a rank in the "
+                                 f"group) given; specify one of them")
+            rank = default
+        return group_root(g, rank, op, arg)
+    if rank is not None:
+        raise ValueError(f"{prefix(op)} {arg}={rank} and {group_arg}={group_rank} both given; specify one of "
+                         f"them: {arg} is a global rank, {group_arg} a rank in the group")
+    if not isinstance(group_rank, (int, np.integer)) or isinstance(group_rank, bool):
+        raise TypeError(f"{prefix(op)} {group_arg} must be an int (a rank in the group), got "
+                        f"{type(group_rank).__name__}")
+    if not 0 <= group_rank < len(g.ranks):
+        raise ValueError(f"{prefix(op)} {group_arg}={group_rank} is out of range for group {g.group_name!r} of "
+                         f"size {len(g.ranks)}; expected 0 <= {group_arg} < {len(g.ranks)}")
+    return int(group_rank)

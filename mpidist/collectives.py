@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from mpidist import _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
-from mpidist._dispatch import group_root, launch, member
+from mpidist._dispatch import launch, member, root_rank
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, shm_applicable
@@ -310,12 +310,20 @@ def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
     return _mpi_all_reduce if mpi else _ring
 
 
-def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None,
-              async_op: bool = False) -> Optional[Work]:
-    """Copy ``tensor`` from global rank ``src`` to every member of the group (MPI_Bcast).
+def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+              async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+    """Copy ``tensor`` from the source rank to every member of the group (MPI_Bcast).
 
-    ``tensor`` must have the same shape and dtype on every rank; it is overwritten on
-    every rank but ``src``. Raises ValueError if ``src`` is not a member.
+    Args:
+        tensor: C-contiguous, writable array, same shape and dtype on every rank;
+            overwritten on every member but the source.
+        src: the source as a global rank; or
+        group_src: the source as a rank in ``group`` (torch 2.4+). Exactly one of
+            ``src`` and ``group_src`` must be given.
+        group, async_op: as in all_reduce.
+
+    Raises:
+        ValueError: both or neither of ``src``/``group_src``; a source that is not a member.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(broadcast, locals())
@@ -323,21 +331,30 @@ def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None
     if g is None:
         return None
     arr = host_array(tensor, "broadcast", "tensor", writable=True)
-    root = group_root(g, src, "broadcast", "src")
+    root = root_rank(g, src, group_src, "broadcast", "src", "group_src")
     return launch(g, "broadcast", g.comm.Bcast, ([arr, mpi_datatype(arr.dtype)], root), async_op, (tensor,),
-                  shapes=arr.shape, dtype=arr.dtype, root=src, count=arr.size)
+                  shapes=arr.shape, dtype=arr.dtype, root=g.ranks[root], count=arr.size)
 
 
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
-            device_ids: Optional[list] = None) -> Optional[Work]:
+            device_ids: Optional[list] = None, timeout: Optional[datetime.timedelta] = None) -> Optional[Work]:
     """Block until every member of the group has entered the barrier (MPI_Barrier).
 
     ``device_ids`` is accepted for torch compatibility and ignored on host arrays.
+    ``timeout`` (torch 2.13; a ``datetime.timedelta``, or seconds): how long this barrier
+    may take instead of the group's timeout (init_process_group's, ``MPIDIST_TIMEOUT``);
+    past it the watchdog acts as for any op that overruns its timeout: it names the
+    ranks that did not arrive and aborts the job, or, with MPIDIST_ABORT_ON_TIMEOUT=0,
+    raises :class:`DistError` (docs/reliability.md).
+
+    Raises:
+        TypeError / ValueError: ``timeout`` not a timedelta or number, or not positive.
     """
     g = member(group)
     if g is None:
         return None
-    return launch(g, "barrier", g.comm.Barrier, (), async_op)
+    limit = None if timeout is None else _seconds(timeout, "barrier")
+    return launch(g, "barrier", g.comm.Barrier, (), async_op, limit=limit)
 
 
 # -- monitored_barrier ---------------------------------------------------------------------

@@ -35,15 +35,15 @@ from mpi4py import MPI
 
 from mpidist import _recorder as R
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import _guarded, group_root, launch, member
+from mpidist._dispatch import _guarded, launch, member, root_rank
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist.work import Work
 
 __all__ = [
-    "all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
-    "broadcast_multigpu", "all_gather_multigpu",
+    "all_gather", "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "all_to_all",
+    "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
 ]
 
 
@@ -335,6 +335,14 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
                 count=out.size)
 
 
+def all_gather_single(output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """torch 2.13's name for :func:`all_gather_into_tensor`, which torch 2.13 deprecates
+    (``mpidist.all_gather_into_tensor`` warns as torch's does; this module's does not):
+    the same arguments, semantics and errors."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
 def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
@@ -384,18 +392,30 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
     for i, lst in enumerate(lists[1:], 1):
         for s, (a, ref) in enumerate(zip(lst, first)):
             _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
-    sizes = tuple([a.size for a in first])
-    rank_counts = tuple([sum(sizes[k * n_dev:(k + 1) * n_dev]) for k in range(g.size())])
     copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
     results = tuple(a for lst in output_tensor_lists for a in lst)
-    return _all_gatherv(g, op, _pack(inps), first, rank_counts, async_op, results, copies, sizes)
+    return gather_slots(g, op, inps, first, async_op, results, copies)
+
+
+def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Sequence[np.ndarray],
+                 async_op: bool, results: tuple, copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()
+                 ) -> Optional[Work]:
+    """All-gather of ``L = len(inps)`` arrays per rank: input ``j`` of group rank ``k`` lands
+    in ``slots[k * L + j]``, by one MPI_Allgather(v) of each rank's packed inputs; then the
+    ``copies`` (dst, src). Validated arrays only. Not public (not in ``__all__``): the body
+    of all_gather_multigpu and all_gather_coalesced."""
+    n = len(inps)
+    sizes = tuple([a.size for a in slots])
+    rank_counts = tuple([sum(sizes[k * n:(k + 1) * n]) for k in range(g.size())])
+    return _all_gatherv(g, op, _pack(inps), slots, rank_counts, async_op, results, copies, sizes)
 
 
 # -- gather, scatter ------------------------------------------------------------------------
 
-def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: int = 0,
-           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
-    """Gather every member's ``tensor`` into ``gather_list`` on global rank ``dst`` (MPI_Gatherv).
+def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: Optional[int] = None,
+           group: Optional[ProcessGroup] = None, async_op: bool = False,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Gather every member's ``tensor`` into ``gather_list`` on the destination (MPI_Gatherv).
 
     Args:
         tensor: this rank's input, any shape; read only. Sizes may differ between ranks.
@@ -407,13 +427,16 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         dst: global rank of the destination, a member of ``group``.
         group: the process group (default: all ranks).
         async_op: return a :class:`Work` instead of blocking.
+        group_dst: the destination as a rank in ``group`` instead (torch 2.4+). At most
+            one of ``dst`` and ``group_dst``; neither means global rank 0, as torch.
 
     Returns:
         None, or a Work when ``async_op`` (``result()`` is ``gather_list`` on ``dst``,
         empty elsewhere); None on non-members.
 
     Raises:
-        ValueError: ``dst`` not in the group; ``gather_list`` missing on ``dst`` or given
+        ValueError: ``dst`` not in the group, both ``dst`` and ``group_dst`` given;
+        ``gather_list`` missing on ``dst`` or given
         on another rank (as torch); wrong length, shape, or a read-only or
         non-contiguous output. TypeError: non-arrays or differing dtypes.
 
@@ -426,7 +449,8 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         return None
     op = "gather"
     inp = host_array(tensor, op, "tensor", writable=False)
-    root = group_root(g, dst, op, "dst")
+    root = root_rank(g, dst, group_dst, op, "dst", "group_dst", default=0)
+    dst = g.ranks[root]
     dt = mpi_datatype(inp.dtype)
     if g.rank() != root:
         if _given(gather_list):
@@ -448,9 +472,10 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
     return _run(g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst)
 
 
-def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: int = 0,
-            group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
-    """Send ``scatter_list[i]`` from global rank ``src`` to group rank i's ``tensor`` (MPI_Scatterv).
+def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: Optional[int] = None,
+            group: Optional[ProcessGroup] = None, async_op: bool = False,
+            group_src: Optional[int] = None) -> Optional[Work]:
+    """Send ``scatter_list[i]`` from the source to group rank i's ``tensor`` (MPI_Scatterv).
 
     Args:
         tensor: C-contiguous, writable output, any shape; overwritten on every member
@@ -462,12 +487,15 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         src: global rank of the source, a member of ``group``.
         group: the process group (default: all ranks).
         async_op: return a :class:`Work` instead of blocking.
+        group_src: the source as a rank in ``group`` instead (torch 2.4+). At most one
+            of ``src`` and ``group_src``; neither means global rank 0, as torch.
 
     Returns:
         None, or a Work (``result()`` is ``[tensor]``) when ``async_op``; None on non-members.
 
     Raises:
-        ValueError: ``src`` not in the group; ``scatter_list`` missing on ``src`` or given
+        ValueError: ``src`` not in the group, both ``src`` and ``group_src`` given;
+        ``scatter_list`` missing on ``src`` or given
         on another rank (as torch); wrong length or shape; ``tensor`` read-only or
         non-contiguous. TypeError: non-arrays or differing dtypes.
 
@@ -480,7 +508,8 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         return None
     op = "scatter"
     out = host_array(tensor, op, "tensor", writable=True)
-    root = group_root(g, src, op, "src")
+    root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
+    src = g.ranks[root]
     dt = mpi_datatype(out.dtype)
     if g.rank() != root:
         if _given(scatter_list):
@@ -626,8 +655,9 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
 # -- broadcast, several "devices" per process -----------------------------------------------
 
-def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[ProcessGroup] = None,
-                       async_op: bool = False, src_tensor: int = 0) -> Optional[Work]:
+def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
+                       group: Optional[ProcessGroup] = None, async_op: bool = False, src_tensor: int = 0,
+                       group_src: Optional[int] = None) -> Optional[Work]:
     """Broadcast ``tensor_list[src_tensor]`` of global rank ``src`` into every array of every member.
 
     Host-only reading of torch's (removed) ``broadcast_multigpu``: each array of
@@ -637,10 +667,13 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[
     are copied into the rest. All arrays, on every rank, have the same number of
     elements and one dtype; ``len(tensor_list)`` must be the same on every rank (as in
     torch). Every array changes except ``tensor_list[src_tensor]`` on ``src``.
+    ``group_src`` names the source as a rank in ``group`` instead of ``src`` (as torch
+    2.4+'s broadcast); exactly one of them.
 
     Raises:
         TypeError: non-arrays, differing dtypes, ``src``/``src_tensor`` not ints.
-        ValueError: ``src`` not in the group, an empty list, ``src_tensor`` out of range,
+        ValueError: ``src`` not in the group, both or neither of ``src``/``group_src``,
+        an empty list, ``src_tensor`` out of range,
         arrays of different sizes, a read-only or non-contiguous array.
 
     Source: torch.distributed.broadcast_multigpu (torch <= 2.1 docs); MPI-4.1 §6.4 (MPI_Bcast).
@@ -652,7 +685,8 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: int, group: Optional[
         return None
     op = "broadcast_multigpu"
     arrs = _array_list(tensor_list, op, "tensor_list", None, True)
-    root = group_root(g, src, op, "src")
+    root = root_rank(g, src, group_src, op, "src", "group_src")
+    src = g.ranks[root]
     if not isinstance(src_tensor, (int, np.integer)) or isinstance(src_tensor, bool):
         raise TypeError(f"{prefix(op)} src_tensor must be an int, got {type(src_tensor).__name__}")
     if not 0 <= src_tensor < len(arrs):

@@ -32,7 +32,7 @@ from typing import Any, Optional
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._dispatch import group_root, launch, member, p2p_call
+from mpidist._dispatch import launch, member, p2p_call, root_rank
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
@@ -84,27 +84,29 @@ def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -
     output[0] = pkl5.Intracomm(g.comm).scatter(inputs, root)
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group: Optional[ProcessGroup] = None,
-                          device: Any = None) -> None:
+def broadcast_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                          device: Any = None, group_src: Optional[int] = None) -> None:
     """Broadcast the picklable objects of ``object_list`` from global rank ``src``.
 
     Every member passes a list of the same length; on ranks other than ``src`` its items
     are replaced in place by ``src``'s (torch.distributed.broadcast_object_list).
     ``device`` is accepted for torch compatibility and ignored: objects travel through
     host memory. Non-members return None and keep their list. Unpickles ``src``'s data:
-    trust it.
+    trust it. ``group_src`` names the source by its rank in ``group`` instead (torch
+    2.4+); at most one of the two; neither: global rank 0.
 
     Raises:
-        TypeError: ``object_list`` is not a list. ValueError: ``src`` is not a member, or
-        (after the broadcast, on that rank only) the lengths differ.
+        TypeError: ``object_list`` is not a list. ValueError: ``src`` is not a member,
+        both ``src`` and ``group_src`` given, or (after the broadcast, on that rank only)
+        the lengths differ.
     """
     op = "broadcast_object_list"
     g = member(group)
     if g is None:
         return None
     _check_list(object_list, op, "object_list")
-    root = group_root(g, src, op, "src")
-    launch(g, op, _bcast, (g, object_list, root), False, root=src)
+    root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
+    launch(g, op, _bcast, (g, object_list, root), False, root=g.ranks[root])
     return None
 
 
@@ -127,23 +129,26 @@ def all_gather_object(object_list: list, obj: Any, group: Optional[ProcessGroup]
     return None
 
 
-def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: int = 0,
-                  group: Optional[ProcessGroup] = None) -> None:
+def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: Optional[int] = None,
+                  group: Optional[ProcessGroup] = None, group_dst: Optional[int] = None) -> None:
     """Gather every member's picklable ``obj`` into ``object_gather_list`` on global rank ``dst``.
 
     On ``dst``, ``object_gather_list`` holds one item per group member and item i becomes
     group rank i's object; elsewhere it must be None (torch.distributed.gather_object).
     Non-members return None. ``dst`` unpickles every member's data: trust them.
+    ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+); at
+    most one of the two; neither: global rank 0.
 
     Raises:
-        TypeError / ValueError: a bad list on ``dst``, a non-empty list elsewhere, or a
-        ``dst`` that is not a member.
+        TypeError / ValueError: a bad list on ``dst``, a non-empty list elsewhere, a
+        ``dst`` that is not a member, both ``dst`` and ``group_dst``.
     """
     op = "gather_object"
     g = member(group)
     if g is None:
         return None
-    root = group_root(g, dst, op, "dst")
+    root = root_rank(g, dst, group_dst, op, "dst", "group_dst", default=0)
+    dst = g.ranks[root]
     if g.rank() == root:
         _check_list(object_gather_list, op, "object_gather_list", g.size())
     elif object_gather_list:
@@ -156,74 +161,86 @@ def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: int 
 
 
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: Optional[list] = None,
-                        src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+                        src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                        group_src: Optional[int] = None) -> None:
     """Send item i of ``scatter_object_input_list`` on global rank ``src`` to group rank i.
 
     Each member's object lands in ``scatter_object_output_list[0]`` (a list of at least
     one item; the rest are kept), as torch.distributed.scatter_object_list. On ``src``
     the input list holds one picklable object per group member; elsewhere it is ignored.
-    Non-members return None. Unpickles ``src``'s data: trust it.
+    Non-members return None. Unpickles ``src``'s data: trust it. ``group_src`` names
+    the source by its rank in ``group`` instead (torch 2.4+); at most one of the two;
+    neither: global rank 0.
 
     Raises:
         TypeError / ValueError: an output list that is not a non-empty list, an input
-        list on ``src`` that is not a list of the group's size, a ``src`` not a member.
+        list on ``src`` that is not a list of the group's size, a ``src`` not a member,
+        both ``src`` and ``group_src``.
     """
     op = "scatter_object_list"
     g = member(group)
     if g is None:
         return None
     _check_list(scatter_object_output_list, op, "scatter_object_output_list", at_least=1)
-    root = group_root(g, src, op, "src")
+    root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
     inputs = None
     if g.rank() == root:
         inputs = _check_list(scatter_object_input_list, op, "scatter_object_input_list", g.size())
-    launch(g, op, _scatter, (g, scatter_object_output_list, inputs, root), False, root=src)
+    launch(g, op, _scatter, (g, scatter_object_output_list, inputs, root), False, root=g.ranks[root])
     return None
 
 
-def send_object_list(object_list: list, dst: int, group: Optional[ProcessGroup] = None,
-                     device: Any = None) -> None:
+def send_object_list(object_list: list, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                     device: Any = None, group_dst: Optional[int] = None, use_batch: bool = False) -> None:
     """Send the picklable objects of ``object_list`` to global rank ``dst`` (blocking).
 
     The receiver's :func:`recv_object_list` needs a list of the same length. Travels on
     the group's communicator with the reserved tag MPI_TAG_UB, so it never matches an
     array ``recv``. ``device`` is ignored (host memory). Non-members return None.
+    ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
+    exactly one of the two. ``use_batch`` (torch: send through batch_isend_irecv) is
+    accepted and changes nothing: one pickled message either way.
 
     Raises:
         TypeError: ``object_list`` is not a list. ValueError: ``dst`` is not another
-        member of the group. DistBackendError: MPI reported an error.
+        member of the group; both or neither of ``dst``/``group_dst``.
+        DistBackendError: MPI reported an error.
     """
     op = "send_object_list"
     g = member(group)
     if g is None:
         return None
     _check_list(object_list, op, "object_list")
-    peer = peer_rank(g, dst, op, "dst")
-    with p2p_call(g, op, None, None, int(dst)):
+    peer = peer_rank(g, dst, op, "dst", group_dst)
+    with p2p_call(g, op, None, None, g.ranks[peer]):
         pkl5.Intracomm(g.comm).send(object_list, peer, OBJECT_TAG)
     return None
 
 
 def recv_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                     device: Any = None) -> int:
-    """Receive a :func:`send_object_list` from global rank ``src`` (any source if None).
+                     device: Any = None, group_src: Optional[int] = None, use_batch: bool = False) -> int:
+    """Receive a :func:`send_object_list` from global rank ``src``.
 
-    ``object_list`` must have as many items as the sender's list; they are replaced in
-    place. Returns the sender's global rank (-1 on a non-member, as torch). Unpickles the
-    sender's data: trust it. ``device`` is ignored.
+    ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
+    most one of the two; neither: any source (an mpidist extension: torch 2.13 requires
+    one). ``object_list`` must have as many items as the sender's list; they are
+    replaced in place. Returns the sender's global rank (-1 on a non-member, as torch).
+    Unpickles the sender's data: trust it. ``device`` and ``use_batch`` are ignored.
 
     Raises:
         TypeError: ``object_list`` is not a list. ValueError: ``src`` is not another
-        member, or the sender's list has another length (the message is consumed).
+        member, both ``src`` and ``group_src`` given, or the sender's list has another
+        length (the message is consumed).
     """
     op = "recv_object_list"
     g = member(group)
     if g is None:
         return -1
     _check_list(object_list, op, "object_list")
-    peer = MPI.ANY_SOURCE if src is None else peer_rank(g, src, op, "src")
+    anyone = src is None and group_src is None
+    peer = MPI.ANY_SOURCE if anyone else peer_rank(g, src, op, "src", group_src)
     status = MPI.Status()
-    with p2p_call(g, op, None, None, -1 if src is None else int(src)):
+    with p2p_call(g, op, None, None, -1 if anyone else g.ranks[peer]):
         got = pkl5.Intracomm(g.comm).recv(None, peer, OBJECT_TAG, status)
     sender = g.ranks[status.Get_source()]
     _fill(object_list, got, op, sender)

@@ -1,6 +1,8 @@
 """Point-to-point: send, recv, isend, irecv, batch_isend_irecv with torch.distributed semantics.
 
-``dst``/``src``/``peer`` are global ranks even when ``group`` is given. Messages travel
+``dst``/``src``/``peer`` are global ranks even when ``group`` is given; torch 2.4+'s
+``group_dst``/``group_src``/``group_peer`` name the same rank by its rank in ``group``
+instead (one of the two, :func:`mpidist._dispatch.root_rank`). Messages travel
 on the group's private communicator, so they never match a user's own MPI traffic.
 
 Tags: array messages take tags 0 .. ``mpidist._tags.USER_TAG_MAX``; the tags above are
@@ -16,7 +18,7 @@ from mpi4py import MPI
 
 from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
-from mpidist._dispatch import group_root, p2p_call
+from mpidist._dispatch import p2p_call, root_rank
 from mpidist._recorder import begin_p2p
 from mpidist._tags import USER_TAG_MAX
 from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
@@ -36,11 +38,16 @@ def _check_tag(tag: Any, op: str, arg: str = "tag") -> int:
     return int(tag)
 
 
-def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str) -> int:
-    """Group rank of global rank ``peer``; it must be a member and not the caller."""
-    rank = group_root(g, peer, op, arg)
+def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = None,
+              group_arg: str = "") -> int:
+    """Group rank of the other side, given as global rank ``peer`` (argument ``arg``) or
+    as rank ``group_peer`` in ``g`` (argument ``group_arg``, default ``"group_" + arg``);
+    it must be a member and not the caller."""
+    group_arg = group_arg or f"group_{arg}"
+    rank = root_rank(g, peer, group_peer, op, arg, group_arg)
     if rank == g.rank():
-        raise ValueError(f"{prefix(op)} {arg}={peer} is the calling rank itself; "
+        given = f"{arg}={peer}" if group_peer is None else f"{group_arg}={group_peer}"
+        raise ValueError(f"{prefix(op)} {given} is the calling rank itself; "
                          f"expected another member of the group")
     return rank
 
@@ -78,10 +85,11 @@ class mpi_errors:  # noqa: N801  (used as a context manager: ``with mpi_errors(o
 
 
 def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag: Any, receive: bool,
-             where: str = ""):
+             group_peer: Any = None, where: str = ""):
     """Validate one p2p op: ``(group, array, peer's group rank, tag)``, or None on a non-member.
 
-    ``peer`` None on a receive means any source. ``where`` prefixes the argument names
+    ``peer`` (global) or ``group_peer`` (in ``group``) names the other side; neither on a
+    receive means any source. ``where`` prefixes the argument names
     (``"p2p_op_list[2]."``) when the op comes from a batch.
     """
     g = _runtime.resolve_group(group)
@@ -89,9 +97,13 @@ def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag
     tag = _check_tag(tag, op, f"{where}tag")
     if g.comm is None:
         return None
-    if receive and peer is None:
+    if receive and peer is None and group_peer is None:
         return g, arr, MPI.ANY_SOURCE, tag
-    return g, arr, peer_rank(g, peer, op, f"{where}peer" if where else ("src" if receive else "dst")), tag
+    if where:
+        arg, group_arg = f"{where}peer", f"{where}group_peer"
+    else:
+        arg, group_arg = ("src", "group_src") if receive else ("dst", "group_dst")
+    return g, arr, peer_rank(g, peer, op, arg, group_peer, group_arg), tag
 
 
 def _global(g: ProcessGroup, peer: int) -> int:
@@ -113,40 +125,51 @@ def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
     return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op), rec=rec)
 
 
-def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Optional[Work]:
+def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
+          group_dst: Optional[int] = None) -> Optional[Work]:
     """Start sending ``tensor`` to global rank ``dst`` (MPI_Isend); returns a Work.
 
     ``tensor`` (C-contiguous numpy array, any numeric dtype) must stay unmodified until
     the Work completes. Returns None on a non-member. ``tag``: 0 .. ``mpidist._tags.USER_TAG_MAX``.
+    ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
+    exactly one of ``dst`` and ``group_dst``.
 
     Raises:
-        TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller).
+        TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller);
+        both or neither of ``dst``/``group_dst``.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(isend, locals())
-    args = _prepare("isend", tensor, dst, group, tag, receive=False)
+    args = _prepare("isend", tensor, dst, group, tag, False, group_dst)
     return None if args is None else _post_isend(*args)
 
 
 def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-          tag: int = 0) -> Optional[Work]:
-    """Start receiving into ``tensor`` from global rank ``src`` (any source if None; MPI_Irecv).
+          tag: int = 0, group_src: Optional[int] = None) -> Optional[Work]:
+    """Start receiving into ``tensor`` from global rank ``src`` (MPI_Irecv).
 
-    ``tensor`` (writable, C-contiguous) is overwritten when the Work completes; its
-    ``source_rank()`` gives the sender's global rank. A message of another size makes
-    ``wait()`` raise ValueError. Returns None on a non-member.
+    ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
+    most one of the two; neither: any source. ``tensor`` (writable, C-contiguous) is
+    overwritten when the Work completes; its ``source_rank()`` gives the sender's global
+    rank. A message of another size makes ``wait()`` raise ValueError. Returns None on a
+    non-member.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(irecv, locals())
-    args = _prepare("irecv", tensor, src, group, tag, receive=True)
+    args = _prepare("irecv", tensor, src, group, tag, True, group_src)
     return None if args is None else _post_irecv(*args)
 
 
-def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
-    """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused (MPI_Send)."""
+def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
+         group_dst: Optional[int] = None) -> None:
+    """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused (MPI_Send).
+
+    ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
+    exactly one of ``dst`` and ``group_dst``. Errors as :func:`isend`.
+    """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(send, locals())
-    args = _prepare("send", tensor, dst, group, tag, receive=False)
+    args = _prepare("send", tensor, dst, group, tag, False, group_dst)
     if args is None:
         return None
     g, arr, peer, tag = args
@@ -159,15 +182,17 @@ def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag
 
 
 def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-         tag: int = 0) -> int:
-    """Receive into ``tensor`` from global rank ``src`` (any source if None; MPI_Recv).
+         tag: int = 0, group_src: Optional[int] = None) -> int:
+    """Receive into ``tensor`` from global rank ``src`` (MPI_Recv).
 
-    Returns the sender's global rank (-1 on a non-member). Raises ValueError if the
-    message does not have exactly ``tensor.size`` elements.
+    ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
+    most one of the two; neither: any source. Returns the sender's global rank (-1 on a
+    non-member), also when the source was given as ``group_src``. Raises ValueError if
+    the message does not have exactly ``tensor.size`` elements.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(recv, locals())
-    args = _prepare("recv", tensor, src, group, tag, receive=True)
+    args = _prepare("recv", tensor, src, group, tag, True, group_src)
     if args is None:
         return -1
     g, arr, peer, tag = args
@@ -185,29 +210,44 @@ class P2POp:
     Args:
         op: :func:`mpidist.isend` or :func:`mpidist.irecv`.
         tensor: the array to send, or to receive into (writable for irecv).
-        peer: the other side's global rank (None on an irecv: any source).
+        peer: the other side's global rank; or
         group: the process group (default: all ranks).
         tag: 0 .. ``mpidist._tags.USER_TAG_MAX``.
+        group_peer: the other side's rank in ``group`` (torch 2.4+). One of ``peer``
+            and ``group_peer``; neither on an irecv means any source (an mpidist
+            extension: torch requires one).
+
+    ``peer`` and ``group_peer`` are kept as given; :func:`batch_isend_irecv` checks them
+    against the group (torch translates one into the other at construction).
 
     Raises:
-        ValueError: ``op`` is neither isend nor irecv. TypeError / ValueError: a bad array.
+        ValueError: ``op`` is neither isend nor irecv; both ``peer`` and ``group_peer``,
+        or neither on an isend. TypeError / ValueError: a bad array.
     """
 
-    __slots__ = ("op", "tensor", "peer", "group", "tag")
+    __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
 
-    def __init__(self, op: Any, tensor: np.ndarray, peer: Optional[int], group: Optional[ProcessGroup] = None,
-                 tag: int = 0) -> None:
+    def __init__(self, op: Any, tensor: np.ndarray, peer: Optional[int] = None,
+                 group: Optional[ProcessGroup] = None, tag: int = 0, group_peer: Optional[int] = None) -> None:
         if op is not isend and op is not irecv:
             raise ValueError(f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got "
                              f"{getattr(op, '__name__', repr(op))}")
+        if peer is not None and group_peer is not None:
+            raise ValueError(f"{prefix('P2POp')} peer={peer} and group_peer={group_peer} both given; specify one "
+                             f"of them: peer is a global rank, group_peer a rank in the group")
+        if op is isend and peer is None and group_peer is None:
+            raise ValueError(f"{prefix('P2POp')} an isend needs its destination: peer (a global rank) or "
+                             f"group_peer (a rank in the group)")
         if type(tensor) is not np.ndarray and takes(tensor):
             check_p2p_tensor(tensor)
         else:
             host_array(tensor, "P2POp", "tensor", writable=op is irecv)
         self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+        self.group_peer = group_peer
 
     def __repr__(self) -> str:
-        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag}, shape={self.tensor.shape})"
+        peer = f"peer={self.peer}" if self.group_peer is None else f"group_peer={self.group_peer}"
+        return f"P2POp({self.op.__name__}, {peer}, tag={self.tag}, shape={self.tensor.shape})"
 
 
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
@@ -233,7 +273,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
     posts = []
     for i, p in enumerate(p2p_op_list):
         receive = p.op is irecv
-        args = _prepare(op, p.tensor, p.peer, p.group, p.tag, receive, f"p2p_op_list[{i}].")
+        args = _prepare(op, p.tensor, p.peer, p.group, p.tag, receive, p.group_peer, f"p2p_op_list[{i}].")
         if args is not None:
             posts.append((_post_irecv if receive else _post_isend, args))
     return [post(*args) for post, args in posts]

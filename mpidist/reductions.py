@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import group_root, launch, member
+from mpidist._dispatch import launch, member, root_rank
 from mpidist.collectives import Op, all_reduce_body
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
@@ -28,8 +28,8 @@ from mpidist._group import ProcessGroup
 from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce, make_premul_sum, scaled, to_mpi_op
 from mpidist.work import Work
 
-__all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_multigpu", "reduce_multigpu",
-           "make_premul_sum"]
+__all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
+           "reduce_multigpu", "make_premul_sum", "supports_complex"]
 
 
 def _same_shape(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_arg: str) -> None:
@@ -80,9 +80,10 @@ def _reduce(g: ProcessGroup, arr: np.ndarray, op: Op, root: int, contributions: 
         g.comm.Reduce([send, dt], None, to_mpi_op(op, arr.dtype), root)
 
 
-def reduce(tensor: np.ndarray, dst: int, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-           async_op: bool = False) -> Optional[Work]:
-    """Reduce ``tensor`` across the group into ``tensor`` on global rank ``dst`` (MPI_Reduce).
+def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None, async_op: bool = False,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Reduce ``tensor`` across the group into ``tensor`` on the destination (MPI_Reduce).
 
     Args:
         tensor: C-contiguous numpy array, same shape and dtype on every rank. Only
@@ -93,12 +94,15 @@ def reduce(tensor: np.ndarray, dst: int, op: Op = ReduceOp.SUM, group: Optional[
             ops each dtype supports.
         group: the process group (default: all ranks).
         async_op: return a :class:`Work` instead of blocking.
+        group_dst: the destination as a rank in ``group`` instead (torch 2.4+); exactly
+            one of ``dst`` and ``group_dst`` must be given.
 
     Returns:
         None, or a Work when ``async_op`` (None on non-members).
 
     Raises:
-        TypeError / ValueError: bad array, op/dtype pair, or ``dst`` not an int member rank.
+        TypeError / ValueError: bad array, op/dtype pair, ``dst`` not an int member rank,
+        both or neither of ``dst``/``group_dst``.
         DistBackendError: MPI reported an error.
 
     Source: torch.distributed.reduce; MPI-4.1 §6.9.1 (MPI_Reduce, MPI_IN_PLACE at root).
@@ -109,11 +113,11 @@ def reduce(tensor: np.ndarray, dst: int, op: Op = ReduceOp.SUM, group: Optional[
     if g is None:
         return None
     name = "reduce"
-    root = group_root(g, dst, name, "dst")
+    root = root_rank(g, dst, group_dst, name, "dst", "group_dst")
     arr = host_array(tensor, name, "tensor", writable=g.rank() == root)
     op = check_op_dtype(op, arr.dtype, prefix(name))
     return launch(g, name, _reduce, (g, arr, op, root, g.size()), async_op, (tensor,), shapes=arr.shape,
-                  dtype=arr.dtype, root=dst, count=arr.size, redop=op)
+                  dtype=arr.dtype, root=g.ranks[root], count=arr.size, redop=op)
 
 
 # -- reduce_scatter ----------------------------------------------------------------------------
@@ -213,6 +217,29 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
                   dtype=out.dtype, count=out.size, redop=op)
 
 
+def reduce_scatter_single(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
+                          group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """torch 2.13's name for :func:`reduce_scatter_tensor`, which torch 2.13 deprecates
+    (``mpidist.reduce_scatter_tensor`` warns as torch's does; this module's does not):
+    the same arguments, semantics and errors."""
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def supports_complex(reduceOp: Op) -> bool:  # noqa: N803  (torch's argument name)
+    """Whether ``reduceOp`` reduces complex arrays here (torch.distributed.supports_complex):
+    SUM, AVG, PRODUCT and PREMUL_SUM do; MIN, MAX and the bitwise ops do not. torch also
+    says False for PRODUCT, which mpidist computes on complex values (MPI_PROD).
+
+    Raises:
+        TypeError: not a ReduceOp (or a premul sum).
+    """
+    try:
+        check_op_dtype(reduceOp, np.dtype(np.complex64), prefix("supports_complex"))
+    except ValueError:
+        return False
+    return True
+
+
 # -- the seeds' multi-array ("multigpu") forms ------------------------------------------------
 # One process holding several arrays stands for one process driving several devices:
 # the arrays are reduced locally in list order, then across ranks.
@@ -285,9 +312,9 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
                   shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=arrays[0].size, redop=op)
 
 
-def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = ReduceOp.SUM,
+def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None, op: Op = ReduceOp.SUM,
                     group: Optional[ProcessGroup] = None, async_op: bool = False,
-                    dst_tensor: int = 0) -> Optional[Work]:
+                    dst_tensor: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
     """Reduce every array of every rank's ``tensor_list`` into ``tensor_list[dst_tensor]``
     on global rank ``dst``.
 
@@ -303,6 +330,8 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = Reduce
         op: a :class:`ReduceOp` or ``make_premul_sum(factor)``.
         group, async_op: as in reduce.
         dst_tensor: index in ``dst``'s ``tensor_list`` of the array that receives it.
+        group_dst: the destination as a rank in ``group`` instead of ``dst`` (as torch
+            2.4+'s reduce); exactly one of them.
 
     Raises:
         TypeError: not a list, dtypes differ, ``dst``/``dst_tensor`` not an int.
@@ -317,7 +346,7 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = Reduce
     if g is None:
         return None
     name = "reduce_multigpu"
-    root = group_root(g, dst, name, "dst")
+    root = root_rank(g, dst, group_dst, name, "dst", "group_dst")
     arrays = _array_list(tensor_list, name, "tensor_list", writable=False, distinct=True)
     if not isinstance(dst_tensor, (int, np.integer)) or isinstance(dst_tensor, bool):
         raise TypeError(f"{prefix(name)} dst_tensor must be an int, got {type(dst_tensor).__name__}")
@@ -328,5 +357,5 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: int, op: Op = Reduce
         host_array(arrays[dst_tensor], name, f"tensor_list[{dst_tensor}]", writable=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
     return launch(g, name, _reduce_multi, (g, arrays, op, root, int(dst_tensor)), async_op,
-                  tuple(tensor_list), shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, root=dst,
+                  tuple(tensor_list), shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, root=g.ranks[root],
                   count=arrays[0].size, redop=op)

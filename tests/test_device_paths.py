@@ -350,3 +350,37 @@ def test_device_calls_on_nccl_groups_go_to_nccl(dist, world, nccl_calls, kind):
         dist.all_gather([np.zeros(3) for _ in members], x, group=g)
     assert len(nccl_calls) == calls
     dist.destroy_process_group(g)
+
+
+def test_group_ranks_reach_nccl_as_global_ranks(dist, world, nccl_calls):
+    """torch 2.4+'s group_src/group_dst/group_peer on device arrays: the router translates
+    them once, so NCCL's ops see global ranks only (and the defaults: scatter's 0)."""
+    rank, size = world
+    members = list(range(size - 1, -1, -2))[::-1]  # the ranks of the last rank's parity
+    g = dist.new_group(members, backend="nccl")
+    x = FakeDeviceArray((3,))
+    if rank not in members:
+        assert dist.broadcast(x, group=g, group_src=0) is None and not nccl_calls
+        return
+    last = len(members) - 1
+    dist.broadcast(x, group=g, group_src=last)
+    assert nccl_calls[-1][2] == {"tensor": x, "src": members[last], "async_op": False}
+    dist.reduce(x, group=g, group_dst=0, async_op=True)
+    assert nccl_calls[-1][2]["dst"] == members[0] and "group_dst" not in nccl_calls[-1][2]
+    if 0 in members:
+        dist.scatter(x, group=g)
+        assert nccl_calls[-1][2]["src"] == 0 and "group_src" not in nccl_calls[-1][2]
+    else:  # torch's default source, global rank 0, is not in this group
+        with pytest.raises(ValueError, match=r"scatter: src=0: global rank 0 is not part of group"):
+            dist.scatter(x, group=g)
+    dist.recv(x, group=g)  # any source stays any source
+    assert nccl_calls[-1][2]["src"] is None and "group_src" not in nccl_calls[-1][2]
+    p2p = [dist.P2POp(dist.irecv, x, group=g, group_peer=last)]
+    dist.batch_isend_irecv(p2p)
+    sent = nccl_calls[-1][2]["p2p_op_list"][0]
+    assert (sent.peer, sent.group_peer, sent.tensor, sent.group) == (members[last], None, x, g)
+    with pytest.raises(ValueError, match=r"broadcast: src=0 and group_src=0 both given"):
+        dist.broadcast(x, 0, group=g, group_src=0)
+    with pytest.raises(ValueError, match=rf"gather: group_dst={len(members)} is out of range"):
+        dist.gather(x, group=g, group_dst=len(members))
+    dist.destroy_process_group(g)

@@ -208,3 +208,24 @@ def test_non_contiguous_device_array_rejected(dist, rt):
         mpidist.all_reduce(x)
     with pytest.raises(ValueError, match=r"P2POp: tensor must be C-contiguous"):
         mpidist.P2POp(mpidist.isend, x, 0)
+
+
+def test_group_ranks_on_the_staging_path(dist, rt, world):
+    """group_src/group_dst (torch 2.4+) with device arrays staged through host memory."""
+    rank, size = world
+    root = size - 1
+    x = FakeDeviceArray.from_host(np.full(3, float(rank)))
+    dist.broadcast(x, group_src=root)
+    np.testing.assert_array_equal(x.host, np.full(3, float(root)))
+    y = FakeDeviceArray.from_host(np.ones(2))
+    dist.reduce(y, group_dst=root, async_op=True).wait()
+    np.testing.assert_array_equal(y.host, np.full(2, float(size if rank == root else 1)))
+    if size > 1:
+        right, left = (rank + 1) % size, (rank - 1) % size
+        r = FakeDeviceArray.from_host(np.zeros(2))
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, r, group_peer=left),
+                                        dist.P2POp(dist.isend, FakeDeviceArray.from_host(np.full(2, float(rank))),
+                                                   group_peer=right)])
+        for w in works:
+            w.wait()
+        np.testing.assert_array_equal(r.host, np.full(2, float(left)))

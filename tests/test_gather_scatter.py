@@ -655,5 +655,8 @@ def test_public_names():
     from mpidist import gather_scatter
 
     for name in gather_scatter.__all__:
-        assert getattr(mpidist, name) is getattr(gather_scatter, name)
+        public = getattr(mpidist, name)
+        if name in mpidist._deprecated.__all__:  # torch 2.13 deprecates it: a warning over this module's
+            public = public.__wrapped__
+        assert public is getattr(gather_scatter, name)
         assert getattr(mpidist, name).__doc__

@@ -46,6 +46,8 @@ SIGNATURES: dict[str, tuple] = {
     "recv": (("tensor", OUT, ONE),),
     "irecv": (("tensor", OUT, ONE),),
     "batch_isend_irecv": (("p2p_op_list", None, P2P),),  # role per op: isend IN, irecv OUT
+    "all_reduce_coalesced": (("tensors", INOUT, LIST),),
+    "all_gather_coalesced": (("input_tensor_list", IN, LIST), ("output_tensor_lists", OUT, LISTS)),
 }
 
 _SUFFIX = {ONE: "", LIST: "[0]", LISTS: "[0][0]", P2P: "[0].tensor"}

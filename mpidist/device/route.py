@@ -58,7 +58,32 @@ def check_p2p_tensor(tensor: Any) -> None:
 def _make_p2p(p: Any, tensor: Any) -> Any:
     from mpidist.p2p import P2POp  # noqa: PLC0415
 
-    return P2POp(p.op, tensor, p.peer, p.group, p.tag)
+    return P2POp(p.op, tensor, p.peer, p.group, p.tag, p.group_peer)
+
+
+#: op -> (its root argument, the global rank meant when neither it nor ``group_<arg>`` is
+#: given: 0 as torch, None when one is required, -1 for any source)
+_ROOTS = {"broadcast": ("src", None), "broadcast_multigpu": ("src", None), "scatter": ("src", 0),
+          "recv": ("src", -1), "irecv": ("src", -1), "reduce": ("dst", None), "reduce_multigpu": ("dst", None),
+          "gather": ("dst", 0), "send": ("dst", None), "isend": ("dst", None)}
+
+
+def _global_root(op: str, g: Any, args: dict) -> dict:
+    """``args`` with the op's root (src/dst) as a global rank and no ``group_src``/
+    ``group_dst`` (torch 2.4+): every path then sees one form (NCCL's ops take global
+    ranks). Both or neither given: the host op's checks raise (:func:`root_rank`)."""
+    from mpidist._dispatch import root_rank  # noqa: PLC0415
+
+    found = _ROOTS.get(op)
+    if found is None:
+        return args
+    arg, default = found
+    group_arg = "group_" + arg
+    rank, group_rank = args.get(arg), args.pop(group_arg, None)
+    if rank is None and group_rank is None and default == -1:
+        return args  # a receive from any source
+    args[arg] = g.ranks[root_rank(g, rank, group_rank, op, arg, group_arg, None if default == -1 else default)]
+    return args
 
 
 def _redop_dtype(op: str, args: dict, rt: Any, found: list) -> tuple[Any, Optional[np.dtype]]:
@@ -95,6 +120,7 @@ def device_call(fn: Callable[..., Any], args: dict) -> Any:
         g = member(args.get("group"))
         if g is None:
             return _non_member_result(op)
+        args = _global_root(op, g, args)
     found = list(A.leaves(op, args))
     rt, _ = A.classify(op, found)
     backend = paths.device_backend(g.backend)
@@ -120,10 +146,10 @@ def _batch_group(args: dict) -> tuple[Any, dict]:
 
     ops = args["p2p_op_list"]
     mine, groups = [], []
-    for p in ops:
+    for i, p in enumerate(ops):
         g = _runtime.resolve_group(getattr(p, "group", None))
         if g.comm is not None:
-            mine.append(p)
+            mine.append(_global_peer(p, g, i))
             groups.append(g)
     if not mine:
         return None, args
@@ -131,6 +157,20 @@ def _batch_group(args: dict) -> tuple[Any, dict]:
         raise ValueError(f"{prefix('batch_isend_irecv')} p2p_op_list mixes groups with NCCL and MPI "
                          f"device backends; one batch must use one")
     return groups[0], dict(args, p2p_op_list=mine)
+
+
+def _global_peer(p: Any, g: Any, i: int) -> Any:
+    """P2POp ``p`` (``p2p_op_list[i]``) with its peer as a global rank (torch 2.4+'s
+    ``group_peer`` translated), as NCCL's batch expects; ``p`` itself when it has one."""
+    from mpidist._dispatch import root_rank  # noqa: PLC0415
+    from mpidist.p2p import P2POp  # noqa: PLC0415
+
+    group_peer = getattr(p, "group_peer", None)
+    if group_peer is None:
+        return p
+    where = f"p2p_op_list[{i}]."
+    rank = root_rank(g, p.peer, group_peer, "batch_isend_irecv", f"{where}peer", f"{where}group_peer")
+    return P2POp(p.op, p.tensor, g.ranks[rank], p.group, p.tag)
 
 
 def _mpi_cuda(fn: Callable[..., Any], op: str, args: dict, rt: Any) -> Any:

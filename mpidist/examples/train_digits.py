@@ -405,7 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         world)
     every = np.zeros((world, 2))
     if step:
-        mpidist.all_gather_into_tensor(every, totals)
+        mpidist.all_gather_single(every, totals)
     state = training_state(model, optimizer, epoch, step, every, history, config)
     ckpt = write_outputs(args, state, history, rank, world)
     if rank == 0:

@@ -1,0 +1,123 @@
+"""torch's coalesced collectives, all_reduce_coalesced and all_gather_coalesced: several
+arrays in one collective, built on the existing ops' bodies (one MPI collective and one
+Work per call). torch 2.13 says they "will be deprecated" (FutureWarning): the public
+``mpidist.all_reduce_coalesced`` / ``mpidist.all_gather_coalesced`` warn as torch's do
+(:mod:`mpidist._deprecated`); these implementations do not.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mpidist._dispatch import launch, member
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp, check_op_dtype
+from mpidist.collectives import Op, all_reduce_body
+from mpidist.device.route import device_call, first_takes
+from mpidist.errors import prefix
+from mpidist.gather_scatter import _array_list, _same_shape, gather_slots
+from mpidist.work import Work
+
+__all__ = ["all_reduce_coalesced", "all_gather_coalesced"]
+
+
+def _all_reduce_packed(g: ProcessGroup, arrays: list, op: Op) -> None:
+    """all_reduce of several arrays as one: packed into one buffer, reduced by
+    all_reduce's body (so with its algorithm choice for the total size), unpacked."""
+    if len(arrays) == 1:
+        all_reduce_body(g, arrays[0], op)
+        return
+    flat = np.concatenate([a.reshape(-1) for a in arrays])
+    all_reduce_body(g, flat, op)
+    start = 0
+    for a in arrays:
+        a.reshape(-1)[...] = flat[start:start + a.size]
+        start += a.size
+
+
+def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+                         async_op: bool = False) -> Optional[Work]:
+    """all_reduce of every array of ``tensors`` in one collective (torch.distributed.all_reduce_coalesced).
+
+    Args:
+        tensors: a list of C-contiguous, writable arrays of one dtype (shapes may differ),
+            or one array; the same list (lengths, shapes, dtype) on every rank (not
+            checked across ranks, as torch warns). Each is overwritten on every member
+            with its reduction, bitwise identical everywhere.
+        op: a :class:`ReduceOp` or ``make_premul_sum(factor)``, as all_reduce's.
+        group: the process group (default: all ranks); non-members return None.
+        async_op: return a :class:`Work` (torch's code returns the work's future, though
+            its docstring promises the work handle; ``Work.get_future()`` gives one).
+
+    The arrays are packed into one buffer and all-reduced by all_reduce's own body, then
+    unpacked: one MPI collective, one extra copy of the data each way. Device arrays:
+    staged through host memory on MPI backends; NCCL groups raise ValueError (use
+    all_reduce per array there).
+
+    Raises:
+        TypeError: not arrays, or dtypes differ. ValueError: an empty list, an op the
+        dtype does not support, a read-only or non-contiguous array.
+    """
+    if not isinstance(tensors, (list, tuple)):
+        tensors = [tensors]
+    if first_takes(tensors):  # device arrays: to the router
+        return device_call(all_reduce_coalesced, locals())
+    g = member(group)
+    if g is None:
+        return None
+    name = "all_reduce_coalesced"
+    arrays = _array_list(tensors, name, "tensors", None, True)
+    op = check_op_dtype(op, arrays[0].dtype, prefix(name))
+    return launch(g, name, _all_reduce_packed, (g, arrays, op), async_op, tuple(tensors),
+                  shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=sum(a.size for a in arrays),
+                  redop=op)
+
+
+def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], input_tensor_list: Sequence[np.ndarray],
+                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """all_gather of several arrays per rank in one collective (torch.distributed.all_gather_coalesced).
+
+    Args:
+        output_tensor_lists: one list per group rank ``k``, each of
+            ``len(input_tensor_list)`` C-contiguous, writable arrays:
+            ``output_tensor_lists[k][j]`` receives group rank ``k``'s
+            ``input_tensor_list[j]`` (same number of elements; this rank's own row must
+            have its inputs' shapes). Overwritten on every member.
+        input_tensor_list: this rank's arrays, one dtype (the outputs' too), any shapes;
+            the same count on every rank. Read only.
+        group: the process group (default: all ranks); non-members return None.
+        async_op: return a :class:`Work` (torch's code returns the work's future).
+
+    One MPI_Allgather(v) of each rank's packed inputs (the body of all_gather_multigpu).
+    Device arrays: staged through host memory on MPI backends; NCCL groups raise
+    ValueError.
+
+    Raises:
+        TypeError: not lists or arrays, or dtypes differ. ValueError: list lengths other
+        than the group size and ``len(input_tensor_list)``, own-row shapes that differ
+        from the inputs', read-only or non-contiguous outputs.
+    """
+    if first_takes(input_tensor_list):  # device arrays: to the router
+        return device_call(all_gather_coalesced, locals())
+    g = member(group)
+    if g is None:
+        return None
+    name = "all_gather_coalesced"
+    inps = _array_list(input_tensor_list, name, "input_tensor_list", None, False)
+    if not isinstance(output_tensor_lists, (list, tuple)):
+        raise TypeError(f"{prefix(name)} output_tensor_lists must be a list of lists of numpy arrays, got "
+                        f"{type(output_tensor_lists).__name__}")
+    if len(output_tensor_lists) != g.size():
+        raise ValueError(f"{prefix(name)} output_tensor_lists must hold one list per group rank = {g.size()} lists, "
+                         f"got {len(output_tensor_lists)}")
+    rows = [_array_list(lst, name, f"output_tensor_lists[{k}]", len(inps), True, "len(input_tensor_list)",
+                        dtype_of=(inps[0], "input_tensor_list[0]"))
+            for k, lst in enumerate(output_tensor_lists)]
+    me = g.rank()
+    for j, inp in enumerate(inps):
+        if rows[me][j].shape != inp.shape:
+            _same_shape(rows[me][j], inp, name, f"output_tensor_lists[{me}][{j}]", f"input_tensor_list[{j}]",
+                        " (it receives that input)")
+    results = tuple(a for lst in output_tensor_lists for a in lst)
+    return gather_slots(g, name, inps, [a for row in rows for a in row], async_op, results)
