@@ -32,12 +32,26 @@ from typing import Any, Callable, Optional
 __all__ = ["write", "abort_job", "end_job", "install_excepthook", "remove_excepthook", "excepthook_installed"]
 
 
+class _Capture(io.StringIO):
+    """Where :class:`_Hook` collects the previous hook's output."""
+
+
+def _stderr() -> Any:
+    """``sys.stderr``, unless someone else's in-memory buffer stands in for it (torch's
+    excepthook swaps one in to prefix the output of the hook it wraps, ours): then the
+    process's real stderr, since a job that is being aborted would never print that buffer."""
+    if isinstance(sys.stderr, io.StringIO) and not isinstance(sys.stderr, _Capture) and sys.__stderr__ is not None:
+        return sys.__stderr__
+    return sys.stderr
+
+
 def write(rank: Optional[int], text: str) -> None:
     """Write ``text`` to stderr at once, each line prefixed ``[rank r] `` (none if rank is None)."""
     sys.stdout.flush()
     tag = f"[rank {rank}] " if rank is not None else ""
-    sys.stderr.write("".join(f"{tag}{line}\n" for line in text.rstrip("\n").splitlines()))
-    sys.stderr.flush()
+    stream = _stderr()
+    stream.write("".join(f"{tag}{line}\n" for line in text.rstrip("\n").splitlines()))
+    stream.flush()
 
 
 def abort_job(code: int) -> None:
@@ -82,7 +96,7 @@ class _Hook:
     def _format(self, exc_type: type, exc: BaseException, tb: Any) -> str:
         """The traceback as the previous hook prints it (captured), or as Python prints it."""
         if self.previous is not sys.__excepthook__:
-            saved, sys.stderr = sys.stderr, io.StringIO()
+            saved, sys.stderr = sys.stderr, _Capture()
             try:
                 self.previous(exc_type, exc, tb)
                 text = sys.stderr.getvalue()

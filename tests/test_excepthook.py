@@ -134,6 +134,26 @@ def test_a_hook_installed_before_formats_the_traceback(dist, monkeypatch, capsys
     assert capsys.readouterr().err == "custom: ValueError: y\n"
 
 
+def test_a_hook_that_wraps_ours_and_captures_stderr_does_not_swallow_the_traceback(capfd, monkeypatch):
+    """torch's init_process_group wraps the hook it finds (ours, under mpidist.torch) and
+    captures its output in a StringIO to prefix it; since ours aborts the job before that
+    buffer is printed, ours writes to the real stderr."""
+    import io
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)  # not the one init installed in this process
+    hook = _abort._Hook(0, 1, lambda reason: "")
+
+    def torch_like(*args):
+        saved, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            hook(*args)
+        finally:
+            sys.stderr = saved
+
+    torch_like(ValueError, ValueError("z"), None)
+    assert capfd.readouterr().err == "[rank 0] ValueError: z\n"
+
+
 def test_opt_out_value_is_checked():
     out = subprocess.run([sys.executable, "-c", "import mpidist; mpidist.init_process_group()"], capture_output=True,
                          text=True, timeout=60, env=launcher_free_env(MPIDIST_ABORT_ON_EXCEPTION="no"))
