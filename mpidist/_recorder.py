@@ -16,12 +16,17 @@ rank, -1 if none), issue / start / end times (``time.monotonic``), state, timeou
 (seconds) and extra text (the timeout message). States go scheduled (queued on the
 group's engine) -> started -> completed | failed | timed out.
 
-:func:`dump` writes the ring to ``<dir>/rank<r>.json`` (atomically: temporary file,
-rename) on a timeout, an abort (``python -m mpidist``), SIGTERM, or when a peer that
-timed out asks for it; ``python -m mpidist.tools.trace DIR`` lines the ranks up. The
-directory is ``MPIDIST_TRACE_DIR``, else ``<tmp>/mpidist-trace-<job>`` with a job
+:func:`dump` writes the ring to ``<dir>/rank<r>.json`` on a timeout, an abort (an
+unhandled exception, ``python -m mpidist``), SIGTERM, or when a peer that timed out asks
+for it; ``python -m mpidist.tools.trace DIR`` lines the ranks up. The directory is
+``MPIDIST_TRACE_DIR``, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` with a
 name rank 0 chose at init_process_group (so every rank of a job writes to the same
-directory on a shared file system).
+directory on a shared file system). It is created only when a dump happens, so a job
+that does not fail leaves nothing behind. Dumps are written safely
+(:mod:`mpidist._private`): the directory must be a real directory owned by this user and
+writable by nobody else (created with mode 0700), the file is created through the
+directory's descriptor with ``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place; an
+unsafe directory is refused (nothing is written, :data:`last_error` says why).
 """
 from __future__ import annotations
 
@@ -34,11 +39,13 @@ import threading
 import time
 from typing import Any, Optional
 
+from mpidist._private import UnsafeDirectory, fresh_name, write_private_file
+
 __all__ = [
     "SEQ", "OP", "GROUP", "SHAPES", "DTYPE", "ROOT", "T_ISSUE", "T_START", "T_END", "STATE", "LIMIT", "INFO",
     "SCHEDULED", "STARTED", "COMPLETED", "FAILED", "TIMED_OUT", "P2P_OPS",
     "begin", "begin_p2p", "end", "fail", "watched", "unbounded", "configure", "snapshot", "dump", "trace_dir", "group_key",
-    "describe",
+    "describe", "report", "last_error", "TRACE_PREFIX",
 ]
 
 # Entry layout: indices into the list begin() returns.
@@ -61,6 +68,10 @@ watched: dict = {}
 #: job even with MPIDIST_ABORT_ON_TIMEOUT=0, since there is no waiter to raise in.
 unbounded: set = set()
 _dir: Optional[str] = None
+#: Why the last dump failed ("" after a dump that worked).
+last_error: str = ""
+#: The default directory's name starts so (then the time and 16 random hex digits).
+TRACE_PREFIX = "mpidist-trace-"
 _dump_lock = threading.RLock()  # a SIGTERM handler may dump while its thread is dumping
 
 
@@ -177,10 +188,21 @@ def describe(rec: list, now: Optional[float] = None) -> str:
 
 
 def trace_dir() -> str:
-    """Where :func:`dump` writes: MPIDIST_TRACE_DIR, else the job's directory under the temp dir."""
-    if _dir:
-        return _dir
-    return os.path.join(tempfile.gettempdir(), "mpidist-trace")
+    """Where :func:`dump` writes: MPIDIST_TRACE_DIR, else the job's directory under the temp
+    dir (named at init_process_group; before it, a fresh name for this process)."""
+    global _dir
+    if not _dir:
+        _dir = os.path.join(tempfile.gettempdir(), fresh_name(TRACE_PREFIX))
+    return _dir
+
+
+def report(path: Optional[str]) -> str:
+    """What to print after a dump that returned ``path``: where it is and how to read it, or
+    why it could not be written."""
+    if path:
+        return (f"flight recorder written to {path} (and by every rank that answered); "
+                f"run `python -m mpidist.tools.trace {os.path.dirname(path)}`")
+    return f"the flight recorder could not be written ({last_error or 'unknown error'})"
 
 
 def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
@@ -189,14 +211,13 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
     ``groups``: the live groups, for their sequence numbers and ops in flight. Never
     raises: it runs while a job is failing.
     """
+    global last_error
     from mpidist import _runtime  # noqa: PLC0415  (import cycle)
 
     st = _runtime.state_or_none()
     rank = st.rank if st is not None else int(os.environ.get("PMI_RANK", os.environ.get("RANK", "0")))
     with _dump_lock:
         try:
-            directory = trace_dir()
-            os.makedirs(directory, exist_ok=True)
             offset = time.time() - _now()
             live = groups if groups is not None else (_runtime.live_groups() if st is not None else [])
             doc = {
@@ -209,11 +230,11 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
                            for g in live],
                 "entries": [_entry_dict(rec, offset) for rec in list(_ring)],
             }
-            path = os.path.join(directory, f"rank{rank}.json")
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(doc, f, indent=1, default=str)
-            os.replace(tmp, path)
+            data = json.dumps(doc, indent=1, default=str).encode()
+            path = write_private_file(trace_dir(), f"rank{rank}.json", data)
+            last_error = ""
             return path
-        except Exception:  # noqa: BLE001  (a failing job must still abort)
+        except Exception as exc:  # noqa: BLE001  (a failing job must still abort)
+            last_error = (f"{exc}; set MPIDIST_TRACE_DIR to a directory of your own"
+                          if isinstance(exc, UnsafeDirectory) else f"{type(exc).__name__}: {exc}")
             return None

@@ -3,8 +3,11 @@ and the timeout watchdog.
 
 Rank and world size come from MPI_COMM_WORLD (mpi4py initializes MPI with
 ``MPI_THREAD_MULTIPLE`` when it is imported), so there is no rendezvous, no
-MASTER_ADDR and no listening socket. The local rank is the rank in the
-shared-memory split of MPI_COMM_WORLD (``MPI_COMM_TYPE_SHARED``).
+MASTER_ADDR, and mpidist opens no listening socket (the MPI launcher and the MPI
+library's transports do: docs/hpc.md). The local rank is the rank in the
+shared-memory split of MPI_COMM_WORLD (``MPI_COMM_TYPE_SHARED``). RANK and
+WORLD_SIZE are exported at import (:mod:`mpidist._environ`), all four variables again
+at init_process_group.
 
 Reliability settings, read by init_process_group (docs/reliability.md):
 
@@ -15,16 +18,18 @@ Reliability settings, read by init_process_group (docs/reliability.md):
 * ``MPIDIST_DEBUG=DETAIL``: check every collective's fingerprint first (:mod:`mpidist._debug`).
 * ``MPIDIST_TRACE_BUFFER`` (entries, default 2048) and ``MPIDIST_TRACE_DIR``: the flight
   recorder (:mod:`mpidist._recorder`).
+* ``MPIDIST_ABORT_ON_EXCEPTION=0``: do not install the hook that aborts the job when a
+  rank has an unhandled exception (:mod:`mpidist._abort`).
 """
 from __future__ import annotations
 
 import atexit
 import datetime
+import operator
 import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -33,16 +38,18 @@ from typing import Any, Optional
 
 from mpi4py import MPI
 
-from mpidist import _debug, _recorder as R, work
+from mpidist import _abort, _debug, _environ, _initcheck, _recorder as R, work
+from mpidist._abort import abort_job
 from mpidist.device import binding, detect
-from mpidist.errors import prefix
+from mpidist.errors import DistError, prefix
 from mpidist._group import ProcessGroup
+from mpidist._private import fresh_name
 
 __all__ = [
     "Backend", "RuntimeState", "init_process_group", "destroy_process_group", "is_initialized",
     "is_mpi_available", "is_nccl_available", "get_backend", "get_rank", "get_world_size",
     "get_node_local_rank", "get_local_world_size", "state", "state_or_none", "resolve_group",
-    "DEFAULT_TIMEOUT", "live_groups", "dump_all", "abort_job", "canonical_backend",
+    "DEFAULT_TIMEOUT", "live_groups", "dump_all", "dump_all_report", "abort_job", "canonical_backend",
 ]
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -56,7 +63,7 @@ class Backend(str):
     MPI = "mpi"
     NCCL = "nccl"
     GLOO = "gloo"
-    _SUPPORTED = ("mpi", "nccl")
+    _SUPPORTED = ("mpi", "gloo", "nccl")
 
     def __new__(cls, name: str) -> "Backend":
         if not isinstance(name, str):
@@ -80,6 +87,9 @@ class RuntimeState:
 
 
 _state: Optional[RuntimeState] = None
+
+if MPI.Is_initialized() and not MPI.Is_finalized():  # (not if the program set mpi4py.rc.initialize)
+    _environ.export_at_import(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
 
 
 def state_or_none() -> Optional[RuntimeState]:
@@ -112,41 +122,63 @@ def is_nccl_available() -> bool:
     return True
 
 
-_DEVICE_BACKENDS = {"cpu": ("mpi",), "cuda": ("mpi", "nccl")}
+_DEVICE_BACKENDS = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "gloo", "nccl")}
+_gloo_warned = False
 
 
 def canonical_backend(backend: Optional[str], where: str = "init_process_group:") -> str:
-    """The stored form of a backend string: ``"mpi"``, ``"nccl"`` or ``"cpu:mpi,cuda:nccl"``.
+    """The stored form of a backend string, as :func:`get_backend` returns it.
 
-    Accepts torch's spellings: ``"mpi"``/``"cpu:mpi"``/``"cuda:mpi"``/``"cpu:mpi,cuda:mpi"``
-    (-> ``"mpi"``), ``"nccl"``/``"cuda:nccl"`` (-> ``"nccl"``) and ``"cpu:mpi,cuda:nccl"`` in
-    either order, any case. Host arrays always travel over MPI, whatever the backend.
+    Accepts torch's spellings, any case: ``"mpi"``/``"cpu:mpi"``/``"cuda:mpi"``/
+    ``"cpu:mpi,cuda:mpi"`` (-> ``"mpi"``); ``"nccl"``/``"cuda:nccl"`` (-> ``"nccl"``);
+    ``"gloo"``/``"cpu:gloo"``/``"cuda:gloo"`` (-> ``"gloo"``); ``"cpu:mpi,cuda:nccl"`` and
+    ``"cpu:gloo,cuda:nccl"`` in either order (a mixed ``"cpu:gloo,cuda:mpi"`` is kept so).
+    Host arrays always travel over MPI, whatever the backend; ``"gloo"`` is MPI under
+    torch's name (one warning per process, :func:`_warn_gloo`), so that programs written for
+    torch run and ``get_backend() == "gloo"`` stays true for them.
 
     Raises:
-        ValueError: any other backend (gloo, ucc, a device other than cpu/cuda, ...).
+        ValueError: any other backend (ucc, "cpu:nccl", a device other than cpu/cuda, a
+            device named twice, ...).
     """
     if backend is None:
         return Backend.MPI
     name = Backend(backend).replace(" ", "")
-    if name in ("mpi", "nccl"):
-        return name
-    chosen: dict = {}
-    for part in name.split(","):
-        device, _, impl = part.partition(":")
-        if impl not in _DEVICE_BACKENDS.get(device, ()) or device in chosen:
-            chosen = {}
-            break
-        chosen[device] = impl
+    if name in ("mpi", "gloo"):
+        chosen = {"cpu": name, "cuda": name}
+    elif name == "nccl":
+        chosen = {"cuda": "nccl"}
+    else:
+        chosen = {}
+        for part in name.split(","):
+            device, _, impl = part.partition(":")
+            if impl not in _DEVICE_BACKENDS.get(device, ()) or device in chosen:
+                chosen = {}
+                break
+            chosen[device] = impl
     if not chosen:
-        raise ValueError(f"{where} backend {backend!r} is not supported; expected 'mpi', 'nccl' or "
-                         f"'cpu:mpi,cuda:nccl' (torch's device:backend form)")
-    if chosen.get("cuda") != "nccl":
-        return Backend.MPI
-    return Backend.NCCL if "cpu" not in chosen else "cpu:mpi,cuda:nccl"
+        raise ValueError(f"{where} backend {backend!r} is not supported; expected 'mpi', 'gloo', 'nccl' or "
+                         f"torch's device:backend form such as 'cpu:gloo,cuda:nccl' (cpu: mpi or gloo; "
+                         f"cuda: mpi, gloo or nccl)")
+    if chosen.get("cuda") == "nccl":
+        stored = Backend.NCCL if "cpu" not in chosen else f"cpu:{chosen['cpu']},cuda:nccl"
+    elif len(set(chosen.values())) == 1:
+        stored = next(iter(chosen.values()))
+    else:
+        stored = f"cpu:{chosen['cpu']},cuda:{chosen['cuda']}"
+    if "gloo" in stored:
+        _warn_gloo(backend, where)
+    return stored
 
 
-def _parse_backend(backend: Optional[str]) -> str:
-    return canonical_backend(backend)
+def _warn_gloo(backend: str, where: str) -> None:
+    """Once per process: mpidist runs a gloo backend name over MPI."""
+    global _gloo_warned
+    if not _gloo_warned:
+        _gloo_warned = True
+        warnings.warn(f"{where} mpidist runs the {backend!r} backend over MPI: 'gloo' is accepted for programs "
+                      f"written for torch (get_backend() says 'gloo'), host arrays travel over MPI as with "
+                      f"'mpi', and ranks come from the MPI launcher (mpiexec/srun)", stacklevel=5)
 
 
 def _check_init_method(init_method: Optional[str]) -> None:
@@ -154,7 +186,7 @@ def _check_init_method(init_method: Optional[str]) -> None:
         return
     if init_method.startswith(("tcp://", "file://")):
         warnings.warn(f"init_process_group: init_method {init_method!r} ignored: mpidist takes ranks "
-                      f"from MPI and needs no rendezvous", stacklevel=3)
+                      f"from MPI and needs no rendezvous", stacklevel=4)
         return
     raise ValueError(f"init_process_group: init_method must be None, 'env://', 'tcp://...' or "
                      f"'file://...', got {init_method!r}")
@@ -174,65 +206,154 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
                        pg_options: Any = None, device_id: Any = None) -> None:
     """Create the default process group from MPI_COMM_WORLD (collective over it).
 
-    Same signature as ``torch.distributed.init_process_group``. Differences: rank and
-    world size come from MPI, so ``world_size``/``rank`` may be left at -1 and must
-    match MPI if given; ``store`` is not used; ``tcp://`` and ``file://`` init methods
-    are accepted with a warning and ignored. A plain ``python script.py`` is a world
-    of size 1. Exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.
+    Same signature as ``torch.distributed.init_process_group``. Rank and world size come
+    from MPI: launch with ``mpiexec -n N python script.py`` or ``srun -n N ...``; a plain
+    ``python script.py`` is a world of size 1. ``store`` is not used; ``tcp://`` and
+    ``file://`` init methods are accepted with a warning and ignored.
 
-    ``backend``: ``"mpi"`` (default), ``"nccl"`` or ``"cpu:mpi,cuda:nccl"`` (torch's
-    spellings accepted, see :func:`canonical_backend`); NCCL is loaded only when a device
-    array first meets it, so ``"nccl"`` initializes on a CPU-only machine too (torch
-    refuses). Device binding: where CuPy and a GPU exist, the device ``device_id`` (an
-    int, ``"cuda:N"`` or a ``torch.device``-like object with ``.index``), else env
-    ``MPIDIST_DEVICE``, else ``local_rank % device_count`` becomes the current device
-    (``cupy.cuda.Device(d).use()``), as torch's launch convention. CUDA-awareness of MPI
-    is detected here (``MPIDIST_CUDA_AWARE=0|1`` overrides; docs/device.md).
+    ``backend``: ``"mpi"`` (default), ``"nccl"``, ``"cpu:mpi,cuda:nccl"``, or torch's gloo
+    names ``"gloo"`` / ``"cpu:gloo,cuda:nccl"``, which run over MPI (one warning per
+    process; :func:`get_backend` returns the gloo name, as torch would) -- see
+    :func:`canonical_backend`. NCCL is loaded only when a device array first meets it, so
+    ``"nccl"`` initializes on a CPU-only machine too (torch refuses). Device binding: where
+    CuPy and a GPU exist, the device ``device_id`` (an int, ``"cuda:N"`` or a
+    ``torch.device``-like object with ``.index``), else env ``MPIDIST_DEVICE``, else
+    ``local_rank % device_count`` becomes the current device (``cupy.cuda.Device(d).use()``),
+    as torch's launch convention. CUDA-awareness of MPI is detected here
+    (``MPIDIST_CUDA_AWARE=0|1`` overrides; docs/device.md).
+
+    ``rank`` / ``world_size`` (-1: take MPI's):
+
+    * with an MPI backend name (``"mpi"``, ``"cpu:mpi"``, ...), as torch's MPI backend, they
+      are assigned by MPI: values that differ from MPI's are ignored with a warning ("For
+      MPI backend, world_size (0) and rank (0) are ignored since they are assigned by the MPI
+      runtime", e.g. the tutorials' ``init_process(0, 0, run, backend='mpi')``). Exception:
+      ranks that are all different and each a rank of the job (0 <= rank < n) but not MPI's
+      would renumber the processes, which mpidist cannot do: every rank raises ValueError.
+    * with any other name (None, ``"gloo"``, ``"nccl"``, ...) they are meant (torch uses
+      them for its rendezvous): a world_size other than MPI's, or a rank other than the one
+      MPI gave the process, raises ValueError on every rank, saying how to launch that many
+      processes (``mpiexec -n W`` / ``srun -n W``).
+
+    RANK / WORLD_SIZE in the environment, as the launcher left them (torchrun's variables),
+    that say a larger world than MPI launched raise ValueError on every rank, saying how to
+    launch. Exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (RANK and WORLD_SIZE
+    are already exported at ``import mpidist``; docs/hpc.md says when each is set).
+
+    Every check runs on every rank before the first collective and the ranks exchange the
+    outcome (one MPI_Iallgather of 7 int64, :mod:`mpidist._initcheck`), so an error on one
+    rank raises the same error, with the same message, on every rank at once. A rank that
+    does not reach init_process_group within the timeout ends the job (MPI_Abort after a
+    message; with ``MPIDIST_ABORT_ON_TIMEOUT=0`` the others raise DistError).
+
+    Installs a ``sys.excepthook`` (unless ``MPIDIST_ABORT_ON_EXCEPTION=0``): an unhandled
+    exception on any rank prints its traceback with every line prefixed ``[rank r]``, asks
+    every rank to write its flight recorder, and aborts the job with ``MPI_Abort`` (exit
+    code 1; 130 for KeyboardInterrupt), as ``python -m mpidist`` does (docs/reliability.md).
+    torch installs a hook that only prefixes the traceback. Removed by destroy_process_group.
 
     Raises:
         ValueError: already initialized ("trying to initialize the default process
             group twice!", as torch), an unsupported backend, world_size/rank that
-            contradict MPI, ``device_id`` given where there is no GPU (or no CuPy) or
-            out of range, MPIDIST_CUDA_AWARE not 0/1.
+            contradict MPI (as above), an environment that says a larger world, different
+            backends on different ranks, ``device_id`` given where there is no GPU (or no
+            CuPy) or out of range, a bad MPIDIST_* setting; on every rank alike.
+        TypeError: ``timeout`` not a timedelta, ``rank``/``world_size`` not ints.
+        DistError: a rank did not call it within the timeout, with MPIDIST_ABORT_ON_TIMEOUT=0.
     """
     global _state
     if _state is not None:
         raise ValueError(f"[rank {_state.rank}/{_state.world_size}] init_process_group: trying to "
                          f"initialize the default process group twice!")
-    name = _parse_backend(backend)
-    _check_init_method(init_method)
     world = MPI.COMM_WORLD
     mpi_rank, mpi_size = world.Get_rank(), world.Get_size()
-    if world_size not in (-1, mpi_size):
-        raise ValueError(f"[rank {mpi_rank}/{mpi_size}] init_process_group: world_size={world_size} "
-                         f"contradicts MPI, which launched {mpi_size} processes")
-    if rank not in (-1, mpi_rank):
-        raise ValueError(f"[rank {mpi_rank}/{mpi_size}] init_process_group: rank={rank} contradicts "
-                         f"MPI, which gave this process rank {mpi_rank}")
-    if timeout is not None and not isinstance(timeout, datetime.timedelta):
-        raise TypeError(f"[rank {mpi_rank}/{mpi_size}] init_process_group: timeout must be a "
-                        f"datetime.timedelta, got {type(timeout).__name__}")
-    if timeout is not None and timeout.total_seconds() <= 0:
-        raise ValueError(f"[rank {mpi_rank}/{mpi_size}] init_process_group: timeout must be positive, "
-                         f"got {timeout}")
-    where = f"[rank {mpi_rank}/{mpi_size}] init_process_group:"
-    timeout = _env_timeout(where) or timeout or DEFAULT_TIMEOUT
-    abort, level, buffer = _env_reliability(where)
+    tag = f"[rank {mpi_rank}/{mpi_size}]"
+    mine, settings = _check_locally(backend, init_method, timeout, world_size, rank, device_id)
+    try:
+        error, warning = _initcheck.agree(world, mine, settings.timeout.total_seconds())
+    except _initcheck.InitTimeout as exc:
+        text = f"{tag} {exc}" + (f" (this rank's own error: {mine.error})" if mine.error is not None else "")
+        if settings.abort:
+            _abort.write(mpi_rank, f"mpidist.errors.DistError: {text}\naborting the job (set "
+                                   f"MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)")
+            abort_job(1)
+        raise DistError(text) from None
+    if error is not None:
+        raise error[0](f"{tag} {error[1]}")
+    if warning is not None:
+        warnings.warn(warning, stacklevel=2)
+    name = mine.backend
     local_rank, local_size = _local_split(world)
     detect.init(world)  # CUDA-aware MPI? (MPIDIST_CUDA_AWARE, MPIX_Query_cuda_support, info key)
-    binding.bind(device_id, local_rank, where)  # cupy.cuda.Device(local_rank % count).use(), if a GPU
+    binding.bind(device_id, local_rank, f"{tag} init_process_group:")  # checked above: cannot raise here
     group = ProcessGroup(world.Dup(), range(mpi_size), group_name or "default_pg", name)
     _state = RuntimeState(
         backend=name, world=group, rank=mpi_rank, world_size=mpi_size, local_rank=local_rank,
-        local_world_size=local_size, timeout=timeout,
+        local_world_size=local_size, timeout=settings.timeout,
         thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
     )
-    os.environ.update(RANK=str(mpi_rank), WORLD_SIZE=str(mpi_size), LOCAL_RANK=str(local_rank),
-                      LOCAL_WORLD_SIZE=str(local_size))
-    R.configure(timeout.total_seconds(), buffer, _trace_dir(group.comm))
-    work.ABORT_ON_TIMEOUT = abort
-    _debug.set_level(level)
+    _environ.export({"RANK": mpi_rank, "WORLD_SIZE": mpi_size, "LOCAL_RANK": local_rank,
+                     "LOCAL_WORLD_SIZE": local_size})
+    R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(group.comm))
+    work.ABORT_ON_TIMEOUT = settings.abort
+    _debug.set_level(settings.level)
     _start_watchdog(_state)
+    if settings.abort_on_exception:
+        _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report)
+
+
+@dataclass
+class _Settings:
+    """init_process_group's settings from its arguments and the environment."""
+
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT
+    abort: bool = True
+    level: str = "OFF"
+    buffer: int = R.DEFAULT_BUFFER
+    abort_on_exception: bool = True
+
+
+def _int_arg(value: Any, name: str, where: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{where} {name} must be an int, got {type(value).__name__}")
+    return operator.index(value)
+
+
+def _check_locally(backend: Optional[str], init_method: Optional[str], timeout: Any, world_size: Any,
+                   rank: Any, device_id: Any) -> tuple[_initcheck.Mine, _Settings]:
+    """Every check init_process_group makes of its arguments and the environment, without
+    communicating: this rank's view for :func:`mpidist._initcheck.agree`, with the first
+    error (TypeError/ValueError, its message starting ``init_process_group:``) kept in it."""
+    where = "init_process_group:"
+    env = _environ.user_values()
+    mine = _initcheck.Mine(env_rank=env["RANK"], env_size=env["WORLD_SIZE"])
+    settings = _Settings()
+    try:
+        mine.rank = _int_arg(rank, "rank", where)
+        mine.world_size = _int_arg(world_size, "world_size", where)
+        mine.backend = canonical_backend(backend, where)
+        mine.mpi_name = backend is not None and mine.backend == Backend.MPI
+        _check_init_method(init_method)
+        if timeout is not None and not isinstance(timeout, datetime.timedelta):
+            raise TypeError(f"{where} timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+        if timeout is not None and timeout.total_seconds() <= 0:
+            raise ValueError(f"{where} timeout must be positive, got {timeout}")
+        settings.timeout = _env_timeout(where) or timeout or DEFAULT_TIMEOUT
+        settings.abort, settings.level, settings.buffer = _env_reliability(where)
+        settings.abort_on_exception = _env_flag("MPIDIST_ABORT_ON_EXCEPTION", where)
+        try:
+            detect.env_override(os.environ)
+        except ValueError as exc:
+            raise ValueError(f"{where} {exc}") from None
+        binding.check(device_id, where)
+    except (TypeError, ValueError) as exc:
+        mine.error = exc
+    return mine, settings
+
+
+def dump_all_report(reason: str) -> str:
+    """Every rank's flight recorder (:func:`dump_all`), and the line that says where."""
+    return R.report(dump_all(reason))
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
@@ -240,10 +361,13 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 
     Collective over the group's members. After destroying the default group,
     init_process_group may be called again; using a destroyed group raises ValueError.
+    Destroying the default group also removes init_process_group's ``sys.excepthook``
+    and the watchdog (and its SIGTERM handler).
     """
     global _state
     st = state()
     if group is None or group is st.world:
+        _abort.remove_excepthook()
         _stop_watchdog()
         for g in st.groups:
             g.free()
@@ -333,24 +457,31 @@ def _env_timeout(where: str) -> Optional[datetime.timedelta]:
 
 def _env_reliability(where: str) -> tuple[bool, str, int]:
     """(abort on timeout, debug level, flight recorder length) from the environment."""
-    abort = os.environ.get("MPIDIST_ABORT_ON_TIMEOUT", "1").strip()
-    if abort not in ("0", "1", ""):
-        raise ValueError(f"{where} MPIDIST_ABORT_ON_TIMEOUT must be 0 or 1, got {abort!r}")
+    abort = _env_flag("MPIDIST_ABORT_ON_TIMEOUT", where)
     level = os.environ.get("MPIDIST_DEBUG", "OFF")
     if level.strip().upper() not in _debug.LEVELS:
         raise ValueError(f"{where} MPIDIST_DEBUG must be one of {', '.join(_debug.LEVELS)}, got {level!r}")
     text = os.environ.get("MPIDIST_TRACE_BUFFER", str(R.DEFAULT_BUFFER)).strip()
     if not text.isdigit():
         raise ValueError(f"{where} MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got {text!r}")
-    return abort != "0", level, int(text)
+    return abort, level, int(text)
+
+
+def _env_flag(name: str, where: str) -> bool:
+    """A 0/1 setting that defaults to 1 (unset or empty)."""
+    text = os.environ.get(name, "1").strip()
+    if text not in ("0", "1", ""):
+        raise ValueError(f"{where} {name} must be 0 or 1, got {text!r}")
+    return text != "0"
 
 
 def _trace_dir(comm: MPI.Comm) -> str:
-    """MPIDIST_TRACE_DIR, else ``<tmp>/mpidist-trace-<time>-<pid of rank 0>`` (collective:
-    rank 0 names it, so every rank of the job dumps into the same directory)."""
+    """MPIDIST_TRACE_DIR, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` (collective:
+    rank 0 names it, so every rank of the job dumps into the same directory). Nothing is
+    created here: the first dump creates it, private (:mod:`mpidist._private`)."""
     import tempfile  # noqa: PLC0415
 
-    name = comm.bcast(f"mpidist-trace-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", 0)
+    name = comm.bcast(fresh_name(R.TRACE_PREFIX) if comm.Get_rank() == 0 else None, 0)
     return os.environ.get("MPIDIST_TRACE_DIR") or os.path.join(tempfile.gettempdir(), name)
 
 
@@ -377,9 +508,7 @@ _MAX_MSG = 1 << 16
 def _say(text: str) -> None:
     """Write ``text`` (lines prefixed with the rank) to stderr at once."""
     st = _state
-    tag = f"[rank {st.rank}] " if st is not None else ""
-    sys.stderr.write("".join(f"{tag}{line}\n" for line in text.splitlines()))
-    sys.stderr.flush()
+    _abort.write(st.rank if st is not None else None, text)
 
 
 class _Watchdog:
@@ -432,11 +561,12 @@ class _Watchdog:
         with self.sigterm_lock:
             if not self.sigterm_done:
                 self.sigterm_done = True
-                R.dump("SIGTERM")
+                path = R.dump("SIGTERM")
                 try:
                     self.dump_all("SIGTERM", 1.0)
                 except Exception:  # noqa: BLE001  (the process is being terminated)
                     pass
+                _say(f"SIGTERM: {R.report(path)}")
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """mpidist's SIGTERM handler (main thread): dump the recorder, then die of SIGTERM."""
@@ -592,11 +722,7 @@ class _Watchdog:
                                 _REPLY, self.probe_wait)
         text = _timeout_message(rec, peers, answers)
         rec[R.STATE] = R.TIMED_OUT  # (the op may still complete: then it is marked so)
-        path = R.dump(f"timeout: {text}")
-        where = (f"flight recorder written to {path} (and by every rank that answered); "
-                 f"run `python -m mpidist.tools.trace {os.path.dirname(path)}`") if path else \
-            "the flight recorder could not be written"
-        text = f"{text}. {where}"
+        text = f"{text}. {R.report(R.dump(f'timeout: {text}'))}"
         if work.ABORT_ON_TIMEOUT:
             _say(f"mpidist.errors.DistError: {text}\naborting the job (set MPIDIST_ABORT_ON_TIMEOUT=0 to raise "
                  f"the DistError in the caller instead)")
@@ -703,15 +829,6 @@ def _stop_watchdog() -> None:
     wd, _watchdog = _watchdog, None
     if wd is not None:
         wd.stop()
-
-
-def abort_job(code: int) -> None:
-    """MPI_Abort(MPI_COMM_WORLD, code), a moment after this rank's last output was flushed,
-    so that the launcher still forwards it before it kills the job."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(0.25)
-    MPI.COMM_WORLD.Abort(code)
 
 
 def dump_all(reason: str, wait: float = 2.0) -> Optional[str]:

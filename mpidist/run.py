@@ -6,14 +6,17 @@ Usage (as ``python -m mpi4py``)::
     mpiexec -n 4 python -m mpidist -m package.module [args...]
     mpiexec -n 4 python -m mpidist -c "code" [args...]
 
-Without it, an unhandled exception on one rank ends that rank while the others wait
-forever in their next collective. Under ``python -m mpidist`` the exception's
-traceback is printed with every line prefixed ``[rank r]``, every rank's flight
-recorder is written (:func:`mpidist._runtime.dump_all`, at most 2 s), and the job is
-aborted with MPI_Abort (exit code 1; 130 for KeyboardInterrupt). ``sys.exit(code)``
-with a non-zero code on a rank of a multi-rank job aborts it with that code; exit
-code 0 (or None) ends the rank normally. In a one-rank run (no mpiexec) nothing is
-aborted: the process just exits with that code.
+``init_process_group`` already makes an unhandled exception abort the job (its
+``sys.excepthook``, :mod:`mpidist._abort`); the runner adds what a hook cannot see: an
+exception raised before ``init_process_group`` (or without it), and ``sys.exit(code)``
+with a non-zero code. Under ``python -m mpidist`` the exception's traceback is printed
+with every line prefixed ``[rank r]`` (the runner's own frames cut), every rank's flight
+recorder is written (:func:`mpidist._runtime.dump_all`, at most 2 s) if mpidist is
+initialized, and the job is aborted with MPI_Abort (exit code 1; 130 for
+KeyboardInterrupt). ``sys.exit(code)`` with a non-zero code on a rank of a multi-rank job
+aborts it with that code; exit code 0 (or None) ends the rank normally. In a one-rank run
+(no mpiexec) nothing is aborted or written: the process just exits with that code. The
+runner catches the exception itself, so the hook never reports it a second time.
 
 Source: mpi4py's ``mpi4py.run`` (``python -m mpi4py``), which turns any unhandled
 exception into MPI_Abort for the same reason.
@@ -28,6 +31,8 @@ import sys
 import traceback
 import types
 from typing import NoReturn, Optional, Sequence
+
+from mpidist import _abort as A
 
 __all__ = ["main", "USAGE"]
 
@@ -73,29 +78,12 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _write(rank: int, text: str) -> None:
-    sys.stdout.flush()
-    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").splitlines()))
-    sys.stderr.flush()
-
-
 def _abort(code: int, reason: str) -> NoReturn:
     """Write every rank's flight recorder, then abort the job (or exit, in a one-rank run)."""
     rank, size = _rank_and_size()
-    try:
-        from mpidist import _runtime  # noqa: PLC0415
+    from mpidist import _runtime  # noqa: PLC0415
 
-        if _runtime.is_initialized():
-            path = _runtime.dump_all(f"abort: {reason}")
-            if path:
-                _write(rank, f"flight recorder written to {path}")
-    except Exception:  # noqa: BLE001  (the job must still end)
-        pass
-    if size > 1:
-        _write(rank, f"aborting the MPI job (MPI_Abort, exit code {code})")
-        from mpidist._runtime import abort_job  # noqa: PLC0415
-
-        abort_job(code)
+    A.end_job(rank, size, code, reason, _runtime.dump_all_report if _runtime.is_initialized() else None)
     sys.exit(code)
 
 
@@ -171,9 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         _abort(code, f"sys.exit({exc.code!r})")
     except KeyboardInterrupt as exc:
         rank, _ = _rank_and_size()
-        _write(rank, _user_traceback(exc))
+        A.write(rank, _user_traceback(exc))
         _abort(130, "KeyboardInterrupt")
     except BaseException as exc:  # noqa: BLE001  (that is the point: any unhandled exception)
         rank, _ = _rank_and_size()
-        _write(rank, _user_traceback(exc))
+        A.write(rank, _user_traceback(exc))
         _abort(1, f"{type(exc).__name__}: {exc}")

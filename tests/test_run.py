@@ -15,10 +15,10 @@ MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 RUN = [sys.executable, "-m", "mpidist"]
 
 
-def run(*args: str, cwd=None, n: int = 0, timeout: float = 60) -> subprocess.CompletedProcess:
+def run(*args: str, cwd=None, n: int = 0, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     cmd = ([MPIEXEC, "-n", str(n)] if n else []) + RUN + list(args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=launcher_free_env(OMP_NUM_THREADS="1"))
+                          env=launcher_free_env(OMP_NUM_THREADS="1", **env))
 
 
 def test_script_runs_as_main_with_its_arguments(tmp_path):
@@ -79,7 +79,7 @@ def test_nonzero_exit_on_one_rank_aborts_the_job(tmp_path):
     script.write_text("import sys, numpy as np, mpidist\nmpidist.init_process_group()\n"
                       "if mpidist.get_rank() == 1:\n    sys.exit(4)\nmpidist.all_reduce(np.ones(2))\n")
     start = time.monotonic()
-    out = run(str(script), n=2, timeout=60)
+    out = run(str(script), n=2, timeout=60, TMPDIR=str(tmp_path))  # (its flight recorder goes there)
     assert out.returncode == 4, out.stderr
     assert time.monotonic() - start < 20
     assert "[rank 1] aborting the MPI job (MPI_Abort, exit code 4)" in out.stderr

@@ -95,11 +95,8 @@ def bind(device_id: Any, local_rank: int, where: str = "init_process_group:") ->
         ValueError: ``device_id`` given but there is no CuPy or no GPU; a bad index.
     """
     global _bound
-    count = _device_count()
+    count = _checked_count(device_id, where)
     if count == 0:
-        if device_id is not None:
-            raise ValueError(f"{where} device_id={device_id!r} was given but there is no CUDA device "
-                             f"(or CuPy is not installed: pip install 'mpidist[gpu]')")
         _bound, hooks = None, []
     else:
         index = choose_device(device_id, os.environ, local_rank, count, where)
@@ -110,6 +107,24 @@ def bind(device_id: Any, local_rank: int, where: str = "init_process_group:") ->
         _bound, hooks = index, [device.use]
     work.THREAD_START[:] = hooks  # engine threads (async ops) make the same device current when they start
     return _bound
+
+
+def _checked_count(device_id: Any, where: str) -> int:
+    """The CUDA device count; ValueError if ``device_id`` is given and there is none."""
+    count = _device_count()
+    if count == 0 and device_id is not None:
+        raise ValueError(f"{where} device_id={device_id!r} was given but there is no CUDA device "
+                         f"(or CuPy is not installed: pip install 'mpidist[gpu]')")
+    return count
+
+
+def check(device_id: Any, where: str = "init_process_group:") -> None:
+    """Raise what :func:`bind` would raise for ``device_id`` / ``MPIDIST_DEVICE``, binding nothing
+    (none of its errors depend on the local rank): init_process_group checks this on every rank
+    before its first collective, so that a bad index on one node fails every rank alike."""
+    count = _checked_count(device_id, where)
+    if count:
+        choose_device(device_id, os.environ, 0, count, where)
 
 
 def bound_device() -> Optional[int]:

@@ -1,0 +1,131 @@
+"""RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE: exported for code written for torchrun,
+and the values the user's launcher left, kept for init_process_group's check.
+
+When each is set (docs/hpc.md):
+
+* at ``import mpidist`` (:func:`export_at_import`): RANK and WORLD_SIZE from
+  MPI_COMM_WORLD (mpi4py initializes MPI when it is imported), and LOCAL_RANK /
+  LOCAL_WORLD_SIZE from the launcher's own variables where it sets them (MPICH's hydra:
+  ``MPI_LOCALRANKID`` / ``MPI_LOCALNRANKS``; Open MPI: ``OMPI_COMM_WORLD_LOCAL_RANK`` /
+  ``OMPI_COMM_WORLD_LOCAL_SIZE``; ``srun``: ``SLURM_LOCALID``, with the node's task count
+  from ``SLURM_STEP_TASKS_PER_NODE``, used only when srun itself started every rank), or
+  0 / 1 in a one-process run. Nothing is exported at import when the environment's
+  RANK/WORLD_SIZE say a larger world than MPI launched (init_process_group then fails
+  with a message saying how to launch).
+* at ``init_process_group``: all four again, LOCAL_* from MPI's shared-memory split (the
+  authority; a launcher without local-rank variables gets them here).
+
+``MPIDIST_ENV_EXPORTED`` records what mpidist exported. A process started from an
+mpidist rank (``subprocess.run(["python", "tool.py"])``) inherits its RANK/WORLD_SIZE;
+values equal to the recorded ones are treated as mpidist's, not as the user's, so such a
+child is not mistaken for a torchrun-style launch.
+
+Imports nothing of mpidist.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping, MutableMapping, Optional
+
+__all__ = ["VARS", "MARKER", "export_at_import", "export", "user_values", "launcher_local", "contradiction"]
+
+VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+MARKER = "MPIDIST_ENV_EXPORTED"
+
+#: The user's (launcher's) values of VARS when mpidist was imported, before any export;
+#: values inherited from an mpidist parent process are left out.
+_at_import: dict = {}
+#: What this process exported last (the values now in os.environ unless someone changed them).
+_exported: dict = {}
+
+
+def _recorded(env: Mapping[str, str]) -> dict:
+    """The values MARKER says an mpidist process exported: ``{"RANK": "1", ...}``."""
+    out = {}
+    for item in env.get(MARKER, "").split():
+        name, _, value = item.partition("=")
+        if name in VARS:
+            out[name] = value
+    return out
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _tasks_on_node(spec: str, node: int) -> Optional[int]:
+    """The task count of node ``node`` in Slurm's ``2(x3),1`` notation."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def launcher_local(env: Mapping[str, str], size: int) -> Optional[tuple[int, int]]:
+    """(local rank, ranks on this node) from the launcher's variables, or None if it sets none
+    (or they are inconsistent with a world of ``size``)."""
+    if size == 1:
+        return 0, 1
+    pairs = [("MPI_LOCALRANKID", "MPI_LOCALNRANKS"), ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")]
+    for rank_var, size_var in pairs:
+        local, count = _int(env.get(rank_var)), _int(env.get(size_var))
+        if local is not None and count is not None:
+            return (local, count) if 0 <= local < count <= size else None
+    # srun starts the ranks itself only if its step has as many tasks as MPI has ranks (under
+    # mpiexec in an allocation, srun started hydra's proxies, and SLURM_LOCALID is theirs)
+    if _int(env.get("SLURM_STEP_NUM_TASKS")) == size:
+        local, node = _int(env.get("SLURM_LOCALID")), _int(env.get("SLURM_NODEID"))
+        count = _tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE", ""), node) if node is not None else None
+        if local is not None and count is not None and 0 <= local < count <= size:
+            return local, count
+    return None
+
+
+def contradiction(env_rank: Optional[int], env_size: Optional[int], size: int) -> bool:
+    """True if RANK/WORLD_SIZE from the launcher say a larger world than MPI's ``size``."""
+    return (env_size is not None and env_size > size) or (env_rank is not None and env_rank >= size)
+
+
+def export(values: Mapping[str, int], env: MutableMapping[str, str] = os.environ) -> None:
+    """Set ``values`` (some of VARS) in ``env`` and record them in MARKER."""
+    global _exported
+    text = {k: str(int(v)) for k, v in values.items()}
+    env.update(text)
+    _exported = {**_exported, **text}
+    env[MARKER] = " ".join(f"{k}={v}" for k, v in _exported.items())
+
+
+def user_values(env: Mapping[str, str] = os.environ) -> dict:
+    """RANK and WORLD_SIZE as the user's launcher (or the user's code) set them, as ints
+    (None: unset, not an int, or mpidist's own export, in this process or a parent)."""
+    out = {}
+    for name in ("RANK", "WORLD_SIZE"):
+        now = env.get(name)
+        if now is not None and now == _exported.get(name):
+            now = _at_import.get(name)  # ours: what was there before we exported
+        elif now is not None and now == _recorded(env).get(name) and name not in _exported:
+            now = None  # inherited from an mpidist parent
+        out[name] = _int(now)
+    return out
+
+
+def export_at_import(rank: int, size: int, env: MutableMapping[str, str] = os.environ) -> None:
+    """Remember the user's values, then export RANK/WORLD_SIZE (and LOCAL_* where the
+    launcher tells) unless the environment contradicts MPI's world."""
+    global _at_import
+    inherited = _recorded(env)
+    _at_import = {k: env[k] for k in VARS if k in env and env[k] != inherited.get(k)}
+    if contradiction(_int(_at_import.get("RANK")), _int(_at_import.get("WORLD_SIZE")), size):
+        return
+    values = {"RANK": rank, "WORLD_SIZE": size}
+    local = launcher_local(env, size)
+    if local is not None:
+        values.update(LOCAL_RANK=local[0], LOCAL_WORLD_SIZE=local[1])
+    export(values, env)
