@@ -152,6 +152,16 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """The mpidist group under this torch group (its communicator, engine, recorder key)."""
         return self._mg
 
+    #: what torch asks of a device backend (``_get_backend(device).supports_*``)
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device: Any = None) -> "ProcessGroupMpidist":
+        """The group itself: it is its own backend for every device (torch 2.15's
+        ``batch_isend_irecv`` asks it whether it coalesces: no)."""
+        return self
+
     def _get_sequence_number_for_group(self) -> int:
         """Collectives issued on the group so far (mpidist's sequence number)."""
         return self._mg.engine.seq
