@@ -79,3 +79,16 @@ def test_sub_group_needs_mpidist_initialized():
 
     with pytest.raises(RuntimeError, match="not initialized"):
         _backend.create(Opts())
+
+
+def test_mpi_init_method_with_another_backend():
+    """mpi:// gives a process-local store: fine for a world of one, refused for more ranks."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if MPI.COMM_WORLD.Get_size() == 1:
+        tdist.init_process_group("gloo", init_method="mpi://")
+        assert tdist.get_world_size() == 1 and tdist.get_backend() == "gloo"
+        return
+    with pytest.raises(ValueError, match="process-local store"):
+        tdist.init_process_group("gloo", init_method="mpi://")
+    assert not tdist.is_initialized()
