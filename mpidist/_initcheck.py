@@ -12,7 +12,8 @@ message (after its own ``[rank r/n]`` prefix), at once.
 
 The rules for ``rank``/``world_size`` (docs/api.md, init_process_group's docstring):
 
-* MPI backend names (``"mpi"``, ``"cpu:mpi"``, ... as torch spells them): as torch's MPI
+* MPI backend names (``"mpi"``, ``"cpu:mpi"``, ... as torch spells them, and
+  ``"cpu:mpi,cuda:nccl"``): as torch's MPI
   backend, the values are assigned by MPI and a value that differs is ignored with one
   warning ("For MPI backend, world_size (0) and rank (0) are ignored ..."), except when
   the ranks passed are all different and each names a rank of the job (0 <= rank < n):

@@ -224,7 +224,9 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
 
     ``rank`` / ``world_size`` (-1: take MPI's):
 
-    * with an MPI backend name (``"mpi"``, ``"cpu:mpi"``, ...), as torch's MPI backend, they
+    * with an MPI backend name (``"mpi"``, ``"cpu:mpi"``, ..., and ``"cpu:mpi,cuda:nccl"``,
+      which names MPI for host arrays; torch's backend ``"mpidist"`` starts mpidist with
+      one of these), as torch's MPI backend, they
       are assigned by MPI: values that differ from MPI's are ignored with a warning ("For
       MPI backend, world_size (0) and rank (0) are ignored since they are assigned by the MPI
       runtime", e.g. the tutorials' ``init_process(0, 0, run, backend='mpi')``). Exception:
@@ -332,7 +334,7 @@ def _check_locally(backend: Optional[str], init_method: Optional[str], timeout: 
         mine.rank = _int_arg(rank, "rank", where)
         mine.world_size = _int_arg(world_size, "world_size", where)
         mine.backend = canonical_backend(backend, where)
-        mine.mpi_name = backend is not None and mine.backend == Backend.MPI
+        mine.mpi_name = backend is not None and mine.backend in (Backend.MPI, "cpu:mpi,cuda:nccl")
         _check_init_method(init_method)
         if timeout is not None and not isinstance(timeout, datetime.timedelta):
             raise TypeError(f"{where} timeout must be a datetime.timedelta, got {type(timeout).__name__}")

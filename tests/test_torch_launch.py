@@ -1,7 +1,8 @@
 """Starting, ending and failing torch jobs on backend "mpidist", each a real job under
 mpiexec (or a plain python), bounded in time: init with no MASTER_ADDR/RANK/WORLD_SIZE
 in both forms, init/destroy/init, no listening socket of ours, MASTER_ADDR set (one
-warning), contradicting RANK or world_size (clear error), a world of size 1, a rank
+warning), rank/world_size as torch's MPI backend treats them and a torchrun environment
+of a larger world (the same error on every rank), a world of size 1, a rank
 that never joins (timeout naming the op and the missing rank), a rank that raises
 (``python -m mpidist`` aborts the job).
 
@@ -168,14 +169,47 @@ def test_plain_python_is_a_world_of_one(tmp_path):
     assert out.strip() == "rank 0 of 1"
 
 
-@pytest.mark.parametrize("case", ["RANK", "world_size"])
-def test_ranks_that_contradict_mpi_are_refused(tmp_path, case):
-    env = {"RANK": "5"} if case == "RANK" else {}
-    args = () if case == "RANK" else ("3",)
-    rc, out, err, _ = _run(tmp_path, PLAIN, *args, **env)
+RANKS = '''
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+from mpi4py import MPI
+import mpidist.torch
+
+me = MPI.COMM_WORLD.Get_rank()
+kw = {"rank": 1 - me, "world_size": 2} if sys.argv[1] == "renumber" else {"rank": 0, "world_size": 0}
+try:
+    dist.init_process_group("mpidist", timeout=timedelta(seconds=20), **kw)
+except ValueError as exc:
+    print(f"rank {me} ValueError: {exc}", flush=True)
+else:
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
+    dist.destroy_process_group()
+'''
+
+
+def test_environment_of_a_larger_world_is_refused_on_every_rank(tmp_path):
+    """torchrun's RANK/WORLD_SIZE that say a larger world than MPI launched: the same error on
+    every rank (mpidist's collective init check), saying how to launch."""
+    rc, out, err, _ = _run(tmp_path, PLAIN, RANK="5")
     assert rc != 0
-    want = "RANK=5 contradicts MPI" if case == "RANK" else "world_size=3 contradicts MPI"
-    assert want in err and "ValueError" in err, err
+    assert err.count("the environment says RANK=5") >= 2, err  # both ranks, no hang
+    assert "mpiexec -n 6" in err
+
+
+def test_rank_and_world_size_follow_torchs_mpi_rule(tmp_path):
+    """As torch's MPI backend: values that differ from MPI's are ignored with torch's warning
+    (the tutorials' init_process(0, 0, ...)); a renumbering of the processes is an error on
+    every rank."""
+    rc, out, err, _ = _run(tmp_path, RANKS, "ignored")
+    assert rc == 0, err
+    assert "rank 0 of 2" in out and "rank 1 of 2" in out
+    assert "For MPI backend, world_size (0) and rank (0) are ignored" in err
+    rc, out, err, _ = _run(tmp_path, RANKS, "renumber")
+    assert rc == 0, err
+    for me in (0, 1):
+        assert (f"rank {me} ValueError: [rank {me}/2] init_process_group: rank= contradicts MPI, which numbers "
+                f"the processes itself") in out, out + err
 
 
 def test_rank_that_never_joins_times_out_naming_op_and_rank(tmp_path):

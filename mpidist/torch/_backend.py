@@ -7,22 +7,30 @@ members only, so a sub-group is made with mpidist's members-only
 ``new_group(ranks, use_local_synchronization=True)`` (``MPI_Comm_create_group``).
 
 The default group runs on mpidist's default group. If mpidist is not initialized yet,
-the creator initializes it (``mpidist.init_process_group`` with torch's timeout), and
-the torch group *owns* that runtime: destroying it destroys mpidist's runtime too
-(:meth:`ProcessGroupMpidist.shutdown`), so a later ``init_process_group`` starts afresh. If mpidist was initialized before (by
-``mpidist.init_process_group``, e.g. to choose its backend for CUDA tensors), the torch
-group uses it and leaves it running when torch destroys its groups; its timeout is the
-one mpidist was initialized with.
+torch's rendezvous (:mod:`mpidist.torch.rendezvous`) initializes it through
+:func:`start_runtime` (``mpidist.init_process_group`` with torch's timeout, ``rank`` and
+``world_size``, so mpidist's collective argument check applies: the same error on every
+rank), or, when torch was given a ``store`` and skips the rendezvous, the creator does;
+and the torch group *owns* that runtime: destroying it destroys mpidist's runtime too
+(:meth:`ProcessGroupMpidist.shutdown`), so a later ``init_process_group`` starts afresh.
+If mpidist was initialized before (by ``mpidist.init_process_group``, e.g. to choose its
+backend for CUDA tensors), the torch group uses it and leaves it running when torch
+destroys its groups; its timeout is the one mpidist was initialized with.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import mpidist
 from mpidist import _runtime
+from mpidist._group import ProcessGroup
 from mpidist.torch._process_group import ProcessGroupMpidist
 
-__all__ = ["create"]
+__all__ = ["create", "start_runtime"]
+
+#: The default group of the mpidist runtime that torch's rendezvous started (for torch's
+#: default group to own), until the creator takes it.
+_started: Optional[ProcessGroup] = None
 
 
 def _device_backend() -> str:
@@ -30,6 +38,20 @@ def _device_backend() -> str:
     where CuPy has it (loaded only when a CUDA tensor first needs it), else MPI (CUDA-aware
     where detected, host staging otherwise)."""
     return "cpu:mpi,cuda:nccl" if mpidist.is_nccl_available() else "mpi"
+
+
+def start_runtime(timeout: Any, rank: int = -1, world_size: int = -1) -> None:
+    """Initialize mpidist for torch's default group (collective over MPI_COMM_WORLD).
+
+    ``rank``/``world_size`` are torch's arguments (-1: not given), checked by mpidist's
+    rule for MPI backend names, as torch's own MPI backend treats them: values that differ
+    from MPI's are ignored with torch's warning, a renumbering of the processes raises
+    ValueError on every rank, and so do RANK/WORLD_SIZE in the environment that say a
+    larger world than MPI launched (``mpidist.init_process_group``).
+    """
+    global _started
+    mpidist.init_process_group(_device_backend(), timeout=timeout, rank=rank, world_size=world_size)
+    _started = _runtime.state().world
 
 
 def create(options: Any, backend_options: Any = None) -> ProcessGroupMpidist:
@@ -41,13 +63,14 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpidist:
         RuntimeError: a sub-group while mpidist is not initialized (the default group is
             another backend's and mpidist was never initialized).
     """
+    global _started
     ranks = [int(r) for r in options.global_ranks_in_group]
     rank, size = int(options.group_rank), int(options.group_size)
     if not ranks:  # the default group
-        owns = not mpidist.is_initialized()
-        if owns:
-            mpidist.init_process_group(_device_backend(), timeout=options.timeout)
+        if not mpidist.is_initialized():  # a store was given: torch skipped the rendezvous
+            start_runtime(options.timeout)
         st = _runtime.state()
+        owns, _started = _started is st.world, None
         if (rank, size) != (st.rank, st.world_size):
             if owns:
                 mpidist.destroy_process_group()

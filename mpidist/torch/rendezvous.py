@@ -15,10 +15,13 @@ Two ways in, both registered by ``import mpidist.torch``:
 Either way the rank and world size are MPI's: under ``mpiexec -n N`` or
 ``srun --mpi=pmi2`` no MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE is needed, and a
 plain ``python script.py`` is a world of size 1. The store is a process-local
-``torch.distributed.HashStore``: nothing listens on a socket. Settings that say
-otherwise are checked: ``rank=``/``world_size=`` or RANK/WORLD_SIZE that contradict MPI
-raise ValueError (as ``mpidist.init_process_group`` does); MASTER_ADDR/MASTER_PORT
-are not needed and, when set, unused (one warning, on rank 0).
+``torch.distributed.HashStore``: nothing listens on a socket. For backend ``"mpidist"``
+the handler starts mpidist's runtime (``mpidist.init_process_group``, collective), whose
+check of the settings applies, with the same error on every rank: ``rank=``/``world_size=``
+as for torch's own MPI backend (values that differ from MPI's are ignored with torch's
+warning; a renumbering of the processes is an error), RANK/WORLD_SIZE in the environment
+that say a larger world than MPI launched are an error. MASTER_ADDR/MASTER_PORT are not
+needed and, when set, unused (one warning, on rank 0).
 
 Limits of a process-local store: torch features that need a store shared between
 ranks do not work on it: gloo or nccl groups made beside an mpidist world,
@@ -36,8 +39,10 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlparse
 
 import torch.distributed as dist
-
 from mpi4py import MPI
+
+import mpidist
+from mpidist.torch import _backend
 
 __all__ = ["mpi_rendezvous_handler", "install_env_handler", "SCHEME", "BACKEND"]
 
@@ -76,19 +81,14 @@ def _query(url: str) -> dict:
     return dict(pair.split("=", 1) for pair in urlparse(url).query.split("&") if "=" in pair)
 
 
-def _check(name: str, value: Any, mpi_value: int, source: str) -> None:
-    """ValueError if ``value`` (a rank or world size from ``source``) is set and differs from MPI's."""
-    if value is None or str(value).strip() in ("", "-1"):
-        return
+def _int(value: Optional[str], source: str) -> int:
+    """A rank or world size from the URL's query (-1 when absent)."""
+    if value is None or not value.strip():
+        return -1
     try:
-        given = int(str(value).strip())
+        return int(value.strip())
     except ValueError:
         raise ValueError(f"{_where()} {source} must be an integer, got {value!r}") from None
-    if given != mpi_value:
-        what = "rank" if name == "rank" else "world size"
-        raise ValueError(f"{_where()} {source}={given} contradicts MPI, which gave this process {what} "
-                         f"{mpi_value}: backend 'mpidist' takes rank and world size from MPI (launch with "
-                         f"mpiexec -n N or srun; drop {source} or make it agree)")
 
 
 def _user_stacklevel() -> int:
@@ -109,24 +109,32 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kw
     """torch rendezvous handler for ``mpi://``: yields ``(HashStore, MPI rank, MPI size)``.
 
     ``url`` may carry ``rank=`` / ``world_size=`` (torch adds init_process_group's
-    arguments); they, and the RANK / WORLD_SIZE environment variables, must agree with
-    MPI. A world of more than one rank works only with backend ``"mpidist"`` (the store
-    is process-local).
+    arguments). For backend ``"mpidist"`` this starts mpidist's runtime unless it runs
+    already (collective over MPI_COMM_WORLD: every rank must get here), which checks them
+    and the RANK / WORLD_SIZE environment variables as for torch's MPI backend (see the
+    module's docstring); on a runtime started before, values that differ from MPI's are
+    ignored with torch's warning. A world of more than one rank works only with backend
+    ``"mpidist"`` (the store is process-local).
 
     Raises:
-        ValueError: a rank or world size that contradicts MPI; another backend with a
-            world of more than one rank.
+        ValueError: (on every rank) a renumbering of the processes, or an environment
+            that says a larger world than MPI launched; another backend with a world of
+            more than one rank.
     """
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     query = _query(url)
-    _check("rank", query.get("rank"), rank, "rank")
-    _check("world_size", query.get("world_size"), size, "world_size")
-    _check("rank", os.environ.get("RANK"), rank, "RANK")
-    _check("world_size", os.environ.get("WORLD_SIZE"), size, "WORLD_SIZE")
+    given_rank, given_size = _int(query.get("rank"), "rank"), _int(query.get("world_size"), "world_size")
     backend = calling_backend()
     if size > 1 and backend is not None and not _is_ours(backend):
         raise ValueError(f"{_where()} init_method 'mpi://' gives a process-local store, which backend "
                          f"{backend!r} cannot use across {size} ranks; use backend 'mpidist' (import mpidist.torch)")
+    if _is_ours(backend):
+        if not mpidist.is_initialized():
+            _backend.start_runtime(timeout, given_rank, given_size)
+        elif (given_rank, given_size) != (-1, -1) and (given_rank, given_size) != (rank, size):
+            warnings.warn(f"For MPI backend, world_size ({given_size}) and rank ({given_rank}) are ignored since "
+                          f"they are assigned by the MPI runtime (backend 'mpidist': rank {rank} of {size})",
+                          UserWarning, stacklevel=_user_stacklevel())
     store = dist.HashStore()
     store.set_timeout(timeout)
     yield store, rank, size
