@@ -17,12 +17,12 @@ from mpi4py import MPI
 from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
 from mpidist._dispatch import group_root, p2p_call
-from mpidist._recorder import begin_p2p
+from mpidist._recorder import begin_p2p, fail
 from mpidist._tags import USER_TAG_MAX
 from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist._group import ProcessGroup
-from mpidist.work import RequestWork, Work
+from mpidist.work import CompletedWork, RequestWork, Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -45,19 +45,52 @@ def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str) -> int:
     return rank
 
 
-def _finisher(g: ProcessGroup, arr: np.ndarray, op: str):
-    """After a receive: check the message filled the buffer; return the sender's global rank."""
+# -- receiving: a message of another size never touches the buffer (issue 14, item 6) --------
+# MPI_Recv writes a shorter message into the start of the buffer, and the start of a longer
+# one before it reports MPI_ERR_TRUNCATE. So every receive learns the size first, with a
+# matched probe (MPI_Mprobe/MPI_Improbe: the message is then this receive's, no other
+# receive on any thread can take it), and receives into the buffer only a message of exactly
+# its size; any other is received into a scratch buffer and dropped (consumed, so the next
+# receive gets the next message), and the receive raises ValueError. An irecv whose message
+# has not arrived when it is posted cannot probe without giving up MPI's matching order
+# (messages go to receives in the order they were posted) or its progress while the caller
+# blocks elsewhere (irecv then send is deadlock-free in MPI): it is posted into a scratch
+# buffer one element larger than the array (as bytes) and copied over when the message had
+# the right size (benchmarks/bench_p2p_objects.py measures that copy).
+
+def _mismatch(g: ProcessGroup, arr: Any, op: str, status: MPI.Status, datatype: MPI.Datatype) -> ValueError:
+    """The error for a message (already consumed) whose size differs from ``arr``'s."""
+    nbytes = status.Get_count(MPI.BYTE)
+    got = status.Get_count(datatype)
+    what = (f"{got} elements of {arr.dtype}" if got != MPI.UNDEFINED
+            else f"{nbytes} bytes (not a whole number of {arr.dtype} elements)")
+    return ValueError(f"{prefix(op)} received {what} from rank {g.ranks[status.Get_source()]}, expected "
+                      f"{arr.size} (tensor shape {arr.shape}); the message was consumed and the tensor left "
+                      f"unchanged; sender and receiver must use the same shape and dtype")
+
+
+def _drop(message: MPI.Message, status: MPI.Status) -> None:
+    """Receive a matched message into a scratch buffer of its size (``status``: its probe's)."""
+    message.Recv([bytearray(max(status.Get_count(MPI.BYTE), 1)), MPI.BYTE])
+
+
+def _finisher(g: ProcessGroup, arr: Any, op: str, scratch: Optional[np.ndarray] = None):
+    """After a receive completed: check the message's size; return the sender's global rank.
+
+    ``scratch`` (bytes, one element more than ``arr``'s): the receive went there, as bytes
+    (so a message that is not a whole number of elements is reported, not an MPI internal
+    error), and is copied into ``arr`` only if it had exactly ``arr.size`` elements.
+    """
     datatype = mpi_datatype(arr.dtype)
 
     def finish(status: MPI.Status) -> int:
-        err = status.Get_error()
+        err = status.Get_error()  # (MPI_ERR_TRUNCATE, a message larger than scratch, raises in Wait/Test)
         if err != MPI.SUCCESS:
             raise DistBackendError(f"{prefix(op)} MPI error: {MPI.Get_error_string(err)}")
-        got = status.Get_count(datatype)
-        if got != arr.size:
-            raise ValueError(f"{prefix(op)} received {got} elements of {arr.dtype} from rank "
-                             f"{g.ranks[status.Get_source()]}, expected {arr.size} (tensor shape "
-                             f"{arr.shape}); sender and receiver must use the same shape and dtype")
+        if status.Get_count(datatype) != arr.size:
+            raise _mismatch(g, arr, op, status, datatype)
+        if scratch is not None:
+            arr.reshape(-1).view(np.uint8)[...] = scratch[:arr.nbytes]
         return g.ranks[status.Get_source()]
     return finish
 
@@ -107,10 +140,27 @@ def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
 
 
 def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "irecv") -> Work:
+    """Post a receive into ``arr`` that never writes a message of another size there."""
     rec = begin_p2p(g, op, arr.shape, arr.dtype, _global(g, peer))
+    datatype = mpi_datatype(arr.dtype)
+    status = MPI.Status()
     with mpi_errors(op):
-        req = g.comm.Irecv([arr, mpi_datatype(arr.dtype)], peer, tag)
-    return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op), rec=rec)
+        message = g.comm.Improbe(peer, tag, status)
+        if message is not None:  # it is here: its size is known before anything is written
+            if status.Get_count(datatype) == arr.size:
+                req = message.Irecv([arr, datatype])
+            else:
+                _drop(message, status)
+                fail(rec)
+                return CompletedWork(op, prefix(op), (arr,), error=_mismatch(g, arr, op, status, datatype))
+            scratch = None
+        elif type(arr) is np.ndarray:  # not yet: into a scratch buffer, copied on completion
+            scratch = np.empty(arr.nbytes + arr.itemsize, dtype=np.uint8)
+            req = g.comm.Irecv([scratch, MPI.BYTE], peer, tag)
+        else:  # a device array on the CUDA-aware path: no device scratch (docs/reliability.md)
+            scratch = None
+            req = g.comm.Irecv([arr, datatype], peer, tag)
+    return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op, scratch), rec=rec)
 
 
 def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Optional[Work]:
@@ -134,7 +184,10 @@ def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Process
 
     ``tensor`` (writable, C-contiguous) is overwritten when the Work completes; its
     ``source_rank()`` gives the sender's global rank. A message of another size makes
-    ``wait()`` raise ValueError. Returns None on a non-member.
+    ``wait()`` raise ValueError and leaves ``tensor`` unchanged (the message is consumed):
+    a message already there is probed before it is received; otherwise the receive goes
+    into a scratch buffer copied over on completion (one copy of the array; see the
+    comment above :func:`_mismatch`). Returns None on a non-member.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(irecv, locals())
@@ -162,8 +215,9 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
          tag: int = 0) -> int:
     """Receive into ``tensor`` from global rank ``src`` (any source if None; MPI_Recv).
 
-    Returns the sender's global rank (-1 on a non-member). Raises ValueError if the
-    message does not have exactly ``tensor.size`` elements.
+    Returns the sender's global rank (-1 on a non-member). The message is probed first
+    (MPI_Mprobe, then MPI_Mrecv of that very message): one of another size raises
+    ValueError, is consumed, and ``tensor`` is left unchanged.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(recv, locals())
@@ -174,9 +228,14 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
     if not work.ABORT_ON_TIMEOUT:  # a wait that can raise DistError past the timeout
         return _post_irecv(g, arr, peer, tag, "recv").source_rank()
     status = MPI.Status()
+    datatype = mpi_datatype(arr.dtype)
     with p2p_call(g, "recv", arr.shape, arr.dtype, _global(g, peer)):
-        g.comm.Recv([arr, mpi_datatype(arr.dtype)], peer, tag, status)
-    return _finisher(g, arr, "recv")(status)
+        message = g.comm.Mprobe(peer, tag, status)  # matched: this receive's message, whatever other threads do
+        if status.Get_count(datatype) == arr.size:
+            message.Recv([arr, datatype])
+            return g.ranks[status.Get_source()]
+        _drop(message, status)
+        raise _mismatch(g, arr, "recv", status, datatype)
 
 
 class P2POp:

@@ -134,24 +134,33 @@ class Work:
 
 
 class CompletedWork(Work):
-    """A Work whose op already finished (``outputs`` are the arrays it wrote).
+    """A Work whose op already finished (``outputs`` are the arrays it wrote), successfully,
+    or with ``error``, which ``wait()`` (and ``source_rank()``) then raise.
 
     ``get_future()`` returns an already-completed future.
     """
 
-    def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None) -> None:
+    def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None,
+                 error: Optional[BaseException] = None) -> None:
         super().__init__(op, where)
         self._outs = outputs
         self._source = source
+        self._error = error
         self._future: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
         return True
 
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
     def source_rank(self) -> int:
+        self.wait()
         if self._source is None:
             return super().source_rank()
         return self._source
@@ -160,7 +169,7 @@ class CompletedWork(Work):
         with _CREATE_LOCK:
             if self._future is None:
                 self._future = concurrent.futures.Future()
-                _settle(self._future, None, self._outs)
+                _settle(self._future, self._error, self._outs)
         return self._future
 
     def _outputs(self) -> tuple:
