@@ -53,7 +53,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._dispatch import group_root, launch, member, p2p_call
+from mpidist._dispatch import group_root, launch, member, p2p_call, unusable
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
@@ -333,6 +333,8 @@ def send_object_list(object_list: list, dst: int, group: Optional[ProcessGroup] 
         return None
     _check_list(object_list, op, "object_list")
     peer = peer_rank(g, dst, op, "dst")
+    if g.engine.aborted:
+        raise unusable(g, op)
     envelope, exc = _pack(object_list, g.ranks[g.rank()], "object_list")
     with p2p_call(g, op, None, None, int(dst)):
         pkl5.Intracomm(g.comm).send(envelope, peer, OBJECT_TAG)
@@ -361,6 +363,8 @@ def recv_object_list(object_list: list, src: Optional[int] = None, group: Option
         return -1
     _check_list(object_list, op, "object_list")
     peer = MPI.ANY_SOURCE if src is None else peer_rank(g, src, op, "src")
+    if g.engine.aborted:
+        raise unusable(g, op)
     status = MPI.Status()
     with p2p_call(g, op, None, None, -1 if src is None else int(src)):
         envelope = pkl5.Intracomm(g.comm).recv(None, peer, OBJECT_TAG, status)

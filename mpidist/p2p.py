@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
-from mpidist._dispatch import group_root, p2p_call
+from mpidist._dispatch import group_root, p2p_call, unusable
 from mpidist._recorder import begin_p2p, fail
 from mpidist._tags import USER_TAG_MAX
 from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
@@ -122,6 +122,8 @@ def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag
     tag = _check_tag(tag, op, f"{where}tag")
     if g.comm is None:
         return None
+    if g.engine.aborted:
+        raise unusable(g, op)
     if receive and peer is None:
         return g, arr, MPI.ANY_SOURCE, tag
     return g, arr, peer_rank(g, peer, op, f"{where}peer" if where else ("src" if receive else "dst")), tag
