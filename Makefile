@@ -90,6 +90,7 @@ bench: bench-install
 	  OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(BENCH_COLL); \
 	done
 	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_ddp_hooks.py
+	timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_p2p_objects.py
 	@set -e; for n in 2 4; do \
 	  echo "== 8-byte all_reduce latency breakdown under mpiexec -n $$n"; \
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_latency.py --calls $$((40000 / n)); \

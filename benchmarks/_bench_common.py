@@ -286,6 +286,20 @@ def versions(**extra: Optional[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in items.items())
 
 
+def write_report(out: Path, name: str, title: str, n: int, load: float, notes: list[str], rows: list[str],
+                 **versions_extra: Optional[str]) -> Path:
+    """Write a Markdown report ``out/name`` (title, machine lines, versions, ``notes`` as
+    bullet lines, the table ``rows``), print it, and return its path (rank 0 only)."""
+    text = "\n".join([f"# {title}", "", *machine_lines(n, load), f"- {versions(**versions_extra)}",
+                      *(f"- {note}" for note in notes), "", *rows, ""])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(text)
+    print(text, flush=True)
+    print(f"# wrote {path}", flush=True)
+    return path
+
+
 def thread_limit() -> contextlib.AbstractContextManager:
     """threadpoolctl's limit of BLAS/OpenMP pools to 1 thread where it is installed (the
     environment variables set at import do the same for pools not yet started)."""

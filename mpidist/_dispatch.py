@@ -14,7 +14,7 @@ from mpidist.errors import DistError, from_mpi, prefix
 from mpidist._group import ProcessGroup
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root", "root_rank", "p2p_call"]
+__all__ = ["launch", "member", "group_root", "root_rank", "p2p_call", "unusable"]
 
 
 def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list,
@@ -69,7 +69,7 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     """
     eng = group.engine
     if eng.broken is not None:
-        raise DistError(f"{prefix(op)} group {group.group_name!r} is unusable: {eng.broken}")
+        raise unusable(group, op)
     nested = eng.on_runner()
     eager = async_op and (nested or group.size() == 1 or not _runtime.state().thread_multiple)
     queued = not nested and ((async_op and not eager) or not work.ABORT_ON_TIMEOUT or not eng.runs_inline())
@@ -79,7 +79,7 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     check = _debug.checker(group, op, rec, count, dtype, root, redop) if _debug.DETAIL else None
     run = _guarded(group, op, fn, rec, check)
     if async_op and not eager:
-        return FutureWork(op, prefix(op), eng.submit(run, *args), outputs, rec)
+        return FutureWork(op, prefix(op), eng.submit(run, *args, rec=rec), outputs, rec)
     if nested and not work.ABORT_ON_TIMEOUT:
         R.unbounded.add(id(rec))
         try:
@@ -89,7 +89,7 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     elif work.ABORT_ON_TIMEOUT or not _runtime.state().thread_multiple:
         eng.run_sync(run, *args, rec=rec)
     else:
-        bounded_result(eng.submit(run, *args), rec)
+        bounded_result(eng.submit(run, *args, rec=rec), rec)
     return CompletedWork(op, prefix(op), outputs) if async_op else None
 
 
@@ -119,6 +119,12 @@ class p2p_call:  # noqa: N801  (a context manager: ``with p2p_call(g, "send", ..
         if isinstance(exc, MPI.Exception):
             raise from_mpi(self.op, exc) from exc
         return False
+
+
+def unusable(g: ProcessGroup, op: str) -> DistError:
+    """The error of an op on a group that cannot be used: after ProcessGroup.abort() (every
+    op), or after one of its collectives timed out (MPIDIST_ABORT_ON_TIMEOUT=0; collectives)."""
+    return DistError(f"{prefix(op)} group {g.group_name!r} is unusable: {g.engine.broken}")
 
 
 def member(group: Optional[ProcessGroup]) -> Optional[ProcessGroup]:

@@ -22,6 +22,9 @@ class ProcessGroup:
     ``rank()`` is the caller's rank in the group (-1 for a non-member), ``size()`` the
     number of members, ``ranks`` the members' global ranks in group-rank order.
     A non-member holds no communicator (``comm`` is None).
+
+    Ending it (torch's ``ProcessGroup`` methods): :meth:`shutdown` (graceful, collective)
+    and :meth:`abort` (local, at once); ``destroy_process_group(group)`` calls :meth:`free`.
     """
 
     def __init__(self, comm: Optional[MPI.Comm], ranks: Sequence[int], name: str, backend: str) -> None:
@@ -79,18 +82,55 @@ class ProcessGroup:
         return self._ring_comm
 
     def free(self) -> None:
-        """Finish queued ops, then free the communicators. Idempotent."""
+        """Finish queued ops, then free the communicators and resources (collective over the
+        members, as MPI_Comm_free and MPI_Win_free are). Idempotent. After :meth:`abort` it
+        frees nothing (a call may still be in progress on them, and the peers may never
+        join a collective free): the group is only marked destroyed, and its communicators,
+        shared-memory window and NCCL communicators are left to the end of the process."""
         self.engine.shutdown()
         resources, self._resources = self._resources, {}
-        for res in reversed(list(resources.values())):
-            res.free()
-        for comm in (self._ring_comm, self.comm):
-            if comm is not None and comm != MPI.COMM_NULL:
-                comm.Free()
+        if not self.engine.aborted:
+            for res in reversed(list(resources.values())):
+                res.free()
+            for comm in (self._ring_comm, self.comm):
+                if comm is not None and comm != MPI.COMM_NULL:
+                    comm.Free()
         self._ring_comm = None
         self.comm = None
         self._rank = -1
         self.destroyed = True
+
+    def shutdown(self) -> None:
+        """End the group gracefully (torch's ``ProcessGroup.shutdown``, which
+        ``torch.distributed.destroy_process_group`` calls): the ops queued on it run to the
+        end, then its communicators and resources are freed, as :meth:`free`. Collective
+        over the members, like ``destroy_process_group(group)``, which it is for a group
+        made by ``new_group`` (without removing it from the runtime's list: later calls on
+        it raise ValueError as on a destroyed group). Idempotent; after :meth:`abort`,
+        frees nothing (see :meth:`free`)."""
+        self.free()
+
+    def abort(self) -> None:
+        """Abort the group (torch's ``ProcessGroup.abort``): local, returns at once.
+
+        * Ops queued on the group's engine and not started end with
+          :class:`~mpidist.DistError` (their ``wait()`` and future; a sync op waiting
+          behind them raises it) and never run.
+        * An op already inside MPI cannot be interrupted (MPI has no cancel for
+          collectives): its Work ends with DistError at once, the call goes on in the
+          background (its output arrays may still be written) and the timeout watchdog
+          stops watching it. A sync op running on the caller's own thread, or an
+          isend/irecv already posted, is not affected.
+        * Every later op on the group, collective or point-to-point, raises DistError
+          at once ("group ... is unusable: aborted by ProcessGroup.abort()"), on this
+          rank: peers learn nothing (abort on every rank that should stop).
+        * Nothing is freed (see :meth:`free`): the usual sequel is leaving the process,
+          or ``destroy_process_group(group)`` to forget the group and go on with others.
+
+        Idempotent. Source: torch.distributed's ``ProcessGroup.abort`` ("abort all
+        operations and connections if supported by the backend").
+        """
+        self.engine.abort("aborted by ProcessGroup.abort()")
 
     def __repr__(self) -> str:
         return f"ProcessGroup(name={self.group_name!r}, ranks={list(self.ranks)}, rank={self._rank})"

@@ -8,10 +8,29 @@ and ``recv_object_list``; output lists are filled in place.
    Objects are pickled. Unpickling data runs arbitrary code chosen by whoever produced
    it, so call these functions only with peers you trust, exactly as torch warns.
 
-Transport: :mod:`mpi4py.util.pkl5` on the group's communicator. It pickles with
-protocol 5 and sends large buffers (numpy arrays) out of band, without copying them
-into the pickle, in messages whose byte count may exceed 2**31 - 1, so an object larger
-than 2 GiB works (MPI's int counts would otherwise cap a message at 2 GiB).
+Transport: :mod:`mpi4py.util.pkl5` on the group's communicator. It sends large buffers
+(numpy arrays) out of band, without copying them into the pickle, in messages whose byte
+count may exceed 2**31 - 1, so an object larger than 2 GiB works (MPI's int counts would
+otherwise cap a message at 2 GiB).
+
+Failures (issue 14, item 5): each rank pickles its objects itself (protocol 5, buffers
+out of band) before the step communicates anything, and sends an *envelope*: the pickle,
+or, when pickling failed, the error. So a step always completes, and:
+
+* an object that cannot be pickled (on ``src``, or on any member in
+  ``all_gather_object``/``gather_object``, or for ``send_object_list``) makes every
+  rank of the step raise the same ``TypeError``: "rank R could not pickle its ARG:
+  ERROR" (on rank R chained from Python's error). Output lists are left as they were,
+  and the group stays in step: a retry is an ordinary new step. (Before, the failing
+  rank raised alone and its peers waited; a broadcast's peers took the source's retry
+  for the failed broadcast.) ``gather_object`` costs one 8-byte MPI_Bcast more for this:
+  ``dst`` tells every rank whether the step worked; otherwise no message is added;
+* an object a receiver cannot unpickle (a class missing there) makes that receiver
+  raise ``TypeError``: "rank R could not unpickle the ARG of rank S: ERROR" (chained),
+  after it received every message of the step, so nothing is left behind for the next
+  op; the other ranks complete normally (telling them would cost every call one more
+  collective), except in ``gather_object``, where ``dst``'s status message carries it
+  to every rank.
 
 Which messages can meet which:
 
@@ -27,12 +46,14 @@ Which messages can meet which:
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import pickle
+from typing import Any, NoReturn, Optional
 
+import numpy as np
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._dispatch import launch, member, p2p_call, root_rank
+from mpidist._dispatch import launch, member, p2p_call, root_rank, unusable
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
@@ -63,25 +84,129 @@ def _fill(object_list: list, got: list, op: str, sender: int) -> None:
     object_list[:] = got
 
 
+# -- envelopes (module doc: "Failures") -------------------------------------------------------
+# What pkl5 carries is an envelope, never the caller's object: ``(pickle, *buffers)``, the
+# object pickled here beforehand (protocol 5; PickleBuffers, which pkl5 sends out of band
+# from 256 KiB up, in band below), or a str: the pickling failure, for every receiver to raise.
+
+class _Unusable(Exception):
+    """A received envelope that cannot become an object: its text (no prefix), its cause."""
+
+
+def _pack(obj: Any, rank: int, what: str) -> tuple[Any, Optional[BaseException]]:
+    """``(envelope, None)``, or ``(failure text, exception)`` when ``obj`` cannot be pickled."""
+    bufs: list = []
+    try:
+        data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    except Exception as exc:  # noqa: BLE001  (anything __reduce__ raises: reported to every rank)
+        return f"rank {rank} could not pickle its {what}: {type(exc).__name__}: {exc}", exc
+    return (pickle.PickleBuffer(data), *bufs), None
+
+
+def _unpack(envelope: Any, what: str, sender: int, reader: int) -> Any:
+    """The object in ``envelope`` (from global rank ``sender``); raises :class:`_Unusable`
+    with the sender's pickling failure, or with this rank's unpickling failure."""
+    if type(envelope) is str:
+        raise _Unusable(envelope)
+    try:
+        return pickle.loads(envelope[0], buffers=envelope[1:])
+    except Exception as exc:  # noqa: BLE001  (a class missing here, a failing __setstate__, ...)
+        raise _Unusable(f"rank {reader} could not unpickle the {what} of rank {sender}: "
+                        f"{type(exc).__name__}: {exc}") from exc
+
+
+def _fail(op: str, text: str, cause: Optional[BaseException]) -> NoReturn:
+    """Raise the TypeError every rank of a failed object op raises (``cause`` chained)."""
+    raise TypeError(f"{prefix(op)} {text}") from cause
+
+
+def _failures(envelopes: list) -> str:
+    """The failure texts among ``envelopes`` (in group-rank order, joined), or ""."""
+    return "; ".join(e for e in envelopes if type(e) is str)
+
+
+def _bcast_text(comm: MPI.Intracomm, text: str, root: int) -> str:
+    """``text`` from group rank ``root``, on every rank: one 8-byte MPI_Bcast when it is empty."""
+    data = text.encode()
+    size = np.array([len(data)], dtype=np.int64)
+    comm.Bcast([size, MPI.INT64_T], root)
+    if size[0] == 0:
+        return ""
+    buf = bytearray(data) if comm.Get_rank() == root else bytearray(int(size[0]))
+    comm.Bcast([buf, MPI.BYTE], root)
+    return buf.decode()
+
+
 def _bcast(g: ProcessGroup, object_list: list, root: int) -> None:
+    op = "broadcast_object_list"
+    comm = pkl5.Intracomm(g.comm)
+    src = g.ranks[root]
     if g.rank() == root:
-        pkl5.Intracomm(g.comm).bcast(object_list, root)
-    else:
-        _fill(object_list, pkl5.Intracomm(g.comm).bcast(None, root), "broadcast_object_list", g.ranks[root])
+        envelope, exc = _pack(object_list, src, "object_list")
+        comm.bcast(envelope, root)
+        if exc is not None:
+            _fail(op, envelope, exc)
+        return
+    try:
+        got = _unpack(comm.bcast(None, root), "object_list", src, g.ranks[g.rank()])
+    except _Unusable as bad:
+        _fail(op, str(bad), bad.__cause__)
+    _fill(object_list, got, op, src)
 
 
 def _allgather(g: ProcessGroup, object_list: list, obj: Any) -> None:
-    object_list[:] = pkl5.Intracomm(g.comm).allgather(obj)
+    op = "all_gather_object"
+    me = g.ranks[g.rank()]
+    envelope, exc = _pack(obj, me, "obj")
+    envelopes = pkl5.Intracomm(g.comm).allgather(envelope)
+    failed = _failures(envelopes)
+    if failed:  # every rank got every envelope: each raises the same error
+        _fail(op, failed, exc)
+    try:
+        got = [_unpack(e, "obj", g.ranks[i], me) for i, e in enumerate(envelopes)]
+    except _Unusable as bad:
+        _fail(op, str(bad), bad.__cause__)
+    object_list[:] = got
 
 
 def _gather(g: ProcessGroup, object_gather_list: Optional[list], obj: Any, root: int) -> None:
-    got = pkl5.Intracomm(g.comm).gather(obj, root)
+    op = "gather_object"
+    me = g.ranks[g.rank()]
+    envelope, cause = _pack(obj, me, "obj")
+    envelopes = pkl5.Intracomm(g.comm).gather(envelope, root)
+    failed, got = "", None
+    if envelopes is not None:  # dst: it alone knows whether the step worked
+        failed = _failures(envelopes)
+        if not failed:
+            try:
+                got = [_unpack(e, "obj", g.ranks[i], me) for i, e in enumerate(envelopes)]
+            except _Unusable as bad:
+                failed, cause = str(bad), bad.__cause__
+    failed = _bcast_text(g.comm, failed, root)  # dst tells every rank: each raises the same error
+    if failed:
+        _fail(op, failed, cause)
     if object_gather_list is not None:
         object_gather_list[:] = got
 
 
 def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -> None:
-    output[0] = pkl5.Intracomm(g.comm).scatter(inputs, root)
+    op = "scatter_object_list"
+    me = g.ranks[g.rank()]
+    envelopes, exc = None, None
+    if inputs is not None:  # src: pickle every item before sending any
+        envelopes = []
+        for i, item in enumerate(inputs):
+            envelope, exc = _pack(item, me, f"scatter_object_input_list[{i}]")
+            if exc is not None:
+                envelopes = [envelope] * len(inputs)  # every rank gets the failure
+                break
+            envelopes.append(envelope)
+    try:
+        got = _unpack(pkl5.Intracomm(g.comm).scatter(envelopes, root), "scatter_object_input_list item",
+                      g.ranks[root], me)
+    except _Unusable as bad:
+        _fail(op, str(bad), exc or bad.__cause__)
+    output[0] = got
 
 
 def broadcast_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
@@ -96,8 +221,10 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group: O
     2.4+); at most one of the two; neither: global rank 0.
 
     Raises:
-        TypeError: ``object_list`` is not a list. ValueError: ``src`` is not a member,
-        both ``src`` and ``group_src`` given, or (after the broadcast, on that rank only)
+        TypeError: ``object_list`` is not a list; on every member: ``src`` could not pickle
+        its list; on a rank that cannot unpickle it: that failure (module doc).
+        ValueError: ``src`` is not a member, both ``src`` and ``group_src`` given, or
+        (after the broadcast, on that rank only)
         the lengths differ.
     """
     op = "broadcast_object_list"
@@ -119,6 +246,8 @@ def all_gather_object(object_list: list, obj: Any, group: Optional[ProcessGroup]
 
     Raises:
         TypeError / ValueError: ``object_list`` is not a list of the group's size.
+        TypeError: on every member if a member could not pickle its ``obj`` (the message
+        names each such rank); on a rank that cannot unpickle an object, there only.
     """
     op = "all_gather_object"
     g = member(group)
@@ -141,7 +270,9 @@ def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: Opti
 
     Raises:
         TypeError / ValueError: a bad list on ``dst``, a non-empty list elsewhere, a
-        ``dst`` that is not a member, both ``dst`` and ``group_dst``.
+        ``dst`` that is not a member, both ``dst`` and ``group_dst``. TypeError: on every
+        member if a member could not pickle its ``obj``, or ``dst`` could not unpickle
+        one (module doc).
     """
     op = "gather_object"
     g = member(group)
@@ -175,7 +306,9 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     Raises:
         TypeError / ValueError: an output list that is not a non-empty list, an input
         list on ``src`` that is not a list of the group's size, a ``src`` not a member,
-        both ``src`` and ``group_src``.
+        both ``src`` and ``group_src``. TypeError: on every member if ``src`` could not
+        pickle an item (no item is sent); on a rank that cannot unpickle its item, there
+        only.
     """
     op = "scatter_object_list"
     g = member(group)
@@ -202,9 +335,10 @@ def send_object_list(object_list: list, dst: Optional[int] = None, group: Option
     accepted and changes nothing: one pickled message either way.
 
     Raises:
-        TypeError: ``object_list`` is not a list. ValueError: ``dst`` is not another
-        member of the group; both or neither of ``dst``/``group_dst``.
-        DistBackendError: MPI reported an error.
+        TypeError: ``object_list`` is not a list; ``object_list`` could not be pickled
+        (the receiver is sent the error and raises it too, so it never waits).
+        ValueError: ``dst`` is not another member of the group; both or neither of
+        ``dst``/``group_dst``. DistBackendError: MPI reported an error.
     """
     op = "send_object_list"
     g = member(group)
@@ -212,8 +346,13 @@ def send_object_list(object_list: list, dst: Optional[int] = None, group: Option
         return None
     _check_list(object_list, op, "object_list")
     peer = peer_rank(g, dst, op, "dst", group_dst)
+    if g.engine.aborted:
+        raise unusable(g, op)
+    envelope, exc = _pack(object_list, g.ranks[g.rank()], "object_list")
     with p2p_call(g, op, None, None, g.ranks[peer]):
-        pkl5.Intracomm(g.comm).send(object_list, peer, OBJECT_TAG)
+        pkl5.Intracomm(g.comm).send(envelope, peer, OBJECT_TAG)
+    if exc is not None:  # the receiver got the failure and raises it too
+        _fail(op, envelope, exc)
     return None
 
 
@@ -228,9 +367,10 @@ def recv_object_list(object_list: list, src: Optional[int] = None, group: Option
     Unpickles the sender's data: trust it. ``device`` and ``use_batch`` are ignored.
 
     Raises:
-        TypeError: ``object_list`` is not a list. ValueError: ``src`` is not another
-        member, both ``src`` and ``group_src`` given, or the sender's list has another
-        length (the message is consumed).
+        TypeError: ``object_list`` is not a list; the sender could not pickle its list,
+        or this rank cannot unpickle it (the message is consumed). ValueError: ``src``
+        is not another member, both ``src`` and ``group_src`` given, or the sender's
+        list has another length (the message is consumed).
     """
     op = "recv_object_list"
     g = member(group)
@@ -239,9 +379,15 @@ def recv_object_list(object_list: list, src: Optional[int] = None, group: Option
     _check_list(object_list, op, "object_list")
     anyone = src is None and group_src is None
     peer = MPI.ANY_SOURCE if anyone else peer_rank(g, src, op, "src", group_src)
+    if g.engine.aborted:
+        raise unusable(g, op)
     status = MPI.Status()
     with p2p_call(g, op, None, None, -1 if anyone else g.ranks[peer]):
-        got = pkl5.Intracomm(g.comm).recv(None, peer, OBJECT_TAG, status)
+        envelope = pkl5.Intracomm(g.comm).recv(None, peer, OBJECT_TAG, status)
     sender = g.ranks[status.Get_source()]
+    try:
+        got = _unpack(envelope, "object_list", sender, g.ranks[g.rank()])
+    except _Unusable as bad:
+        _fail(op, str(bad), bad.__cause__)
     _fill(object_list, got, op, sender)
     return sender

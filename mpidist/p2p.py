@@ -18,13 +18,13 @@ from mpi4py import MPI
 
 from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
-from mpidist._dispatch import p2p_call, root_rank
-from mpidist._recorder import begin_p2p
+from mpidist._dispatch import p2p_call, root_rank, unusable
+from mpidist._recorder import begin_p2p, fail
 from mpidist._tags import USER_TAG_MAX
 from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist._group import ProcessGroup
-from mpidist.work import RequestWork, Work
+from mpidist.work import CompletedWork, RequestWork, Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -52,19 +52,60 @@ def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = N
     return rank
 
 
-def _finisher(g: ProcessGroup, arr: np.ndarray, op: str):
-    """After a receive: check the message filled the buffer; return the sender's global rank."""
+# -- receiving: a message of another size is an error, and never silently wrong data ---------
+# MPI_Recv writes a shorter message into the start of the buffer, and the start of a longer
+# one before it reports MPI_ERR_TRUNCATE. So ``recv`` learns the size first, with a matched
+# probe (MPI_Mprobe/MPI_Improbe: the message is then this receive's, no other receive on any
+# thread can take it), and receives into the buffer only a message of exactly its size; any
+# other is received into a scratch buffer and dropped (consumed, so the next receive gets the
+# next message), the receive raises ValueError and the buffer is unchanged (issue 14, item 6).
+# An ``irecv`` probes too: a message already there is handled the same way. One that has not
+# arrived when the irecv is posted cannot be probed for without giving up MPI's matching
+# order (messages go to receives in the order they were posted) or its progress while the
+# caller blocks elsewhere (irecv then send is deadlock-free in MPI): it is received into the
+# array directly, as bytes (no copy on the hot path of pipelined receives), and ``wait()``
+# raises ValueError, the array's contents then undefined, as MPI_Irecv's. The blocking
+# ``recv`` under MPIDIST_ABORT_ON_TIMEOUT=0, which runs as an irecv, keeps its promise with a
+# scratch buffer copied over on completion (``strict``).
+
+def _mismatch(g: ProcessGroup, arr: Any, op: str, status: MPI.Status, datatype: MPI.Datatype,
+              written: bool = False) -> ValueError:
+    """The error for a message (already consumed) whose size differs from ``arr``'s;
+    ``written``: it was received into ``arr`` itself (an irecv posted before it arrived)."""
+    nbytes = status.Get_count(MPI.BYTE)
+    got = status.Get_count(datatype)
+    what = (f"{got} elements of {arr.dtype}" if got != MPI.UNDEFINED
+            else f"{nbytes} bytes (not a whole number of {arr.dtype} elements)")
+    state = ("the tensor's contents are undefined (the irecv was posted before the message came, so it "
+             "was received in place)" if written else "the tensor left unchanged")
+    return ValueError(f"{prefix(op)} received {what} from rank {g.ranks[status.Get_source()]}, expected "
+                      f"{arr.size} (tensor shape {arr.shape}); the message was consumed and {state}; "
+                      f"sender and receiver must use the same shape and dtype")
+
+
+def _drop(message: MPI.Message, status: MPI.Status) -> None:
+    """Receive a matched message into a scratch buffer of its size (``status``: its probe's)."""
+    message.Recv([bytearray(max(status.Get_count(MPI.BYTE), 1)), MPI.BYTE])
+
+
+def _finisher(g: ProcessGroup, arr: Any, op: str, scratch: Optional[np.ndarray] = None, in_place: bool = False):
+    """After a receive completed: check the message's size; return the sender's global rank.
+
+    ``scratch`` (bytes, one element more than ``arr``'s): the receive went there, as bytes
+    (so a message that is not a whole number of elements is reported, not an MPI internal
+    error), and is copied into ``arr`` only if it had exactly ``arr.size`` elements.
+    ``in_place``: it went into ``arr`` itself (as bytes, for the same reason).
+    """
     datatype = mpi_datatype(arr.dtype)
 
     def finish(status: MPI.Status) -> int:
-        err = status.Get_error()
+        err = status.Get_error()  # (MPI_ERR_TRUNCATE, a message larger than the buffer, raises in Wait/Test)
         if err != MPI.SUCCESS:
             raise DistBackendError(f"{prefix(op)} MPI error: {MPI.Get_error_string(err)}")
-        got = status.Get_count(datatype)
-        if got != arr.size:
-            raise ValueError(f"{prefix(op)} received {got} elements of {arr.dtype} from rank "
-                             f"{g.ranks[status.Get_source()]}, expected {arr.size} (tensor shape "
-                             f"{arr.shape}); sender and receiver must use the same shape and dtype")
+        if status.Get_count(datatype) != arr.size:
+            raise _mismatch(g, arr, op, status, datatype, in_place)
+        if scratch is not None:
+            arr.reshape(-1).view(np.uint8)[...] = scratch[:arr.nbytes]
         return g.ranks[status.Get_source()]
     return finish
 
@@ -97,6 +138,8 @@ def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag
     tag = _check_tag(tag, op, f"{where}tag")
     if g.comm is None:
         return None
+    if g.engine.aborted:
+        raise unusable(g, op)
     if receive and peer is None and group_peer is None:
         return g, arr, MPI.ANY_SOURCE, tag
     if where:
@@ -118,11 +161,34 @@ def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
     return RequestWork(op, prefix(op), req, rec=rec)
 
 
-def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "irecv") -> Work:
+def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "irecv",
+                strict: bool = False) -> Work:
+    """Post a receive into ``arr``: one that never writes a message of another size there if
+    the message is already there, or if ``strict``; else one that receives in place (see the
+    comment above :func:`_mismatch`)."""
     rec = begin_p2p(g, op, arr.shape, arr.dtype, _global(g, peer))
+    datatype = mpi_datatype(arr.dtype)
+    status = MPI.Status()
     with mpi_errors(op):
-        req = g.comm.Irecv([arr, mpi_datatype(arr.dtype)], peer, tag)
-    return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op), rec=rec)
+        message = g.comm.Improbe(peer, tag, status)
+        if message is not None:  # it is here: its size is known before anything is written
+            if status.Get_count(datatype) == arr.size:
+                req = message.Irecv([arr, datatype])
+            else:
+                _drop(message, status)
+                fail(rec)
+                return CompletedWork(op, prefix(op), (arr,), error=_mismatch(g, arr, op, status, datatype))
+            scratch, in_place = None, False
+        elif type(arr) is not np.ndarray:  # a device array on the CUDA-aware path: in place
+            scratch, in_place = None, True
+            req = g.comm.Irecv([arr, datatype], peer, tag)
+        elif strict:  # not yet: into a scratch buffer, copied on completion
+            scratch, in_place = np.empty(arr.nbytes + arr.itemsize, dtype=np.uint8), False
+            req = g.comm.Irecv([scratch, MPI.BYTE], peer, tag)
+        else:  # not yet: in place, as bytes (a size that is no whole number of elements is reported)
+            scratch, in_place = None, True
+            req = g.comm.Irecv([arr.reshape(-1).view(np.uint8), MPI.BYTE], peer, tag)
+    return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op, scratch, in_place), rec=rec)
 
 
 def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
@@ -151,8 +217,12 @@ def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Process
     ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
     most one of the two; neither: any source. ``tensor`` (writable, C-contiguous) is
     overwritten when the Work completes; its ``source_rank()`` gives the sender's global
-    rank. A message of another size makes ``wait()`` raise ValueError. Returns None on a
-    non-member.
+    rank. A message of another size makes ``wait()`` raise ValueError (the message is
+    consumed). A message already there when the irecv is posted is probed before it is
+    received, and ``tensor`` is then left unchanged; one that arrives later is received
+    into ``tensor`` directly (no copy), so on that error ``tensor``'s contents are
+    undefined (MPI may have written part of the message), as with MPI_Irecv. Returns None
+    on a non-member.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(irecv, locals())
@@ -187,8 +257,9 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
 
     ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
     most one of the two; neither: any source. Returns the sender's global rank (-1 on a
-    non-member), also when the source was given as ``group_src``. Raises ValueError if
-    the message does not have exactly ``tensor.size`` elements.
+    non-member), also when the source was given as ``group_src``. The message is probed
+    first (MPI_Mprobe, then MPI_Mrecv of that very message): one of another size raises
+    ValueError, is consumed, and ``tensor`` is left unchanged.
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
         return device_call(recv, locals())
@@ -197,11 +268,16 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
         return -1
     g, arr, peer, tag = args
     if not work.ABORT_ON_TIMEOUT:  # a wait that can raise DistError past the timeout
-        return _post_irecv(g, arr, peer, tag, "recv").source_rank()
+        return _post_irecv(g, arr, peer, tag, "recv", strict=True).source_rank()
     status = MPI.Status()
+    datatype = mpi_datatype(arr.dtype)
     with p2p_call(g, "recv", arr.shape, arr.dtype, _global(g, peer)):
-        g.comm.Recv([arr, mpi_datatype(arr.dtype)], peer, tag, status)
-    return _finisher(g, arr, "recv")(status)
+        message = g.comm.Mprobe(peer, tag, status)  # matched: this receive's message, whatever other threads do
+        if status.Get_count(datatype) == arr.size:
+            message.Recv([arr, datatype])
+            return g.ranks[status.Get_source()]
+        _drop(message, status)
+        raise _mismatch(g, arr, "recv", status, datatype)
 
 
 class P2POp:

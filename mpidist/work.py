@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures
+import enum
 import threading
 import time
 from functools import lru_cache
@@ -26,9 +27,9 @@ from typing import Any, Callable, Optional
 from mpi4py import MPI
 
 from mpidist import _recorder as R
-from mpidist.errors import DistError, from_mpi
+from mpidist.errors import DistError, from_mpi, prefix
 
-__all__ = ["Work", "RequestWork", "FutureWork", "CompletedWork", "Engine"]
+__all__ = ["Work", "WorkResult", "RequestWork", "FutureWork", "CompletedWork", "Engine"]
 
 _CREATE_LOCK = threading.Lock()  # makes get_future() hand out one future per Work
 #: False when MPIDIST_ABORT_ON_TIMEOUT=0: a wait past the timeout raises DistError instead
@@ -42,7 +43,7 @@ _ABANDONED: list = []
 
 def _timed_out(rec: Optional[list]) -> None:
     """Raise the watchdog's DistError if it declared ``rec`` timed out."""
-    if rec is not None and rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None:
+    if _declared_timed_out(rec):
         raise DistError(rec[R.INFO])
 
 
@@ -60,13 +61,34 @@ def bounded_result(future: concurrent.futures.Future, rec: Optional[list]) -> An
 
 def _settle(future: concurrent.futures.Future, error: Optional[BaseException], outputs: tuple) -> None:
     """Complete ``future`` with ``list(outputs)`` or ``error``, unless another thread already did."""
+    _put(future, list(outputs) if error is None else None, error)
+
+
+def _put(future: concurrent.futures.Future, value: Any, error: Optional[BaseException]) -> None:
+    """Complete ``future`` with ``value``, or ``error`` if not None, unless it is done already
+    (another thread completed it, or :meth:`Engine.abort` failed it)."""
     try:
         if error is None:
-            future.set_result(list(outputs))
+            future.set_result(value)
         else:
             future.set_exception(error)
     except concurrent.futures.InvalidStateError:
         pass
+
+
+def _declared_timed_out(rec: Optional[list]) -> bool:
+    """True once the watchdog declared ``rec`` timed out (MPIDIST_ABORT_ON_TIMEOUT=0)."""
+    return rec is not None and rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None
+
+
+class WorkResult(enum.IntEnum):
+    """The value of :meth:`Work.get_future_result`'s future: torch's ``c10d::WorkResult``
+    (torch hands out the plain int; this IntEnum compares equal to it)."""
+
+    SUCCESS = 0
+    TIMEOUT = 1
+    COMM_ERROR = 2
+    UNKNOWN = 100
 
 
 def _seconds(timeout: Any) -> Optional[float]:
@@ -87,7 +109,12 @@ class Work:
     MPIDIST_TIMEOUT, counted from the op's issue) bounds it: past it the watchdog
     aborts the job, or with MPIDIST_ABORT_ON_TIMEOUT=0 ``wait`` raises the watchdog's
     DistError (op, group, sequence number, ranks that had not arrived).
+
+    ``synchronize()`` and ``get_future_result()`` (torch's) are written once, here, on top
+    of each kind's ``wait()`` and ``get_future()``.
     """
+
+    _result_future: Optional[concurrent.futures.Future] = None  # get_future_result()'s, made on first call
 
     def __init__(self, op: str, where: str) -> None:
         self._op = op
@@ -96,6 +123,48 @@ class Work:
     def wait(self, timeout: Any = None) -> bool:
         """Block until the op completes; True, or the op's error, or DistError on timeout."""
         raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Make the caller's consumer of the op's outputs wait for the op (torch's
+        ``Work.synchronize``). Host ops: block until the op completes, as ``wait()`` (its
+        error raised; the group's timeout applies): on the host the calling thread is the
+        consumer. (torch's CPU Work has no stream to order, and its ``synchronize`` returns
+        at once; the arrays are ready after mpidist's.) NCCL ops: the caller's current
+        stream waits on the op, the host does not block (``NcclWork.synchronize``).
+        """
+        self.wait()
+
+    def get_future_result(self) -> concurrent.futures.Future:
+        """A future completed with a :class:`WorkResult` once the op ends (torch's
+        ``Work.get_future_result``): ``SUCCESS``; ``TIMEOUT`` once the watchdog declares the
+        op timed out (only with MPIDIST_ABORT_ON_TIMEOUT=0: by default it aborts the job;
+        the op may still be running); ``COMM_ERROR`` if it failed otherwise (an MPI error,
+        a message of the wrong size, :meth:`mpidist.ProcessGroup.abort`). It never completes
+        with an exception: the op's own error stays with ``wait()`` and ``exception()``.
+        Done-callbacks run where ``get_future()``'s do (or on mpidist's progress thread,
+        for a timeout). The same future on every call.
+        """
+        with _CREATE_LOCK:
+            fut = self._result_future
+            if fut is not None:
+                return fut
+            fut = self._result_future = concurrent.futures.Future()
+        recs = self._watched_recs()
+
+        def ended(f: concurrent.futures.Future) -> None:
+            error = f.exception()
+            code = (WorkResult.SUCCESS if error is None
+                    else WorkResult.TIMEOUT if any(_declared_timed_out(r) for r in recs) else WorkResult.COMM_ERROR)
+            _put(fut, code, None)
+
+        self.get_future().add_done_callback(ended)
+        if recs and not ABORT_ON_TIMEOUT and not fut.done():  # an op stuck in MPI never ends: watch for TIMEOUT
+            _PROGRESS.watch(_TimeoutWatch(fut, recs))
+        return fut
+
+    def _watched_recs(self) -> tuple:
+        """The flight-recorder entries the watchdog may declare timed out for this op."""
+        return ()
 
     def is_completed(self) -> bool:
         """True once the op finished (successfully or not); never blocks."""
@@ -134,24 +203,33 @@ class Work:
 
 
 class CompletedWork(Work):
-    """A Work whose op already finished (``outputs`` are the arrays it wrote).
+    """A Work whose op already finished (``outputs`` are the arrays it wrote), successfully,
+    or with ``error``, which ``wait()`` (and ``source_rank()``) then raise.
 
     ``get_future()`` returns an already-completed future.
     """
 
-    def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None) -> None:
+    def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None,
+                 error: Optional[BaseException] = None) -> None:
         super().__init__(op, where)
         self._outs = outputs
         self._source = source
+        self._error = error
         self._future: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
         return True
 
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
     def source_rank(self) -> int:
+        self.wait()
         if self._source is None:
             return super().source_rank()
         return self._source
@@ -160,7 +238,7 @@ class CompletedWork(Work):
         with _CREATE_LOCK:
             if self._future is None:
                 self._future = concurrent.futures.Future()
-                _settle(self._future, None, self._outs)
+                _settle(self._future, self._error, self._outs)
         return self._future
 
     def _outputs(self) -> tuple:
@@ -313,6 +391,9 @@ class RequestWork(Work):
             return super().source_rank()
         return self._source
 
+    def _watched_recs(self) -> tuple:
+        return () if self._rec is None else (self._rec,)
+
     def get_future(self) -> concurrent.futures.Future:
         with _CREATE_LOCK:
             if self._future is None:
@@ -336,8 +417,23 @@ def _thread_multiple() -> bool:
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
+class _TimeoutWatch:
+    """For :class:`_Progress`: completes a ``get_future_result()`` future with TIMEOUT once the
+    watchdog declares one of ``recs`` timed out (an op stuck in MPI never ends by itself)."""
+
+    def __init__(self, future: concurrent.futures.Future, recs: tuple) -> None:
+        self._future = future
+        self._recs = recs
+
+    def _poll(self) -> bool:
+        if not self._future.done() and any(_declared_timed_out(r) for r in self._recs):
+            _put(self._future, WorkResult.TIMEOUT, None)
+        return self._future.done()
+
+
 class _Progress:
-    """One daemon thread that tests the requests of RequestWorks whose future was taken.
+    """One daemon thread that tests the requests of RequestWorks whose future was taken
+    (and watches ``get_future_result()`` futures for a timeout: :class:`_TimeoutWatch`).
 
     It polls (20 us, doubling to 1 ms while nothing completes) only while such a
     request is pending, and stops at interpreter exit, before mpi4py finalizes MPI.
@@ -351,7 +447,8 @@ class _Progress:
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
 
-    def watch(self, work: RequestWork) -> None:
+    def watch(self, work: Any) -> None:
+        """Poll ``work._poll()`` (True when done) until it is done."""
         with self._cond:
             if self._stopped:
                 return
@@ -372,9 +469,10 @@ class _Progress:
                 if self._stopped:
                     return
                 works = list(self._works)
-            if any([w._poll() for w in works]):
+            done = {id(w) for w in works if w._poll()}
+            if done:
                 with self._cond:
-                    self._works = [w for w in self._works if not w._done]
+                    self._works = [w for w in self._works if id(w) not in done]
                 pause = self._MIN_PAUSE
             else:
                 pause = min(2 * pause, self._MAX_PAUSE)
@@ -444,6 +542,9 @@ class FutureWork(Work):
         self._future.add_done_callback(lambda f: _settle(derived, f.exception(), self._outs))
         return derived
 
+    def _watched_recs(self) -> tuple:
+        return () if self._rec is None else (self._rec,)
+
     def _outputs(self) -> tuple:
         return self._outs
 
@@ -494,7 +595,7 @@ class Engine:
     group: the flight recorder's sequence number), ``p2p_seq``, ``current`` (the
     recorder entry of the op running now, which the timeout watchdog watches), ``key``
     (:func:`mpidist._recorder.group_key`) and ``broken`` (why the group is unusable
-    after a timeout with MPIDIST_ABORT_ON_TIMEOUT=0, else None).
+    after a timeout with MPIDIST_ABORT_ON_TIMEOUT=0 or after :meth:`abort`, else None).
     """
 
     #: False disables the ops' inline latency paths (``idle()``), so every op goes through
@@ -504,9 +605,10 @@ class Engine:
     def __init__(self, name: str) -> None:
         self._name = name
         self._cond = threading.Condition(threading.Lock())
-        self._items: collections.deque = collections.deque()  # (future, fn, args) not started yet
+        self._items: collections.deque = collections.deque()  # (future, fn, args, rec) not started yet
         self.pending = 0  # ops queued or running (read by the ops' latency paths)
         self._runner: Optional[threading.Thread] = None  # the thread running a queued op now
+        self._running: Optional[tuple] = None  # that op's queue item
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self.seq = 0
@@ -514,6 +616,7 @@ class Engine:
         self.current: Optional[list] = None
         self.key: Optional[str] = None
         self.broken: Optional[str] = None
+        self.aborted = False  # abort() was called: point-to-point is refused too
 
     def _take(self) -> Optional[tuple]:
         """The next queued op, made this thread's to run (lock held); None when there is none,
@@ -521,19 +624,27 @@ class Engine:
         if self._runner is not None or not self._items:
             return None
         self._runner = threading.current_thread()
-        return self._items.popleft()
+        self._running = self._items.popleft()
+        return self._running
 
     def _run(self, item: tuple) -> None:
-        """Run a queued op taken with :meth:`_take`; its future's callbacks run here, on the runner."""
-        future, fn, args = item
+        """Run a queued op taken with :meth:`_take`; its future's callbacks run here, on the runner.
+        An op whose future :meth:`abort` failed before it started is not run."""
+        future, fn, args, _ = item
         try:
-            if future.set_running_or_notify_cancel():
-                future.set_result(fn(*args))
+            try:
+                start = future.set_running_or_notify_cancel()
+            except RuntimeError:  # failed by abort() between _take and here
+                start = False
+            if start:
+                _put(future, fn(*args), None)
         except BaseException as exc:  # noqa: BLE001  (delivered through the future)
-            future.set_exception(exc)
+            _put(future, None, exc)
         finally:
             with self._cond:
-                self.pending -= 1
+                if self._running is item:  # (abort() took it out of the count already)
+                    self.pending -= 1
+                    self._running = None
                 self._runner = None
                 if self._items or self._stopping:
                     self._cond.notify()
@@ -551,16 +662,20 @@ class Engine:
                     item = self._take()
             self._run(item)
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-        """Queue ``fn(*args)`` behind the group's earlier ops; return its future."""
+    def submit(self, fn: Callable[..., Any], *args: Any, rec: Optional[list] = None) -> concurrent.futures.Future:
+        """Queue ``fn(*args)`` behind the group's earlier ops; return its future. ``rec``: the
+        op's flight-recorder entry (marked failed if :meth:`abort` drops the op)."""
         future = _EngineFuture(self)
         with self._cond:
+            if self.aborted:  # launch's check raced with abort()
+                _put(future, None, self._aborted_error(rec, "before this op started"))
+                return future
             if self._thread is None:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._loop, name=f"mpidist-{self._name}", daemon=True)
                 self._thread.start()
             self.pending += 1
-            self._items.append((future, fn, args))
+            self._items.append((future, fn, args, rec))
             self._cond.notify()
         return future
 
@@ -607,13 +722,46 @@ class Engine:
         """
         if self.runs_inline():
             return fn(*args)
-        return bounded_result(self.submit(fn, *args), rec)
+        return bounded_result(self.submit(fn, *args, rec=rec), rec)
 
     def shutdown(self) -> None:
-        """Finish queued ops and stop the thread."""
+        """Finish queued ops and stop the thread (after :meth:`abort`: nothing to wait for)."""
         with self._cond:
             thread, self._thread = self._thread, None
             self._stopping = True
             self._cond.notify_all()
         if thread is not None:
             thread.join()
+
+    def abort(self, reason: str) -> None:
+        """Refuse every later op (``broken = reason``, no inline paths), fail the queued ops'
+        futures with DistError without running them, and fail the future of the op in
+        progress on the runner, if any: MPI cannot interrupt it, so it goes on (its output
+        arrays may still be written) on a thread nobody waits for any more, and its end is
+        not watched by the timeout watchdog (its recorder entry says failed). Returns at
+        once; the engine thread ends by itself once that call returns. Idempotent."""
+        with self._cond:
+            self.broken = reason
+            self.aborted = True
+            self.inline = False
+            dropped = list(self._items)
+            self._items.clear()
+            running, self._running = self._running, None
+            self.pending -= len(dropped) + (running is not None)
+            self._stopping = True
+            self._thread = None  # not joined: it may be stuck in MPI
+            self._cond.notify_all()
+        for future, _, _, rec in dropped:
+            if rec is not None:
+                R.fail(rec)
+            _put(future, None, self._aborted_error(rec, "before this op started"))
+        if running is not None:
+            future, _, _, rec = running
+            if rec is not None and rec[R.STATE] is R.STARTED:
+                R.fail(rec)
+            _put(future, None, self._aborted_error(rec, "while this op was in progress; MPI cannot interrupt it, "
+                                                        "so its output arrays may still be written"))
+
+    def _aborted_error(self, rec: Optional[list], when: str) -> DistError:
+        op = rec[R.OP] if rec is not None else "op"
+        return DistError(f"{prefix(op)} group {self._name!r} was {self.broken} {when}")

@@ -27,6 +27,7 @@ from mpidist.device._nccl_core import reduction, state
 from mpidist.device._nccl_work import REAPER  # noqa: E402
 from mpidist.errors import DistBackendError, DistError  # noqa: E402
 from mpidist.p2p import P2POp  # noqa: E402
+from mpidist.work import WorkResult  # noqa: E402
 
 try:
     import ml_dtypes
@@ -603,6 +604,11 @@ def test_the_legacy_default_stream_is_the_null_stream_of_the_caller(dist, shim):
     assert x.host.tolist() == [float(len(members))] * 2
 
 
+def rec_event(work) -> int:
+    """The id of the done event of an NcclWork (what its stream waits are on)."""
+    return work._event.id
+
+
 def test_async_work_completes_with_its_event(dist, shim):
     g, members, me = world(dist)
     x = dev(data(np.float32, 6, 21, me))
@@ -614,15 +620,21 @@ def test_async_work_completes_with_its_event(dist, shim):
     rec = work._recs[0]
     assert not work.is_completed() and not future.done() and rec[R.STATE] == R.STARTED
     assert id(rec) in R.watched  # the timeout watchdog watches it while it is in flight
+    result = work.get_future_result()
     mark = len(shim.log)
     assert work.wait() is True  # no timeout: only the caller's stream waits, the host goes on
     assert shim.log[mark][0] == "wait" and not work.is_completed()
+    mark = len(shim.log)
+    assert work.synchronize() is None  # torch's WorkNCCL::synchronize: the same stream wait
+    assert shim.log[mark:] == [("wait", shim.log[mark][1], rec_event(work))] and not work.is_completed()
+    assert not result.done()
     with pytest.raises(DistError, match=PREFIX + re.escape("all_reduce: Work.wait timed out after 0.05 s")):
         work.wait(timeout=0.05)
     shim.release()
     assert future.result(timeout=10) == [x] and work.is_completed() and work.is_success()
     assert REAPER.drain() and seen == [[x]] and rec[R.STATE] == R.COMPLETED and id(rec) not in R.watched
     assert work.wait(timeout=1) is True and work.exception() is None
+    assert result.result(timeout=10) == WorkResult.SUCCESS
 
 
 def test_barrier_blocks_the_host_until_done(dist, shim):

@@ -140,10 +140,15 @@ def test_pinned_buffers_reused_and_held_while_in_flight(dist, rt, world):
 def test_future_completes_after_copy_back(dist, rt, world):
     _, size = world
     x = FakeDeviceArray.from_host(np.full(5, 2.0))
-    fut = dist.all_reduce(x, async_op=True).get_future()
+    work = dist.all_reduce(x, async_op=True)
+    fut = work.get_future()
     got = fut.result(timeout=60)
     assert got[0] is x
     np.testing.assert_array_equal(x.host, np.full(5, 2.0 * size))
+    assert work.get_future_result().result(timeout=60) == 0  # WorkResult.SUCCESS
+    y = FakeDeviceArray.from_host(np.full(5, 3.0))
+    dist.all_reduce(y, async_op=True).synchronize()  # a host wait: the copy back is done when it returns
+    np.testing.assert_array_equal(y.host, np.full(5, 3.0 * size))
 
 
 def test_staged_error_gives_buffers_back(dist, rt, world):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -297,6 +298,217 @@ def test_recv_object_list_length_mismatch(dist, world):
         dist.recv_object_list(out, 0)
         assert out == ["next"]
     dist.barrier()
+
+
+# ---------------------------------------------------------------- failures agree (issue 14, item 5)
+
+class Unpicklable:
+    """An object whose pickling raises (as a lock, a socket or a generator would)."""
+
+    def __reduce__(self):
+        raise RuntimeError("no pickling for you")
+
+
+class Picky:
+    """Pickles anywhere; unpickling it raises on global rank ``bad`` only (a class missing there)."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __reduce__(self):
+        return (rebuild_picky, (self.bad,))
+
+    def __eq__(self, other):
+        return type(other) is Picky and other.bad == self.bad
+
+
+def rebuild_picky(bad: int) -> Picky:
+    if MPI.COMM_WORLD.Get_rank() == bad:
+        raise ModuleNotFoundError(f"no module named 'only_elsewhere' on rank {bad}")
+    return Picky(bad)
+
+
+def p(dist) -> str:
+    return rf"\[rank {dist.get_rank()}/{dist.get_world_size()}\]"
+
+
+def cannot_pickle(dist, op: str, who: str) -> str:
+    return rf"^{p(dist)} {op}: {who}$"
+
+
+PICKLE_ERR = "RuntimeError: no pickling for you"
+
+
+def test_unpicklable_broadcast_raises_on_every_rank_and_the_retry_is_correct(dist, any_group):
+    """Before: the source raised PicklingError alone, its peers waited, and took the source's
+    retry for this broadcast (then hung in their own retry)."""
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    rank = dist.get_rank()
+    for src in members:
+        objs = ["ok", Unpicklable()] if rank == src else [SENTINEL, SENTINEL]
+        with pytest.raises(TypeError, match=cannot_pickle(
+                dist, "broadcast_object_list", rf"rank {src} could not pickle its object_list: {PICKLE_ERR}")) as err:
+            dist.broadcast_object_list(objs, src=src, group=g)
+        if rank == src:
+            assert isinstance(err.value.__cause__, RuntimeError)
+        else:
+            assert objs == [SENTINEL, SENTINEL] and err.value.__cause__ is None
+        objs = [f"retry from {src}", rank_object(src)] if rank == src else [SENTINEL, SENTINEL]
+        dist.broadcast_object_list(objs, src=src, group=g)
+        assert_same(objs, [f"retry from {src}", rank_object(src)])
+
+
+def test_unpicklable_obj_in_all_gather_object_raises_on_every_rank(dist, any_group):
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    rank = dist.get_rank()
+    bad = members[1::2] or members[:1]  # every other member (the only one of a one-rank group)
+    out = [SENTINEL] * len(members)
+    whos = "; ".join(f"rank {r} could not pickle its obj: {PICKLE_ERR}" for r in bad)
+    with pytest.raises(TypeError, match=cannot_pickle(dist, "all_gather_object", whos)) as err:
+        dist.all_gather_object(out, Unpicklable() if rank in bad else rank, group=g)
+    assert out == [SENTINEL] * len(members)
+    assert isinstance(err.value.__cause__, RuntimeError) == (rank in bad)
+    dist.all_gather_object(out, rank_object(rank), group=g)
+    assert_same(out, [rank_object(r) for r in members])
+
+
+def test_unpicklable_obj_in_gather_object_raises_on_every_rank(dist, any_group):
+    """Before: dst and the ranks that pickled their object went on; only the failing rank raised."""
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    rank = dist.get_rank()
+    for dst in members:
+        bad = members[-1]
+        out = [SENTINEL] * len(members) if rank == dst else None
+        with pytest.raises(TypeError, match=cannot_pickle(
+                dist, "gather_object", rf"rank {bad} could not pickle its obj: {PICKLE_ERR}")):
+            dist.gather_object(Unpicklable() if rank == bad else rank, out, dst=dst, group=g)
+        if rank == dst:
+            assert out == [SENTINEL] * len(members)
+        dist.gather_object(rank_object(rank, dst), out, dst=dst, group=g)
+        if rank == dst:
+            assert_same(out, [rank_object(r, dst) for r in members])
+
+
+def test_gather_object_that_dst_cannot_unpickle_raises_on_every_rank(dist, any_group):
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    rank, dst, sender = dist.get_rank(), members[0], members[-1]
+    out = [SENTINEL] * len(members) if rank == dst else None
+    with pytest.raises(TypeError, match=cannot_pickle(
+            dist, "gather_object", rf"rank {dst} could not unpickle the obj of rank {sender}: ModuleNotFoundError: "
+                                   rf"no module named 'only_elsewhere' on rank {dst}")) as err:
+        dist.gather_object(Picky(dst) if rank == sender else rank, out, dst=dst, group=g)
+    assert isinstance(err.value.__cause__, ModuleNotFoundError) == (rank == dst)
+    if rank == dst:
+        assert out == [SENTINEL] * len(members)
+    dist.gather_object(rank, out, dst=dst, group=g)
+    if rank == dst:
+        assert out == members
+
+
+def test_unpicklable_item_in_scatter_object_list_raises_on_every_rank(dist, any_group):
+    """Before: src raised after sending the items before the bad one; the later ranks waited."""
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    rank = dist.get_rank()
+    for src in members:
+        k = len(members) - 1
+        inputs = [f"to {r}" for r in members[:k]] + [Unpicklable()] if rank == src else None
+        out = [SENTINEL]
+        with pytest.raises(TypeError, match=cannot_pickle(
+                dist, "scatter_object_list", rf"rank {src} could not pickle its scatter_object_input_list\[{k}\]: "
+                                             rf"{PICKLE_ERR}")):
+            dist.scatter_object_list(out, inputs, src=src, group=g)
+        assert out == [SENTINEL]
+        dist.scatter_object_list(out, [rank_object(src, r) for r in members] if rank == src else None, src=src,
+                                 group=g)
+        assert_same(out, [rank_object(src, rank)])
+
+
+def test_object_a_receiver_cannot_unpickle_raises_there_and_leaves_nothing_behind(dist, any_group):
+    """broadcast_object_list, all_gather_object, scatter_object_list: the rank that cannot
+    unpickle raises (the others finish the step), and the next op of the group is intact."""
+    g, members = any_group
+    if not is_member(dist, members):
+        return
+    rank, src, bad = dist.get_rank(), members[0], members[-1]
+    want = rf"rank {bad} could not unpickle the %s of rank {src}: ModuleNotFoundError: " \
+           rf"no module named 'only_elsewhere' on rank {bad}"
+    objs = [Picky(bad)] if rank == src else [SENTINEL]
+    if rank == bad and bad != src:
+        with pytest.raises(TypeError, match=cannot_pickle(dist, "broadcast_object_list", want % "object_list")):
+            dist.broadcast_object_list(objs, src=src, group=g)
+        assert objs == [SENTINEL]
+    else:
+        dist.broadcast_object_list(objs, src=src, group=g)
+        assert objs == [Picky(bad)]
+    out = [SENTINEL] * len(members)
+    if rank == bad:
+        with pytest.raises(TypeError, match=cannot_pickle(dist, "all_gather_object", want % "obj")):
+            dist.all_gather_object(out, Picky(bad) if rank == src else rank, group=g)
+        assert out == [SENTINEL] * len(members)
+    else:
+        dist.all_gather_object(out, Picky(bad) if rank == src else rank, group=g)
+        assert out == [Picky(bad)] + members[1:]
+    out = [SENTINEL]
+    inputs = [Picky(bad)] * len(members) if rank == src else None
+    if rank == bad:
+        with pytest.raises(TypeError, match=cannot_pickle(dist, "scatter_object_list",
+                                                          want % "scatter_object_input_list item")):
+            dist.scatter_object_list(out, inputs, src=src, group=g)
+        assert out == [SENTINEL]
+    else:
+        dist.scatter_object_list(out, inputs, src=src, group=g)
+        assert out == [Picky(bad)]
+    out = [SENTINEL] * len(members)
+    dist.all_gather_object(out, rank_object(rank), group=g)
+    assert_same(out, [rank_object(r) for r in members])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unpicklable_send_object_list_raises_on_both_sides(dist, world):
+    """Before: the sender raised, the receiver waited for the timeout."""
+    rank, size = world
+    if rank == 0:
+        with pytest.raises(TypeError, match=cannot_pickle(
+                dist, "send_object_list", rf"rank 0 could not pickle its object_list: {PICKLE_ERR}")) as err:
+            dist.send_object_list(["fine", Unpicklable()], 1)
+        assert isinstance(err.value.__cause__, RuntimeError)
+        dist.send_object_list(["next", Picky(1)], 1)
+        dist.send_object_list(["last"], 1)
+    elif rank == 1:
+        out = [SENTINEL, SENTINEL]
+        with pytest.raises(TypeError, match=cannot_pickle(
+                dist, "recv_object_list", rf"rank 0 could not pickle its object_list: {PICKLE_ERR}")):
+            dist.recv_object_list(out, 0)
+        assert out == [SENTINEL, SENTINEL]
+        with pytest.raises(TypeError, match=cannot_pickle(
+                dist, "recv_object_list", r"rank 1 could not unpickle the object_list of rank 0: ModuleNotFoundError: "
+                                          r"no module named 'only_elsewhere' on rank 1")) as err:
+            dist.recv_object_list(out)
+        assert isinstance(err.value.__cause__, ModuleNotFoundError) and out == [SENTINEL, SENTINEL]
+        out = [None]
+        assert dist.recv_object_list(out, 0) == 0 and out == ["last"]
+    dist.barrier()
+
+
+def test_lock_in_broadcast_names_pythons_own_error(dist, world):
+    """A real unpicklable object: Python's TypeError, named and chained on src."""
+    rank, size = world
+    objs = [threading.Lock()] if rank == 0 else [None]
+    with pytest.raises(TypeError, match=cannot_pickle(
+            dist, "broadcast_object_list",
+            r"rank 0 could not pickle its object_list: TypeError: cannot pickle '_thread.lock' object")) as err:
+        dist.broadcast_object_list(objs, src=0)
+    assert isinstance(err.value.__cause__, TypeError) == (rank == 0)
 
 
 # ---------------------------------------------------------------- bad input

@@ -1,6 +1,8 @@
 """Point-to-point on numpy arrays."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -55,16 +57,104 @@ def test_recv_from_any_source_returns_sender(dist, world):
         dist.send(np.array([rank * 7], dtype=np.int64), 0)
 
 
-def test_size_mismatch_is_an_error_not_corruption(dist, world):
-    rank, _ = world
+# A message of another size never touches the buffer (issue 14, item 6): (what rank 0 sends,
+# how rank 1's error describes it) for a receive into a float64 array of shape (2, 2).
+BAD = [(np.arange(3.0), "3 elements of float64"), (np.arange(5.0), "5 elements of float64"),
+       (np.arange(40.0), "40 elements of float64"),
+       (np.arange(12, dtype=np.uint8), r"12 bytes \(not a whole number of float64 elements\)")]
+
+
+def mismatch(op: str, size: int, what: str, in_place: bool = False) -> str:
+    state = (r"the tensor's contents are undefined \(the irecv was posted before the message came, so it was "
+             r"received in place\)" if in_place else "the tensor left unchanged")
+    return (rf"^\[rank 1/{size}\] {op}: received {what} from rank 0, expected 4 \(tensor shape \(2, 2\)\); the "
+            rf"message was consumed and {state}; sender and receiver must use the same shape and dtype$")
+
+
+def raises_untouched(buf: np.ndarray, pattern: str, call, *args) -> None:
+    """``call(*args)`` raises ValueError matching ``pattern``, and ``buf`` still holds -1
+    (checked first: the old code raised too, after writing into it)."""
+    with pytest.raises(ValueError) as err:
+        call(*args)
+    np.testing.assert_array_equal(buf, np.full(buf.shape, -1.0), err_msg=str(err.value))
+    assert re.search(pattern, str(err.value)), (pattern, str(err.value))
+
+
+def test_recv_of_another_size_raises_before_writing(dist, world):
+    """Before: a shorter message was written into the start of the buffer, then ValueError;
+    a longer one, its first elements, then MPI_ERR_TRUNCATE."""
+    rank, size = world
     if rank == 0:
-        dist.send(np.ones(3), 1, tag=5)
-        dist.send(np.ones(8), 1, tag=6)
+        for i, (x, _) in enumerate(BAD):
+            dist.send(x, 1, tag=i)
+            dist.send(x, 1, tag=10)
+        dist.send(np.full(4, 9.0), 1, tag=0)
     elif rank == 1:
-        with pytest.raises(ValueError, match=r"\[rank 1/\d+\] recv: received 3 elements of float64 from rank 0, expected 4"):
-            dist.recv(np.empty(4), 0, tag=5)
-        with pytest.raises(ValueError, match=r"recv: the incoming message is larger than the receive buffer"):
-            dist.recv(np.empty(4), 0, tag=6)
+        buf = np.full((2, 2), -1.0)
+        for i, (_, what) in enumerate(BAD):
+            raises_untouched(buf, mismatch("recv", size, what), dist.recv, buf, 0, None, i)
+            # any source: the error names the sender
+            raises_untouched(buf, mismatch("recv", size, what), dist.recv, buf, None, None, 10)
+        assert dist.recv(buf, None, tag=0) == 0  # the bad messages were consumed
+        np.testing.assert_array_equal(buf, np.full((2, 2), 9.0))
+    dist.barrier()
+
+
+def test_irecv_of_another_size_raises_before_writing(dist, world):
+    """Both ways an irecv meets its message: already there when it is posted (probed,
+    matched, received only if the size is right: the buffer is untouched), and posted
+    first (received in place, as MPI_Irecv: the error says the contents are undefined);
+    either way the message is consumed and the next receive gets the next message."""
+    rank, size = world
+    comm = dist._runtime.state().world.comm
+    token = np.zeros(1)
+    if rank == 0:
+        for i, (x, _) in enumerate(BAD):
+            dist.send(x, 1, tag=i)  # arrives first
+            dist.recv(token, 1, tag=99)  # rank 1 posted its irecv: send now
+            dist.send(x, 1, tag=20 + i)
+        dist.recv(token, 1, tag=99)
+        dist.send(np.full(4, 9.0), 1, tag=30)
+    elif rank == 1:
+        buf = np.full((2, 2), -1.0)
+        for i, (_, what) in enumerate(BAD):
+            comm.Probe(0, i)  # the message is here before the irecv is posted
+            w = dist.irecv(buf, 0, tag=i)
+            raises_untouched(buf, mismatch("irecv", size, what), w.wait)
+            assert w.is_completed() and isinstance(w.exception(), ValueError) and not w.is_success()
+            raises_untouched(buf, mismatch("irecv", size, what), w.get_future().result)
+            w = dist.irecv(buf, None, tag=20 + i)  # posted before the message is sent
+            dist.send(token, 0, tag=99)
+            larger = i in (1, 2)  # MPI truncates a larger message
+            with pytest.raises(ValueError) as err:
+                w.wait()
+            pattern = (r"irecv: the incoming message is larger than the receive buffer" if larger
+                       else mismatch("irecv", size, what, in_place=True))
+            assert re.search(pattern, str(err.value)), (pattern, str(err.value))
+            buf[...] = -1.0
+        w = dist.irecv(buf, 0, tag=30)
+        dist.send(token, 0, tag=99)
+        assert w.wait() and w.source_rank() == 0
+        np.testing.assert_array_equal(buf, np.full((2, 2), 9.0))
+    dist.barrier()
+
+
+def test_batch_irecv_of_another_size_raises_before_writing(dist, world):
+    rank, size = world
+    if rank == 0:
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, np.arange(3.0), 1)])[0].wait()
+        dist.send(np.full(4, 9.0), 1)
+    elif rank == 1:
+        buf = np.full((2, 2), -1.0)
+        (w,) = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)])
+        with pytest.raises(ValueError) as err:
+            w.wait()
+        # the message may have been there when the irecv was posted (probed: buf untouched)
+        # or not (received in place): the error says which
+        untouched = bool((buf == -1.0).all())
+        assert re.search(mismatch("irecv", size, "3 elements of float64", in_place=not untouched), str(err.value))
+        assert dist.recv(buf) == 0
+        np.testing.assert_array_equal(buf, np.full((2, 2), 9.0))
     dist.barrier()
 
 

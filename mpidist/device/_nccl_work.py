@@ -102,6 +102,9 @@ class NcclWork(Work):
       with ``result()``'s list (the arrays the op wrote).
     * ``exception()`` is None: NCCL reports asynchronous failures through the watchdog's
       timeout, not through the Work.
+    * ``synchronize()``: the caller's current stream waits on the op; the host never blocks
+      (torch's ``WorkNCCL::synchronize``), a barrier's Work included.
+      ``get_future_result()``: SUCCESS once done, or TIMEOUT (:class:`mpidist.work.Work`).
     """
 
     def __init__(self, op: str, where: str, shim: Any, device: int, event: Any, outputs: tuple,
@@ -116,10 +119,16 @@ class NcclWork(Work):
         limit = _seconds(timeout)
         if self._host_wait or limit is not None:
             self._block(limit)
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
         shim = self._shim
         with shim.device(self._device):
             shim.wait_event(shim.current_stream(), self._event)
-        return True
+
+    def _watched_recs(self) -> tuple:
+        return tuple(self._recs)
 
     def _block(self, limit: Optional[float]) -> None:
         if not host_wait_for(self._shim, self._event, self._recs, limit):

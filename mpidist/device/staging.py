@@ -162,6 +162,9 @@ class DeviceWork(Work):
     def source_rank(self) -> int:
         return self._inner.source_rank()
 
+    def _watched_recs(self) -> tuple:
+        return self._inner._watched_recs()
+
     def _outputs(self) -> tuple:
         return tuple(self._outmap.get(id(h), h) for h in self._inner._outputs())
 
