@@ -366,3 +366,18 @@ def test_backend_names(world):
     assert tdist.group.WORLD.name() == "mpidist"
     assert tdist.group.WORLD.group_desc == "default_pg"
     assert tdist.is_initialized() and mpidist.is_initialized()
+
+
+def test_abort_makes_a_group_unusable_at_once(world):
+    """torch's ProcessGroup.abort(): local, at once; every later op on the group raises."""
+    r, n = world
+    g = tdist.new_group(list(range(n)))
+    t = torch.ones(2)
+    tdist.all_reduce(t, group=g)
+    assert torch.equal(t, torch.full((2,), float(n)))
+    g.abort()
+    with pytest.raises(RuntimeError, match=r"is unusable: aborted by ProcessGroup.abort\(\)"):
+        tdist.all_reduce(t, group=g)
+    tdist.destroy_process_group(g)  # collective destroy of an aborted group frees nothing, raises nothing
+    tdist.all_reduce(t)  # the default group is unaffected
+    assert torch.equal(t, torch.full((2,), float(n * n)))

@@ -187,8 +187,16 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             mpidist.destroy_process_group(self._mg)
 
     def abort(self) -> None:
-        """As :meth:`shutdown` (mpidist has no separate abort of one group)."""
-        self.shutdown()
+        """torch's abort: local, at once (:meth:`mpidist.ProcessGroup.abort`): ops queued on
+        the group end with DistError, an op already inside MPI has its Work failed, and every
+        later op on the group raises DistError. Nothing is freed (freeing communicators is
+        collective): the process is expected to end, or to destroy the group collectively."""
+        if self._released:
+            return
+        self._released = True
+        st = _runtime.state_or_none()
+        if st is not None and st is self._state and not self._mg.destroyed:
+            self._mg.abort()
 
     def __repr__(self) -> str:
         return f"ProcessGroupMpidist(name={self._name!r}, desc={self._desc!r}, ranks={list(self._ranks)})"
