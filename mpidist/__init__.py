@@ -17,6 +17,7 @@ from mpidist._runtime import (
     is_nccl_available,
 )
 from mpidist import gather_scatter, objects, reductions
+from mpidist._debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from mpidist.collectives import all_reduce, barrier, broadcast, monitored_barrier
 from mpidist.device.detect import cuda_aware_mpi
 from mpidist.errors import DistBackendError, DistError
@@ -47,4 +48,5 @@ __all__ = [
     "is_initialized", "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group",
     "new_subgroups",
     "recv", "reduce_op", "send",
+    "DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env",
 ] + gather_scatter.__all__ + objects.__all__ + reductions.__all__

@@ -96,7 +96,8 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Optional[Proce
 
     Raises:
         TypeError: ``object_list`` is not a list. ValueError: ``src`` is not a member, or
-        (after the broadcast, on that rank only) the lengths differ.
+        the lengths differ (on every rank, before the broadcast: the members compare
+        their calls, docs/reliability.md).
     """
     op = "broadcast_object_list"
     g = member(group)
@@ -104,7 +105,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Optional[Proce
         return None
     _check_list(object_list, op, "object_list")
     root = group_root(g, src, op, "src")
-    launch(g, op, _bcast, (g, object_list, root), False, root=src)
+    launch(g, op, _bcast, (g, object_list, root), False, root=src, count=len(object_list))
     return None
 
 
