@@ -55,7 +55,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _recorder as R, _signature as S, work
-from mpidist.errors import DistError, prefix
+from mpidist.errors import prefix
 
 __all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env", "LEVELS", "DETAIL",
            "CHECK", "GroupCheck", "check", "agreed", "broken", "probe_answer", "shm_mismatch", "env_level"]
@@ -223,10 +223,17 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
     right before the op, in the group's op order. Returns when they agree; raises the
     mismatch ValueError on every member otherwise (see the module docstring).
 
-    ``parts``: for the ops whose counts may differ between ranks, what the new-key
+    ``key`` None: an op that is not compared (monitored_barrier, whose point is to report
+    the ranks that never come); only noted. ``parts``: for the ops whose counts may differ
+    between ranks, what the new-key
     exchange also checks: ``("gather" | "scatter", own count, root's list of counts or
     None)`` or ``("pairs", send counts, receive counts)`` (the all-to-alls).
     """
+    if key is None:  # an op that is not compared (monitored_barrier): note how far this rank got
+        chk = _STATES.get(g)
+        if chk is not None:
+            chk.last = (rec[R.SEQ], None)
+        return
     chk = g.resource("check", GroupCheck)
     if key in chk.agreed and not DETAIL:
         chk.last = (rec[R.SEQ], key)
@@ -270,8 +277,10 @@ def _mismatch_text(g: Any, op: str, differ: list, calls: list) -> str:
 def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple) -> None:
     """Until the exchange ``req`` completes. While it stalls, ask the peers (after 50 ms,
     then at doubling intervals) whether one ran this sequence number without an exchange:
-    then raise the mismatch (:func:`_diverged`). Past the op's timeout with
-    MPIDIST_ABORT_ON_TIMEOUT=0, raise the watchdog's DistError (the request is kept)."""
+    then raise the mismatch (:func:`_diverged`). Past the op's timeout the watchdog acts as
+    for any op (aborts the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller raises and this
+    thread keeps waiting, as it would inside a stuck MPI call, so the op still completes if
+    the peers come)."""
     for _ in range(_SPINS):
         if req.Test():
             return
@@ -279,9 +288,6 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
     ask_at = time.monotonic() + interval
     pause = 1e-5
     while not req.Test():
-        if rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None:
-            _ABANDONED.append((req, bufs))
-            raise DistError(rec[R.INFO])
         if time.monotonic() >= ask_at:
             skipped = _ask(g, rec[R.SEQ])
             if skipped and not req.Test():

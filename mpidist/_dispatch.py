@@ -95,7 +95,9 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
     if limit is not None:
         rec[R.LIMIT] = limit
-    sig = None if not checked else signature(group, op, count, dtype, root, redop, layout, parts)
+    sig = signature(group, op, count, dtype, root, redop, layout, parts)
+    if not checked and sig is not None:
+        sig = (None, None)  # not compared; the check only notes that this rank got here
     run = _guarded(group, op, fn, rec, sig)
     if async_op and not eager:
         return FutureWork(op, prefix(op), eng.submit(run, *args), outputs, rec)

@@ -47,7 +47,7 @@ WORDS = 14
 _FIELDS = (("op", _OP_WORDS), ("sequence number", _SEQ), ("count", _COUNT), ("dtype", _DTYPE_WORDS),
            ("root", _ROOT), ("reduce op", _REDOP_WORDS), ("sizes", _LAYOUT), ("group size", _SIZE))
 #: How :func:`describe` names a layout, per op.
-_LAYOUT_NAMES = {"all_reduce_multigpu": "arrays", "reduce_multigpu": "arrays", "broadcast_multigpu": "arrays"}
+_LAYOUT_NAMES = {"all_reduce_multigpu": "arrays", "reduce_multigpu": "arrays"}
 _texts: dict = {}
 
 
