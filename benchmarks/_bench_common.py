@@ -286,6 +286,21 @@ def versions(**extra: Optional[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in items.items())
 
 
+def write_report(out: Path, name: str, title: str, n: int, load_at_start: float, notes: list[str],
+                 body: list[str]) -> None:
+    """Write ``out/name`` (markdown: ``title``, the machine lines, the versions, ``notes`` as
+    bullet lines, then ``body``) and print it, with the path (rank 0 calls it)."""
+    import mpidist  # noqa: PLC0415  (the scripts import it after this module)
+
+    text = "\n".join([f"# {title}", "", *machine_lines(n, load_at_start),
+                      f"- {versions(mpidist=mpidist.__version__)}", *[f"- {note}" for note in notes], "", *body, ""])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(text)
+    print(text, flush=True)
+    print(f"# wrote {path}", flush=True)
+
+
 def thread_limit() -> contextlib.AbstractContextManager:
     """threadpoolctl's limit of BLAS/OpenMP pools to 1 thread where it is installed (the
     environment variables set at import do the same for pools not yet started)."""

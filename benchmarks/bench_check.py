@@ -98,18 +98,12 @@ def main() -> None:
             if comm.Get_rank() == 0:
                 print(rows[-1], flush=True)
     if comm.Get_rank() == 0:
-        text = "\n".join([
-            f"# Cost of the default mismatch check, all_reduce float32 SUM, {n} ranks", "",
-            *bc.machine_lines(n, load), f"- {bc.versions(mpidist=mpidist.__version__)}",
-            f"- {args.rounds} paired rounds per size of ~{args.target_ms:g} ms per measurement; see the docstring "
-            f"of benchmarks/bench_check.py", "",
-            "Target (issue 14): checked / unchecked <= 1.03 from 64 KiB up (8 B: bench_latency.py).", "",
-            *rows, ""])
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"check_np{n}.md"
-        path.write_text(text)
-        print(text, flush=True)
-        print(f"# wrote {path}", flush=True)
+        bc.write_report(args.out, f"check_np{n}.md",
+                        f"Cost of the default mismatch check, all_reduce float32 SUM, {n} ranks", n, load,
+                        [f"{args.rounds} paired rounds per size of ~{args.target_ms:g} ms per measurement; see the "
+                         f"docstring of benchmarks/bench_check.py"],
+                        ["Target (issue 14): checked / unchecked <= 1.03 from 64 KiB up (8 B: bench_latency.py).",
+                         "", *rows])
     mpidist.destroy_process_group()
 
 

@@ -136,15 +136,9 @@ def main() -> None:
         check = statistics.median((c - b) * 1e6 for c, b in zip(times["bare+check"], times["bare"]))
         rows += ["", f"The default mismatch check on this path (bare+check - bare, median of per-pass "
                      f"differences): {check:+.3f} us per call (target <= 1 us)"]
-        text = "\n".join([f"# 8-byte all_reduce latency breakdown, {n} ranks", "", *bc.machine_lines(n, load),
-                          f"- {bc.versions(mpidist=mpidist.__version__)}",
-                          f"- {args.passes} passes of {args.calls} calls per loop, interleaved; see the "
-                          f"docstring of benchmarks/bench_latency.py for the loops", "", *rows, ""])
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"latency_np{n}.md"
-        path.write_text(text)
-        print(text, flush=True)
-        print(f"# wrote {path}", flush=True)
+        bc.write_report(args.out, f"latency_np{n}.md", f"8-byte all_reduce latency breakdown, {n} ranks", n, load,
+                        [f"{args.passes} passes of {args.calls} calls per loop, interleaved; see the docstring of "
+                         f"benchmarks/bench_latency.py for the loops"], rows)
     mpidist.destroy_process_group()
 
 

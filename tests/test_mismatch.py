@@ -96,41 +96,32 @@ def test_4_elements_against_another(dist, world, fresh):
     usable(dist, fresh, size, 4)
 
 
+# (op, call(dist, group, x, odd), x's fill, what differs, the usual ranks' call, the last rank's call)
+CASES = {
+    "sum-against-max": ("all_reduce", lambda d, g, x, odd: d.all_reduce(x, ReduceOp.MAX if odd else ReduceOp.SUM, g),
+                        np.float64, "reduce op", "all_reduce(seq=0, count=8, dtype=float64, op=SUM)",
+                        "all_reduce(seq=0, count=8, dtype=float64, op=MAX)"),
+    "broadcast-src": ("broadcast", lambda d, g, x, odd: d.broadcast(x, src=d.get_world_size() - 1 if odd else 0,
+                                                                   group=g),
+                      np.float64, "root", "broadcast(seq=0, count=8, dtype=float64, root=0)",
+                      "broadcast(seq=0, count=8, dtype=float64, root={last})"),
+    "dtype": ("all_reduce", lambda d, g, x, odd: d.all_reduce(x, group=g), None, "dtype",
+              "all_reduce(seq=0, count=8, dtype=float64, op=SUM)", "all_reduce(seq=0, count=8, dtype=float32, op=SUM)"),
+}
+
+
 @pytest.mark.mpi(min_size=2)
-def test_sum_against_max(dist, world, fresh):
+@pytest.mark.parametrize("case", list(CASES))
+def test_reduce_op_root_and_dtype_mismatches(dist, world, fresh, case):
+    """SUM against MAX, broadcast with different src, float32 against float64: nobody runs
+    the op (the arrays keep their values)."""
     rank, size = world
     good, odd = split(size)
-    x = np.full(8, float(rank))
-    text = raises_everywhere(lambda: dist.all_reduce(x, ReduceOp.MAX if rank in odd else ReduceOp.SUM, fresh))
-    assert text == message(rank, size, "all_reduce", fresh, "reduce op", [
-        (good, "all_reduce(seq=0, count=8, dtype=float64, op=SUM)"),
-        (odd, "all_reduce(seq=0, count=8, dtype=float64, op=MAX)")])
+    op, call, dtype, differ, usual, other = CASES[case]
+    x = np.full(8, float(rank), dtype or (np.float32 if rank in odd else np.float64))
+    text = raises_everywhere(lambda: call(dist, fresh, x, rank in odd))
+    assert text == message(rank, size, op, fresh, differ, [(good, usual), (odd, other.format(last=size - 1))])
     np.testing.assert_array_equal(x, float(rank))
-    usable(dist, fresh, size)
-
-
-@pytest.mark.mpi(min_size=2)
-def test_broadcast_with_different_src(dist, world, fresh):
-    rank, size = world
-    good, odd = split(size)
-    x = np.full(5, float(rank))
-    text = raises_everywhere(lambda: dist.broadcast(x, src=size - 1 if rank in odd else 0, group=fresh))
-    assert text == message(rank, size, "broadcast", fresh, "root", [
-        (good, "broadcast(seq=0, count=5, dtype=float64, root=0)"),
-        (odd, f"broadcast(seq=0, count=5, dtype=float64, root={size - 1})")])
-    np.testing.assert_array_equal(x, float(rank))
-    usable(dist, fresh, size)
-
-
-@pytest.mark.mpi(min_size=2)
-def test_dtype_mismatch(dist, world, fresh):
-    rank, size = world
-    good, odd = split(size)
-    text = raises_everywhere(lambda: dist.all_reduce(np.ones(6, np.float32 if rank in odd else np.float64),
-                                                     group=fresh))
-    assert text == message(rank, size, "all_reduce", fresh, "dtype", [
-        (good, "all_reduce(seq=0, count=6, dtype=float64, op=SUM)"),
-        (odd, "all_reduce(seq=0, count=6, dtype=float32, op=SUM)")])
     usable(dist, fresh, size)
 
 

@@ -255,16 +255,15 @@ class ShmAllReduce:
             raise ValueError(f"{prefix('shm_all_reduce')} this ShmAllReduce was freed")
         if self.size == 1:
             return
-        call = (buf.size, code, buf.dtype, op) if self.verify else None
+        if not self.verify:
+            code = None
         if buf.size == 0:
-            if call is not None:  # nothing to reduce, but the others must learn that this rank has nothing
-                self._post(call)
-                self._barrier()
-                self._compare(call)
+            if code is not None:  # nothing to reduce, but the others must learn that this rank has nothing
+                self._first_barrier(0, code, buf.dtype)
             return
         views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
         run = self._pairwise if self.size == 2 else self._scatter_gather
-        run(buf.reshape(-1), views, _ufunc(op, buf.dtype), call)
+        run(buf.reshape(-1), views, _ufunc(op, buf.dtype), code)
 
     def _check_op(self, dtype: np.dtype, op: Any) -> int:
         if not isinstance(op, ReduceOp):
@@ -275,24 +274,24 @@ class ShmAllReduce:
         return code
 
     # -- the call check -----------------------------------------------------------------
-    def _post(self, call: tuple) -> None:
-        """Before the call's first synchronization: this rank's header, where its parity puts it."""
-        head = self._calls[self.rank][(self._epoch + 1) & 1]
-        head[0] = call[0]
-        head[1] = call[1]
-
-    def _compare(self, call: tuple) -> None:
-        """Right after the call's first synchronization: every rank's header must be this one's."""
-        parity, count, code = self._epoch & 1, call[0], call[1]
+    def _first_barrier(self, count: int, code: int, dtype: np.dtype) -> None:
+        """The call's first barrier, through which the ranks compare their calls: each
+        writes its header (``count``, ``code`` of dtype and op) before it, where the
+        barrier's parity puts it; every rank reads every header after it."""
+        parity = (self._epoch + 1) & 1
+        mine = self._calls[self.rank][parity]
+        mine[0] = count
+        mine[1] = code
+        self._barrier()
         for heads in self._calls:
             head = heads[parity]
             if head[0] != count or head[1] != code:
-                self._mismatch(call)
+                self._mismatch(count, code, dtype)
 
-    def _mismatch(self, call: tuple) -> None:
+    def _mismatch(self, count: int, code: int, dtype: np.dtype) -> None:
         """Every rank saw the same headers, so every rank is here: tell each other the calls."""
-        dtype, op = call[2], call[3]
-        calls = self.comm.allgather((call[0], dtype.name if dtype.isnative else dtype.str, op.value))
+        op = list(ReduceOp)[code & 0xFF]
+        calls = self.comm.allgather((count, dtype.name if dtype.isnative else dtype.str, op.value))
         text = "; ".join(f"rank {r}: count={c}, dtype={d}, op={o.upper()}" for r, (c, d, o) in enumerate(calls))
         raise ShmMismatch(f"{prefix('shm_all_reduce')} the ranks called mismatched all-reduces: {text}", calls)
 
@@ -300,21 +299,20 @@ class ShmAllReduce:
         views = self._views[dtype] = _Views(self._mems, self.parts, self.part_bytes, dtype)
         return views
 
-    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, call: Optional[tuple]) -> None:
-        """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy. ``call``
-        (None: not checked) is compared after the first barrier."""
+    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: Optional[int]) -> None:
+        """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy. The
+        first barrier compares the calls (``code``; None: not compared)."""
         mine, peer, first = views.slots[self.rank], views.slots[1 - self.rank], self.rank == 0
         half = self._half
-        if call is not None:
-            self._post(call)
         for start in range(0, flat.size, views.q):
             chunk = flat[start:start + views.q]
             m = chunk.size
             np.copyto(mine[half][:m], chunk)
-            self._barrier()
-            if call is not None:
-                self._compare(call)
-                call = None
+            if code is None:
+                self._barrier()
+            else:
+                self._first_barrier(flat.size, code, flat.dtype)
+                code = None
             other = peer[half][:m]
             if first:
                 ufunc(chunk, other, out=chunk)
@@ -323,24 +321,23 @@ class ShmAllReduce:
             half ^= 1
         self._half = half
 
-    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, call: Optional[tuple]) -> None:
-        """n > 2: per chunk, deposit / barrier / fold own slice / barrier, then gather. ``call``
-        (None: not checked) is compared after the first barrier."""
+    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: Optional[int]) -> None:
+        """n > 2: per chunk, deposit / barrier / fold own slice / barrier, then gather. The
+        first barrier compares the calls (``code``; None: not compared)."""
         n = self.size
         full = [(j * views.q, (j + 1) * views.q) for j in range(n)]
         pending = None
-        if call is not None:
-            self._post(call)
         for start in range(0, flat.size, n * views.q):
             chunk = flat[start:start + n * views.q]
             bounds = full if chunk.size == n * views.q else self._tail_bounds(chunk.size, views.align)
             if pending is not None:
                 self._gather(views, *pending)
             self._deposit(views, chunk, bounds)
-            self._barrier()
-            if call is not None:
-                self._compare(call)
-                call = None
+            if code is None:
+                self._barrier()
+            else:
+                self._first_barrier(flat.size, code, flat.dtype)
+                code = None
             self._fold(views, chunk, bounds, ufunc)
             self._barrier()
             pending = chunk, bounds
