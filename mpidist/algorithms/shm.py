@@ -21,13 +21,13 @@ between checks for about 100 us, then sleeps between checks (10 us doubling up t
 threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
 
 Every call also compares the ranks' calls: before its first synchronization each rank
-writes a header (element count; a code of dtype and op) into its counter page, and after
-it every rank reads every header. They are the same everywhere, so on a mismatch every
+writes a header (element count; a code of dtype and op) next to its counter, in the same
+cache line, and after it every rank reads every header. They are the same everywhere, so on a mismatch every
 rank sees it at the same step and raises :class:`ShmMismatch` (a ValueError naming each
 rank's call) before any data changes; the window stays usable. Headers alternate between
 two places by the parity of the synchronization, as the 2-rank data halves do, so a fast
 rank's next header never overwrites one a slow rank has still to read. Cost: two int64
-stores per call and two loads per peer.
+stores per call and two loads per peer, in cache lines the barrier moves anyway.
 
 ``mpidist.all_reduce`` uses it with ``algorithm="shm"``, and by default from the measured
 crossover size up on groups confined to one node (one window per group, made on first
@@ -59,7 +59,8 @@ DEFAULT_SLOT_BYTES = 2 << 20
 
 _LINE = 64           # cache line: slices start on one, so two writers never share a line
 _HEADER = 4096       # each rank's counter sits alone on the first page of its segment
-_CALL = (64, 128)    # offsets on that page of the two call headers (2 int64 each; by epoch parity)
+_CALL = (8, 24)      # offsets of the two call headers (2 int64 each; by barrier parity): in the counter's
+                     # cache line, which the peers fetch anyway when they see the counter move
 _SPINS = 1000        # counter checks (about 50 us) before yielding the core between checks
 _YIELDS = 100        # sched_yield calls (about 100 us) before sleeping between checks
 _SLEEP_MAX = 2e-4    # longest sleep between checks (s); sleeps double from 10 us. Was 1 ms: a peer
