@@ -48,7 +48,6 @@ import collections
 import enum
 import os
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -58,7 +57,7 @@ from mpidist import _recorder as R, _signature as S, work
 from mpidist.errors import prefix
 
 __all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env", "LEVELS", "DETAIL",
-           "CHECK", "GroupCheck", "check", "agreed", "broken", "probe_answer", "shm_mismatch", "env_level"]
+           "CHECK", "STATES", "NOTE", "GroupCheck", "check", "agreed", "broken", "probe_answer", "shm_mismatch", "env_level"]
 
 
 class DebugLevel(enum.Enum):
@@ -170,7 +169,11 @@ except ValueError:
 
 
 # -- the per-group state -------------------------------------------------------------------
-_STATES: "weakref.WeakKeyDictionary[Any, GroupCheck]" = weakref.WeakKeyDictionary()
+#: group -> its GroupCheck, from the state's making to the group's free (never rebound:
+#: ``_dispatch`` keeps its ``get``)
+STATES: dict = {}
+#: The key of an op that is not compared (monitored_barrier): the check only notes it.
+NOTE = ("(not compared)",)
 _ABANDONED: list = []  # exchanges given up on (requests with their buffers): kept for the process's life
 
 
@@ -180,18 +183,20 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("comm", "agreed", "last", "exchanged", "__weakref__")
+    __slots__ = ("group", "comm", "agreed", "last", "exchanged")
 
     def __init__(self, g: Any) -> None:
+        self.group = g
         self.comm: Optional[MPI.Comm] = g.comm.Dup()
         self.agreed: set = set()
         #: (sequence number, key) of the last call this rank checked: it has decided up to there
         self.last: tuple = (-1, None)
         #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
         self.exchanged: collections.deque = collections.deque(maxlen=4)
-        _STATES[g] = self
+        STATES[g] = self
 
     def free(self) -> None:
+        STATES.pop(self.group, None)
         _forget()
         if self.comm is not None:
             self.comm.Free()
@@ -213,7 +218,7 @@ def agreed(g: Any, key: tuple) -> Any:
     sets ``state.last`` itself."""
     if not CHECK or len(g.ranks) == 1:
         return _UNCHECKED
-    chk = _STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)
+    chk = STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)
     ok = chk is not None and key in chk.agreed and not DETAIL and g.engine.broken is None
     return chk if ok else None
 
@@ -223,14 +228,14 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
     right before the op, in the group's op order. Returns when they agree; raises the
     mismatch ValueError on every member otherwise (see the module docstring).
 
-    ``key`` None: an op that is not compared (monitored_barrier, whose point is to report
-    the ranks that never come); only noted. ``parts``: for the ops whose counts may differ
+    ``key`` :data:`NOTE`: an op that is not compared (monitored_barrier, whose point is to
+    report the ranks that never come); only noted. ``parts``: for the ops whose counts may differ
     between ranks, what the new-key
     exchange also checks: ``("gather" | "scatter", own count, root's list of counts or
     None)`` or ``("pairs", send counts, receive counts)`` (the all-to-alls).
     """
-    if key is None:  # an op that is not compared (monitored_barrier): note how far this rank got
-        chk = _STATES.get(g)
+    if key is NOTE:  # an op that is not compared (monitored_barrier): note how far this rank got
+        chk = STATES.get(g)
         if chk is not None:
             chk.last = (rec[R.SEQ], None)
         return
@@ -319,7 +324,7 @@ def broken(g: Any, why: str) -> None:
 def probe_answer(g: Any, seq: int) -> dict:
     """What this rank tells a peer whose exchange at ``seq`` on ``g`` stalls (the watchdog
     thread calls it): how far it has decided, its recent exchanges, its call at ``seq``."""
-    chk = _STATES.get(g) if g is not None else None
+    chk = STATES.get(g) if g is not None else None
     if chk is None:
         return {"decided": -1, "exchanged": []}
     last_seq, last_key = chk.last

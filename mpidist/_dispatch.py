@@ -18,31 +18,37 @@ from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
 __all__ = ["launch", "member", "group_root", "p2p_call", "signature"]
 
+_state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
+
 
 def signature(g: ProcessGroup, op: str, count: int = -1, dtype: Any = None, root: int = -1, redop: Any = None,
-              layout: Optional[tuple] = None, parts: Optional[tuple] = None) -> Optional[tuple]:
-    """What :func:`mpidist._debug.check` compares for a call on ``g``: ``(key, parts)``
-    (see :mod:`mpidist._signature`), or None where nothing is checked (a one-rank group,
-    or checks switched off by a benchmark)."""
+              layout: Optional[tuple] = None) -> Optional[tuple]:
+    """The key :func:`mpidist._debug.check` compares for a call on ``g`` (see
+    :mod:`mpidist._signature`), or None where nothing is checked (a one-rank group, or
+    checks switched off by a benchmark)."""
     if not _debug.CHECK or len(g.ranks) == 1:
         return None
-    code = redop._value_ if type(redop) is ReduceOp else None if redop is None else "premul_sum"
-    return (op, count, dtype, root, code, layout), parts
+    return (op, count, dtype, root, redop._value_ if type(redop) is ReduceOp else None if redop is None
+            else "premul_sum", layout)
 
 
-def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list,
-             sig: Optional[tuple]) -> Callable[..., Any]:
+def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: Optional[tuple],
+             parts: Optional[tuple] = None) -> Callable[..., Any]:
     """``fn`` wrapped to run as ``rec``: it becomes the group's op in flight, its end (or
-    failure) is recorded, the check of its signature ``sig`` (:func:`signature`) runs
-    first, MPI errors become mpidist's."""
+    failure) is recorded, the check of its signature ``key`` (:func:`signature`; None: no
+    check) runs first, MPI errors become mpidist's."""
     def run(*args: Any) -> Any:
         if rec[R.STATE] is R.SCHEDULED:  # it was queued on the engine: it starts now
             rec[R.T_START] = R._now()
             rec[R.STATE] = R.STARTED
         g.engine.current = rec
         try:
-            if sig is not None:
-                _debug.check(g, rec, sig[0], sig[1])
+            if key is not None:
+                chk = _state_of(g)
+                if chk is not None and key in chk.agreed and not _debug.DETAIL:  # _debug.check's cached case, inline
+                    chk.last = (rec[0], key)
+                else:
+                    _debug.check(g, rec, key, parts)
             out = fn(*args)
         except MPI.Exception as exc:
             R.fail(rec)
@@ -95,10 +101,14 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
     if limit is not None:
         rec[R.LIMIT] = limit
-    sig = signature(group, op, count, dtype, root, redop, layout, parts)
-    if not checked and sig is not None:
-        sig = (None, None)  # not compared; the check only notes that this rank got here
-    run = _guarded(group, op, fn, rec, sig)
+    if not _debug.CHECK or len(group.ranks) == 1:  # signature(), inline: every op pays for it
+        key = None
+    elif not checked:
+        key = _debug.NOTE  # not compared; the check only notes that this rank got here
+    else:
+        key = (op, count, dtype, root, redop._value_ if type(redop) is ReduceOp else None if redop is None
+               else "premul_sum", layout)
+    run = _guarded(group, op, fn, rec, key, parts)
     if async_op and not eager:
         return FutureWork(op, prefix(op), eng.submit(run, *args), outputs, rec)
     if nested and not work.ABORT_ON_TIMEOUT:

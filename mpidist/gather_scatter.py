@@ -161,8 +161,8 @@ def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op
     if async_op or not eng.idle() or eng.broken is not None:
         return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count,
                       layout=layout, parts=parts)
-    sig = signature(g, op, count, dtype, root, None, layout, parts)
-    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), sig)(*args)
+    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), signature(g, op, count, dtype, root, None, layout),
+             parts)(*args)
     return None
 
 

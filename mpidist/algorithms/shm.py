@@ -79,6 +79,10 @@ class ShmMismatch(ValueError):
         self.calls = calls
 
 
+class _Differ(Exception):
+    """Raised by a call's first barrier when the ranks' headers differ (see ``_mismatch``)."""
+
+
 def _code(dtype: np.dtype, op: ReduceOp) -> int:
     """One int64 for (dtype, op), the same in every process (the dtype's text, hashed)."""
     text = dtype.name if dtype.isnative else dtype.str
@@ -202,16 +206,30 @@ class ShmAllReduce:
         self.comm.Barrier()
 
     # -- synchronization ----------------------------------------------------------------
-    def _barrier(self) -> None:
-        """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync."""
+    def _barrier(self, count: int = 0, code: int = -1) -> None:
+        """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync.
+
+        With a ``code`` (>= 0: a call's first barrier) the ranks also compare their calls
+        through it: each writes its header (``count``, ``code`` of dtype and op) before it,
+        where the barrier's parity puts it, and reads every header after it; raises
+        :class:`_Differ` when one differs (then on every rank: all read the same headers)."""
         win, flags, e = self.win, self._flags, self._epoch + 1
         self._epoch = e
+        if code >= 0:
+            mine = self._calls[self.rank][e & 1]
+            mine[0] = count
+            mine[1] = code
         win.Sync()
         flags[self.rank][0] = e
         for flag in flags:
             if flag[0] < e:
                 self._wait(flag, e)
         win.Sync()
+        if code >= 0:
+            for heads in self._calls:
+                head = heads[e & 1]
+                if head[0] != count or head[1] != code:
+                    raise _Differ
 
     def _wait(self, flag: memoryview, e: int) -> None:
         """Until ``flag`` reaches ``e``: spin, then yield the core, then sleep (both release
@@ -257,14 +275,17 @@ class ShmAllReduce:
         if self.size == 1:
             return
         if not self.verify:
-            code = None
-        if buf.size == 0:
-            if code is not None:  # nothing to reduce, but the others must learn that this rank has nothing
-                self._first_barrier(0, code, buf.dtype)
-            return
-        views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
-        run = self._pairwise if self.size == 2 else self._scatter_gather
-        run(buf.reshape(-1), views, _ufunc(op, buf.dtype), code)
+            code = -1
+        try:
+            if buf.size == 0:
+                if code >= 0:  # nothing to reduce, but the others must learn that this rank has nothing
+                    self._barrier(0, code)
+                return
+            views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
+            run = self._pairwise if self.size == 2 else self._scatter_gather
+            run(buf.reshape(-1), views, _ufunc(op, buf.dtype), code)
+        except _Differ:
+            self._mismatch(buf.size, buf.dtype, op)
 
     def _check_op(self, dtype: np.dtype, op: Any) -> int:
         if not isinstance(op, ReduceOp):
@@ -274,24 +295,9 @@ class ShmAllReduce:
         code = self._checked[(dtype, op)] = _code(dtype, op)
         return code
 
-    # -- the call check -----------------------------------------------------------------
-    def _first_barrier(self, count: int, code: int, dtype: np.dtype) -> None:
-        """The call's first barrier, through which the ranks compare their calls: each
-        writes its header (``count``, ``code`` of dtype and op) before it, where the
-        barrier's parity puts it; every rank reads every header after it."""
-        parity = (self._epoch + 1) & 1
-        mine = self._calls[self.rank][parity]
-        mine[0] = count
-        mine[1] = code
-        self._barrier()
-        for heads in self._calls:
-            head = heads[parity]
-            if head[0] != count or head[1] != code:
-                self._mismatch(count, code, dtype)
-
-    def _mismatch(self, count: int, code: int, dtype: np.dtype) -> None:
-        """Every rank saw the same headers, so every rank is here: tell each other the calls."""
-        op = list(ReduceOp)[code & 0xFF]
+    def _mismatch(self, count: int, dtype: np.dtype, op: ReduceOp) -> None:
+        """A call's first barrier found the headers differ: every rank saw the same ones, so
+        every rank is here. Tell each other the calls, raise ShmMismatch."""
         calls = self.comm.allgather((count, dtype.name if dtype.isnative else dtype.str, op.value))
         text = "; ".join(f"rank {r}: count={c}, dtype={d}, op={o.upper()}" for r, (c, d, o) in enumerate(calls))
         raise ShmMismatch(f"{prefix('shm_all_reduce')} the ranks called mismatched all-reduces: {text}", calls)
@@ -300,20 +306,17 @@ class ShmAllReduce:
         views = self._views[dtype] = _Views(self._mems, self.parts, self.part_bytes, dtype)
         return views
 
-    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: Optional[int]) -> None:
+    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: int) -> None:
         """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy. The
-        first barrier compares the calls (``code``; None: not compared)."""
+        first barrier compares the calls (``code``; -1: not compared)."""
         mine, peer, first = views.slots[self.rank], views.slots[1 - self.rank], self.rank == 0
         half = self._half
         for start in range(0, flat.size, views.q):
             chunk = flat[start:start + views.q]
             m = chunk.size
             np.copyto(mine[half][:m], chunk)
-            if code is None:
-                self._barrier()
-            else:
-                self._first_barrier(flat.size, code, flat.dtype)
-                code = None
+            self._barrier(flat.size, code)
+            code = -1
             other = peer[half][:m]
             if first:
                 ufunc(chunk, other, out=chunk)
@@ -322,9 +325,9 @@ class ShmAllReduce:
             half ^= 1
         self._half = half
 
-    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: Optional[int]) -> None:
+    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: int) -> None:
         """n > 2: per chunk, deposit / barrier / fold own slice / barrier, then gather. The
-        first barrier compares the calls (``code``; None: not compared)."""
+        first barrier compares the calls (``code``; -1: not compared)."""
         n = self.size
         full = [(j * views.q, (j + 1) * views.q) for j in range(n)]
         pending = None
@@ -334,11 +337,8 @@ class ShmAllReduce:
             if pending is not None:
                 self._gather(views, *pending)
             self._deposit(views, chunk, bounds)
-            if code is None:
-                self._barrier()
-            else:
-                self._first_barrier(flat.size, code, flat.dtype)
-                code = None
+            self._barrier(flat.size, code)
+            code = -1
             self._fold(views, chunk, bounds, ufunc)
             self._barrier()
             pending = chunk, bounds
