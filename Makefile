@@ -68,7 +68,8 @@ clean:
 # Benchmarks: results land in benchmarks/results/. bench_allreduce.py: all_reduce variants;
 # bench_collectives.py: every collective vs raw mpi4py, mpidist's ring and torch.distributed
 # gloo (the `bench` extra: CPU torch), nccl-tests' layout; bench_ddp_hooks.py: DDP comm hooks;
-# bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path).
+# bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path);
+# bench_check.py: what the default mismatch check costs (all_reduce with it on and off, paired).
 BENCH         := $(PY) benchmarks/bench_allreduce.py
 BENCH_COLL    := $(PY) benchmarks/bench_collectives.py
 BENCH_TIMEOUT ?= 1200
@@ -94,6 +95,10 @@ bench: bench-install
 	@set -e; for n in 2 4; do \
 	  echo "== 8-byte all_reduce latency breakdown under mpiexec -n $$n"; \
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_latency.py --calls $$((40000 / n)); \
+	done
+	@set -e; for n in 2 4; do \
+	  echo "== cost of the default mismatch check (all_reduce, check on / off) under mpiexec -n $$n"; \
+	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_check.py; \
 	done
 	@set -e; for n in 2 4; do \
 	  echo "== shm all_reduce benchmark under mpiexec -n $$n"; \

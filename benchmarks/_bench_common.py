@@ -288,8 +288,12 @@ def versions(**extra: Optional[str]) -> str:
 
 def write_report(out: Path, name: str, title: str, n: int, load: float, notes: list[str], rows: list[str],
                  **versions_extra: Optional[str]) -> Path:
-    """Write a Markdown report ``out/name`` (title, machine lines, versions, ``notes`` as
-    bullet lines, the table ``rows``), print it, and return its path (rank 0 only)."""
+    """Write a Markdown report ``out/name`` (title, machine lines, versions with mpidist's and
+    ``versions_extra``, ``notes`` as bullet lines, the table ``rows``), print it, and return
+    its path (rank 0 only)."""
+    import mpidist  # noqa: PLC0415  (the scripts import it after this module)
+
+    versions_extra.setdefault("mpidist", mpidist.__version__)
     text = "\n".join([f"# {title}", "", *machine_lines(n, load), f"- {versions(**versions_extra)}",
                       *(f"- {note}" for note in notes), "", *rows, ""])
     out.mkdir(parents=True, exist_ok=True)

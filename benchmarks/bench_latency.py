@@ -9,12 +9,18 @@ per call, and the table shows the median over passes and the median per-pass rat
 * ``raw``: ``comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)`` on a duplicate of
   the default group's communicator: the ceiling for any Python wrapper;
 * ``mpidist``: ``mpidist.all_reduce(x)`` (its inline latency path: every check, the
-  flight-recorder entry);
+  flight-recorder entry, the test that the members agreed on this call before);
 * ``bare``: what is left of that path without mpidist's argument and group checks: the
   flight-recorder entry (as :func:`mpidist._recorder.begin` / ``end`` make it) and the
   same MPI call, inline in one Python function. The gap between ``bare`` and ``mpidist``
   is the cost of the checks; between ``raw`` and ``bare``, of a Python function call plus
-  the recorder.
+  the recorder;
+* ``bare+check``: ``bare`` plus the lines the default mismatch check adds to the latency
+  path (the test that the group's members agreed on this call before, by identity against
+  the last agreed all_reduce, and the note of how far this rank has decided; see
+  mpidist._debug). ``bare+check`` - ``bare`` is the check's cost at 8 B (target <= 1 us;
+  benchmarks/bench_check.py measures the larger sizes). It reads ``collectives._agreed``
+  as a module attribute where all_reduce reads a global: a few ns more, not less.
 
 Writes ``latency_np{N}.md`` to ``--out`` (default benchmarks/results). The target it
 explains (8 B within 1.5x raw) is in benchmarks/results/targets.md.
@@ -34,7 +40,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _recorder as R  # noqa: E402
+from mpidist import _recorder as R, collectives as C  # noqa: E402
+from mpidist._reduce_op import ReduceOp  # noqa: E402
 
 
 def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
@@ -64,11 +71,34 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         for _ in range(calls):
             ar(x)
 
+    def bare_check(t: np.ndarray) -> None:
+        eng = g.engine
+        ok = C._agreed
+        if not (ok[1] is plan and ok[0] is g and ok[2] == t.size):
+            ok = C._agree(g, plan, t, op)
+        seq = eng.seq
+        eng.seq = seq + 1
+        t0 = now()
+        rec = [seq, "all_reduce", g, t.shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
+        R._append(rec)
+        eng.current = rec
+        ok[3].last = (seq, ok[4])
+        g.comm.Allreduce(IP, [t, F], S)
+        rec[R.T_END] = now()
+        rec[R.STATE] = R.COMPLETED
+
     def run_bare(calls: int) -> None:
         for _ in range(calls):
             bare(x)
 
-    return {"raw": run_raw, "mpidist": run_mpidist, "bare": run_bare}
+    def run_bare_check(calls: int) -> None:
+        for _ in range(calls):
+            bare_check(x)
+
+    op = ReduceOp.SUM
+    mpidist.all_reduce(x)  # the members agree on this call (the check's first exchange); its plan
+    plan = C._PLANS[(x.dtype, op._value_, None)]
+    return {"raw": run_raw, "mpidist": run_mpidist, "bare": run_bare, "bare+check": run_bare_check}
 
 
 def main() -> None:
@@ -97,21 +127,18 @@ def main() -> None:
     x[:] = 1.0
     for run in cases.values():
         run(1)
-    assert x.tolist() == [float(n) ** 3] * 2, f"wrong all_reduce result {x}"
+    assert x.tolist() == [float(n) ** len(cases)] * 2, f"wrong all_reduce result {x}"
     if comm.Get_rank() == 0:
         rows = ["| loop | time per call (us) | / raw (median of per-pass ratios) |", "|---|---:|---:|"]
         for name, ts in times.items():
             ratio = statistics.median(t / r for t, r in zip(ts, times["raw"]))
             rows.append(f"| {name} | {statistics.median(ts) * 1e6:.2f} | {ratio:.3f} |")
-        text = "\n".join([f"# 8-byte all_reduce latency breakdown, {n} ranks", "", *bc.machine_lines(n, load),
-                          f"- {bc.versions(mpidist=mpidist.__version__)}",
-                          f"- {args.passes} passes of {args.calls} calls per loop, interleaved; see the "
-                          f"docstring of benchmarks/bench_latency.py for the loops", "", *rows, ""])
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"latency_np{n}.md"
-        path.write_text(text)
-        print(text, flush=True)
-        print(f"# wrote {path}", flush=True)
+        check = statistics.median((c - b) * 1e6 for c, b in zip(times["bare+check"], times["bare"]))
+        rows += ["", f"The default mismatch check on this path (bare+check - bare, median of per-pass "
+                     f"differences): {check:+.3f} us per call (target <= 1 us)"]
+        bc.write_report(args.out, f"latency_np{n}.md", f"8-byte all_reduce latency breakdown, {n} ranks", n, load,
+                        [f"{args.passes} passes of {args.calls} calls per loop, interleaved; see the docstring of "
+                         f"benchmarks/bench_latency.py for the loops"], rows)
     mpidist.destroy_process_group()
 
 

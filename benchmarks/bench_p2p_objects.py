@@ -190,8 +190,7 @@ def main() -> None:
         rows += envelope_rows()
         bc.write_report(args.out, f"p2p_objects_np{n}.md", f"Point-to-point receive and object collectives, {n} ranks",
                         n, load, [f"{args.passes} passes of {args.calls} calls per case ({args.calls // 20} for the "
-                                  f"MiB cases), interleaved; see benchmarks/bench_p2p_objects.py"], rows,
-                        mpidist=mpidist.__version__)
+                                  f"MiB cases), interleaved; see benchmarks/bench_p2p_objects.py"], rows)
     mpidist.destroy_process_group()
 
 

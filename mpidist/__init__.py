@@ -19,6 +19,7 @@ from mpidist._runtime import (
 )
 from mpidist import _backends, _deprecated, gather_scatter, objects, reductions
 from mpidist._backends import *  # noqa: F403  (exactly _backends.__all__)
+from mpidist._debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from mpidist.collectives import all_reduce, barrier, broadcast, monitored_barrier
 from mpidist.device.detect import cuda_aware_mpi
 from mpidist.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
@@ -49,11 +50,12 @@ from mpidist.device_mesh import DeviceMesh, init_device_mesh
 __version__ = "0.1.0"
 
 __all__ = sorted(set([
-    "Backend", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "GroupMember",
-    "P2POp", "ProcessGroup", "ReduceOp", "Work", "all_reduce", "barrier", "batch_isend_irecv", "breakpoint",
-    "broadcast", "cuda_aware_mpi", "default_pg_timeout", "destroy_process_group", "get_backend", "get_global_rank",
-    "get_group_rank", "get_local_world_size", "get_node_local_rank", "get_pg_count", "get_process_group_ranks",
+    "Backend", "DebugLevel", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
+    "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "all_reduce", "barrier", "batch_isend_irecv",
+    "breakpoint", "broadcast", "cuda_aware_mpi", "default_pg_timeout", "destroy_process_group", "get_backend",
+    "get_debug_level", "get_global_rank", "get_group_rank", "get_local_world_size", "get_node_local_rank", "get_pg_count", "get_process_group_ranks",
     "get_rank", "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv", "is_initialized",
     "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group", "new_subgroups",
-    "new_subgroups_by_enumeration", "recv", "record_comm", "reduce_op", "send", "split_group",
+    "new_subgroups_by_enumeration", "recv", "record_comm", "reduce_op", "send", "set_debug_level",
+    "set_debug_level_from_env", "split_group",
 ] + _backends.__all__ + _deprecated.__all__ + gather_scatter.__all__ + objects.__all__ + reductions.__all__))

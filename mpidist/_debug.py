@@ -1,137 +1,397 @@
-"""MPIDIST_DEBUG=DETAIL: before each collective the members check they are calling the same one.
+"""Mismatched collectives never give wrong data silently: the members of a group compare
+each call's signature before running it. Also torch's debug-level API.
 
-Off by default (``MPIDIST_DEBUG`` unset, ``OFF`` or ``INFO``): then ``_dispatch.launch``
-pays one global lookup per op and the all_reduce latency path is untouched.
+**The check** (every level; ``_dispatch.launch`` and the inline paths run it right before
+the op, in the group's op order, on the thread that runs the op). A call's signature is
+its key (:mod:`mpidist._signature`: op, count where every member passes the same one,
+dtype, root, reduction, list of sizes). Each group has a cache of the keys its members
+agreed on (:class:`GroupCheck`, made by the group's first collective).
 
-With ``DETAIL`` every collective first runs one MPI_Allgather of a fixed-size
-fingerprint (11 int64) on the group's own communicator, right before the op itself
-and in the same op order, so the fingerprints of the k-th collective of every member
-meet: the group's sequence number, op name, element count (where every member must
-pass the same one: ``count=-1`` otherwise), dtype, root (global rank) and reduction.
-If they differ, every member raises the same ValueError naming which ranks passed
-what, instead of hanging or computing a wrong answer, and no member runs the op
-(every member took part in the fingerprint exchange, so the group stays usable).
-Calling collectives on *different groups* cannot be caught this way (the
-fingerprint exchanges themselves do not meet): that hang is what the timeout, the
-flight recorder and ``python -m mpidist.tools.trace`` diagnose.
+* A key in the cache: the op runs at once (one set lookup; the 8-byte all_reduce path
+  tests the last agreed key by identity instead).
+* A new key: the members exchange fingerprints (one nonblocking MPI_Iallgather of
+  :data:`~mpidist._signature.WORDS` int64 on a duplicate of the group's communicator,
+  so it never meets the op's own messages). All equal: every member adds the key and
+  runs the op. Otherwise every member raises the same ValueError naming the op, the
+  fields that differ and each rank's call; nobody runs the op, the group stays usable.
 
-torch's TORCH_DISTRIBUTED_DEBUG=DETAIL does the same with a store-based check of
-op type, shapes and dtypes.
+The caches stay identical on every member: a key is added only after an exchange in
+which all agreed (agreeing keys are equal), and a full cache is cleared everywhere at the
+same call. So when the members' calls agree, either all have the key (none exchanges) or
+none has (all exchange). When they differ, one member may have its key cached while
+another's is new: the first runs the op, the second waits in the exchange. The waiting
+member then asks the others, through the timeout watchdog's channel (answered by their
+watchdog threads while their callers sit in MPI), whether they passed this sequence
+number without an exchange; one that did made another call (its own key was cached, the
+waiter's was not). The waiter raises the ValueError, and the other member's watchdog ends
+its op with the same text, as a timeout does: the job is aborted, or with
+MPIDIST_ABORT_ON_TIMEOUT=0 its caller gets a DistError and the group is unusable.
+Peers are asked after 50 ms, then at doubling intervals up to 2 s; no answer (no
+MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
+
+**Not detected**: calls whose keys are all cached but differ (e.g. two sizes used
+alternately, out of step between ranks). The shared-memory all-reduce compares a header
+on every call and catches those among its own calls (:mod:`mpidist.algorithms.shm`); on
+the other paths MPI's own checks apply (a truncated message is an error). Sizes that may
+differ between ranks (a gather's, a scatter's, the all-to-alls') are checked against the
+root's or the peers' expectation when the key is new only. docs/reliability.md lists it.
+
+**DEBUG levels** (torch's ``DebugLevel``): ``OFF`` and ``INFO`` run the check above;
+``DETAIL`` exchanges fingerprints before every collective (a blocking MPI_Allgather), so
+it also catches what the cache cannot, and keeps the inline latency paths off. Set by
+``MPIDIST_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG`` (read when mpidist is imported and by
+init_process_group), or :func:`set_debug_level`. Every rank must use the same level.
 """
 from __future__ import annotations
 
+import collections
 import enum
+import os
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import work
+from mpidist import _recorder as R, _signature as S, work
 from mpidist.errors import prefix
 
-__all__ = ["LEVELS", "DETAIL", "set_level", "level", "checker"]
-
-LEVELS = ("OFF", "INFO", "DETAIL")
-#: True when MPIDIST_DEBUG=DETAIL (read by ``_dispatch.launch`` on every op).
-DETAIL = False
-_level = "OFF"
-
-# Fingerprint layout (int64 words).
-_SEQ, _COUNT, _ROOT, _REDOP, _SIZE = range(5)
-_OP_WORDS = slice(5, 9)      # op name, 32 bytes
-_DTYPE_WORDS = slice(9, 11)  # dtype name, 16 bytes
-_WORDS = 11
-_FIELDS = (("sequence number", _SEQ), ("count", _COUNT), ("root", _ROOT), ("reduce op", _REDOP),
-           ("group size", _SIZE))
+__all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env", "LEVELS", "DETAIL",
+           "CHECK", "STATES", "NOTE", "GroupCheck", "check", "agreed", "broken", "probe_answer", "shm_mismatch", "env_level"]
 
 
-def set_level(name: Optional[str]) -> None:
-    """Set the debug level: None, ``"OFF"``, ``"INFO"`` or ``"DETAIL"`` (case-insensitive).
+class DebugLevel(enum.Enum):
+    """The debug level (``torch.distributed.DebugLevel``): OFF, INFO, DETAIL.
 
-    Every rank must set the same level at the same point of its program (DETAIL adds a
-    collective to every collective). Raises ValueError for any other value.
+    mpidist: OFF and INFO check each collective's signature the first time the group
+    uses it; DETAIL checks every call (see :func:`set_debug_level`).
     """
-    global DETAIL, _level
-    value = (name or "OFF").strip().upper()
-    if value not in LEVELS:
-        raise ValueError(f"MPIDIST_DEBUG must be one of {', '.join(LEVELS)}, got {name!r}")
-    _level = value
-    DETAIL = value == "DETAIL"
-    work.Engine.inline = work.ABORT_ON_TIMEOUT and not DETAIL
+
+    OFF = 0
+    INFO = 1
+    DETAIL = 2
+
+    def __int__(self) -> int:
+        return self.value
 
 
-def level() -> str:
-    """The current debug level."""
+LEVELS = tuple(DebugLevel.__members__)
+#: True at DETAIL (read by ``_dispatch.launch`` and the check on every op).
+DETAIL = False
+#: False only while a benchmark measures the unchecked ops (:func:`_set_checks`); never a user setting.
+CHECK = True
+_level = DebugLevel.OFF
+_ENV = ("MPIDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG")  # the first that is set (not empty) wins
+#: Called when cached agreements must be forgotten (a cache cleared, a level change): the
+#: 8-byte all_reduce path's copy of the last agreed key (``collectives``) registers here.
+FORGET: list[Callable[[], None]] = []
+_MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call on every member)
+_SPINS = 200        # tests of the exchange before sleeping between tests
+_FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
+_PROBE_MAX = 2.0    # s: longest interval between questions
+
+
+def get_debug_level() -> DebugLevel:
+    """The current debug level (``torch.distributed.get_debug_level``)."""
     return _level
 
 
-def _redop_code(redop: Any) -> int:
-    if redop is None:
-        return -1
-    if isinstance(redop, enum.Enum):
-        return list(type(redop)).index(redop)
-    return 100  # a PremulSum (its factor may differ between ranks, as in torch)
+def set_debug_level(level: DebugLevel) -> None:
+    """Set the debug level (``torch.distributed.set_debug_level``).
+
+    ``DebugLevel.OFF`` / ``INFO``: a collective's signature (op, count, dtype, root,
+    reduction) is compared across the group the first time the group uses it;
+    ``DETAIL``: before every call, and the inline latency paths are off. Every rank must
+    set the same level at the same point of its program (DETAIL adds a collective to
+    every collective).
+
+    Raises:
+        TypeError: ``level`` is not a :class:`DebugLevel` (as torch).
+    """
+    if not isinstance(level, DebugLevel):
+        raise TypeError(f"set_debug_level: level must be a DebugLevel (OFF, INFO, DETAIL), got {level!r}")
+    _apply(level)
 
 
-def _redop_name(code: int) -> str:
-    from mpidist._reduce_op import ReduceOp  # noqa: PLC0415
+def set_debug_level_from_env() -> None:
+    """Set the level from ``MPIDIST_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG``
+    (``torch.distributed.set_debug_level_from_env``): OFF, INFO or DETAIL, any case;
+    OFF when neither is set (an empty value counts as unset). ``MPIDIST_DEBUG`` takes
+    precedence when both are set.
 
-    if code == 100:
-        return "PREMUL_SUM"
-    return list(ReduceOp)[code].name if 0 <= code < len(ReduceOp) else str(code)
-
-
-def _pack(words: np.ndarray, where: slice, text: str) -> None:
-    raw = text.encode()[: (where.stop - where.start) * 8]
-    words[where].view(np.uint8)[: len(raw)] = np.frombuffer(raw, np.uint8)
-
-
-def _unpack(words: np.ndarray, where: slice) -> str:
-    return words[where].tobytes().rstrip(b"\0").decode(errors="replace")
+    Raises:
+        ValueError: the deciding variable holds another value.
+    """
+    _apply(env_level("") or DebugLevel.OFF)
 
 
-def _describe(fp: np.ndarray) -> str:
-    parts = [f"seq={int(fp[_SEQ])}"]
-    if fp[_COUNT] >= 0:
-        parts.append(f"count={int(fp[_COUNT])}")
-    dtype = _unpack(fp, _DTYPE_WORDS)
-    if dtype:
-        parts.append(f"dtype={dtype}")
-    if fp[_ROOT] >= 0:
-        parts.append(f"root={int(fp[_ROOT])}")
-    if fp[_REDOP] >= 0:
-        parts.append(f"op={_redop_name(int(fp[_REDOP]))}")
-    return f"{_unpack(fp, _OP_WORDS)}({', '.join(parts)})"
+def env_level(where: str) -> Optional[DebugLevel]:
+    """The level the environment asks for, None when neither variable is set; ValueError
+    (its message starting with ``where``) for a bad value."""
+    for var in _ENV:
+        text = os.environ.get(var, "")
+        if text.strip():
+            name = text.strip().upper()
+            if name not in LEVELS:
+                raise ValueError(f"{where}{' ' if where else ''}{var} must be one of {', '.join(LEVELS)}, "
+                                 f"got {text!r}")
+            return DebugLevel[name]
+    return None
 
 
-def _mismatch(g: Any, op: str, rows: np.ndarray) -> str:
-    by_print: dict = {}
-    for r, row in enumerate(rows):
-        by_print.setdefault(row.tobytes(), (row, []))[1].append(g.ranks[r])
-    differ = [name for name, i in _FIELDS if len(set(rows[:, i])) > 1]
-    for name, where in (("op", _OP_WORDS), ("dtype", _DTYPE_WORDS)):
-        if len({r[where].tobytes() for r in rows}) > 1:
-            differ.insert(0, name)
-    calls = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {_describe(row)}"
-                      for row, ranks in by_print.values())
-    return (f"{prefix(op)} MPIDIST_DEBUG=DETAIL: the members of group {g.group_name!r} called mismatched "
-            f"collectives (they differ in {', '.join(differ)}): {calls}")
+def _apply(level: DebugLevel) -> None:
+    global DETAIL, _level
+    _level = level
+    DETAIL = level is DebugLevel.DETAIL
+    work.Engine.inline = work.ABORT_ON_TIMEOUT and not DETAIL
+    _forget()
 
 
-def checker(g: Any, op: str, rec: list, count: int, dtype: Any, root: int, redop: Any
-            ) -> Optional[Callable[[], None]]:
-    """The DETAIL check of one call, to run right before it (None on a one-rank group, and
-    for monitored_barrier, whose point is to report ranks that never arrive)."""
-    if g.size() == 1 or op == "monitored_barrier":
-        return None
-    fp = np.zeros(_WORDS, np.int64)
-    fp[_SEQ], fp[_COUNT], fp[_ROOT], fp[_REDOP], fp[_SIZE] = rec[0], count, root, _redop_code(redop), g.size()
-    _pack(fp, _OP_WORDS, op)
-    _pack(fp, _DTYPE_WORDS, "" if dtype is None else str(dtype))
+def _set_checks(on: bool) -> None:
+    """Benchmarks only: ``False`` skips every check (the unchecked baseline). Every rank
+    must switch at the same point; :class:`~mpidist.algorithms.ShmAllReduce`'s header has
+    its own switch (``verify``)."""
+    global CHECK
+    CHECK = bool(on)
+    _forget()
 
-    def check() -> None:
-        rows = np.empty((g.size(), _WORDS), np.int64)
-        g.comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
-        if not (rows == fp).all():
-            raise ValueError(_mismatch(g, op, rows))
-    return check
+
+def _forget() -> None:
+    for hook in FORGET:
+        hook()
+
+
+try:  # as torch reads TORCH_DISTRIBUTED_DEBUG on import; a bad value is reported by init_process_group
+    _level = env_level("") or DebugLevel.OFF
+    DETAIL = _level is DebugLevel.DETAIL
+except ValueError:
+    pass
+
+
+# -- the per-group state -------------------------------------------------------------------
+#: group -> its GroupCheck, from the state's making to the group's free (never rebound:
+#: ``_dispatch`` keeps its ``get``)
+STATES: dict = {}
+#: The key of an op that is not compared (monitored_barrier): the check only notes it.
+NOTE = ("(not compared)",)
+_ABANDONED: list = []  # exchanges given up on (requests with their buffers): kept for the process's life
+
+
+class GroupCheck:
+    """A group's resource ``"check"`` (``ProcessGroup.resource``, made collectively by its
+    first collective, freed with it): the duplicate communicator the exchanges use, the
+    keys the members agreed on, and what this rank decided last (for the peers' questions).
+    """
+
+    __slots__ = ("group", "comm", "agreed", "last", "exchanged")
+
+    def __init__(self, g: Any) -> None:
+        self.group = g
+        self.comm: Optional[MPI.Comm] = g.comm.Dup()
+        self.agreed: set = set()
+        #: (sequence number, key) of the last call this rank checked: it has decided up to there
+        self.last: tuple = (-1, None)
+        #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
+        self.exchanged: collections.deque = collections.deque(maxlen=4)
+        STATES[g] = self
+
+    def free(self) -> None:
+        STATES.pop(self.group, None)
+        _forget()
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+
+class _Unchecked:
+    """Stands for a group's state where nothing is checked (one rank, or checks off)."""
+
+    __slots__ = ("last",)
+
+
+_UNCHECKED = _Unchecked()
+
+
+def agreed(g: Any, key: tuple) -> Any:
+    """The group's state if its members agreed on ``key`` before (or nothing is checked
+    on ``g``: then a stand-in), else None. Used by the 8-byte all_reduce path, which then
+    sets ``state.last`` itself."""
+    if not CHECK or len(g.ranks) == 1:
+        return _UNCHECKED
+    chk = STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)
+    ok = chk is not None and key in chk.agreed and not DETAIL and g.engine.broken is None
+    return chk if ok else None
+
+
+def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
+    """Check call ``key`` (recorded as ``rec``) against the other members of ``g``; run
+    right before the op, in the group's op order. Returns when they agree; raises the
+    mismatch ValueError on every member otherwise (see the module docstring).
+
+    ``key`` :data:`NOTE`: an op that is not compared (monitored_barrier, whose point is to
+    report the ranks that never come); only noted. ``parts``: for the ops whose counts may differ
+    between ranks, what the new-key
+    exchange also checks: ``("gather" | "scatter", own count, root's list of counts or
+    None)`` or ``("pairs", send counts, receive counts)`` (the all-to-alls).
+    """
+    if key is NOTE:  # an op that is not compared (monitored_barrier): note how far this rank got
+        chk = STATES.get(g)
+        if chk is not None:
+            chk.last = (rec[R.SEQ], None)
+        return
+    chk = g.resource("check", GroupCheck)
+    if key in chk.agreed and not DETAIL:
+        chk.last = (rec[R.SEQ], key)
+        return
+    _exchange(g, chk, rec, key, parts)
+
+
+# -- the exchange --------------------------------------------------------------------------
+def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tuple]) -> None:
+    seq, n = rec[R.SEQ], g.size()
+    own = parts[1] if parts is not None and parts[0] != "pairs" else -1
+    fp = S.fingerprint(key, seq, n, own)
+    rows = np.empty((n, S.WORDS), np.int64)
+    chk.exchanged.append(seq)  # (before ``last``: a peer that reads ``last`` finds it here)
+    chk.last = (seq, key)
+    if DETAIL:
+        chk.comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
+    else:
+        _wait(g, chk, rec, key, chk.comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), (fp, rows))
+    if S.mismatched(rows):  # the same rows on every member: all of them get here
+        calls = chk.comm.allgather(S.describe(key, seq))
+        raise ValueError(_mismatch_text(g, key[S.OP], S.differ(rows), calls))
+    if parts is not None:
+        _check_parts(g, chk, key, seq, parts, rows)
+    if len(chk.agreed) >= _MAX_AGREED:
+        chk.agreed.clear()
+        _forget()
+    chk.agreed.add(key)
+
+
+def _mismatch_text(g: Any, op: str, differ: list, calls: list) -> str:
+    by_call: dict = {}
+    for r, call in enumerate(calls):
+        by_call.setdefault(call, []).append(g.ranks[r])
+    parts = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {call}"
+                      for call, ranks in by_call.items())
+    return (f"{prefix(op)} the members of group {g.group_name!r} called mismatched collectives (they differ "
+            f"in {', '.join(differ)}): {parts}")
+
+
+def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple) -> None:
+    """Until the exchange ``req`` completes. While it stalls, ask the peers (after 50 ms,
+    then at doubling intervals) whether one ran this sequence number without an exchange:
+    then raise the mismatch (:func:`_diverged`). Past the op's timeout the watchdog acts as
+    for any op (aborts the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller raises and this
+    thread keeps waiting, as it would inside a stuck MPI call, so the op still completes if
+    the peers come)."""
+    for _ in range(_SPINS):
+        if req.Test():
+            return
+    interval = _FIRST_PROBE
+    ask_at = time.monotonic() + interval
+    pause = 1e-5
+    while not req.Test():
+        if time.monotonic() >= ask_at:
+            skipped = _ask(g, rec[R.SEQ])
+            if skipped and not req.Test():
+                _ABANDONED.append((req, bufs))
+                _diverged(g, rec, key, skipped)
+            interval = min(2 * interval, _PROBE_MAX)
+            ask_at = time.monotonic() + interval
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+def _ask(g: Any, seq: int) -> dict:
+    """The peers that passed collective ``seq`` of ``g`` without an exchange, with what they
+    said (their call there, when known)."""
+    from mpidist import _runtime  # noqa: PLC0415  (_runtime imports this module)
+
+    answers = _runtime.check_probe(g, seq)
+    return {p: info for p, info in answers.items()
+            if info.get("decided", -1) >= seq and seq not in info.get("exchanged", ())}
+
+
+def broken(g: Any, why: str) -> None:
+    """Mark ``g`` unusable (its ops raise DistError at once, the inline paths included):
+    a mismatch left an op or an exchange pending on some member."""
+    g.engine.broken = why
+    _forget()
+
+
+def probe_answer(g: Any, seq: int) -> dict:
+    """What this rank tells a peer whose exchange at ``seq`` on ``g`` stalls (the watchdog
+    thread calls it): how far it has decided, its recent exchanges, its call at ``seq``."""
+    chk = STATES.get(g) if g is not None else None
+    if chk is None:
+        return {"decided": -1, "exchanged": []}
+    last_seq, last_key = chk.last
+    return {"decided": last_seq, "exchanged": list(chk.exchanged), "key": last_key if last_seq == seq else None}
+
+
+def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
+    """Raise the mismatch found by asking: this rank exchanges at ``rec``'s sequence number
+    (its call is new to the group) while the peers ``skipped`` ran it without one (theirs
+    were agreed on before). Each of them is told, and ends its op with the same text."""
+    from mpidist import _runtime  # noqa: PLC0415
+
+    seq, me = rec[R.SEQ], g.ranks[g.rank()]
+    others, differ = [], set()
+    for p, info in sorted(skipped.items()):
+        theirs = info.get("key")
+        if theirs is not None:
+            differ.update(S.differ_keys(key, theirs))
+            call = S.describe(theirs, seq)
+        else:
+            at = info.get("at_seq")
+            call = f"{at[0]}(seq={seq})" if at else f"an op at seq={seq}"
+        others.append(f"rank {p}: {call}")
+    fields = [name for name in ("op", "count", "dtype", "root", "reduce op", "sizes") if name in differ]
+    body = (f"the members of group {g.group_name!r} called mismatched collectives"
+            f"{' (they differ in ' + ', '.join(fields) + ')' if fields else ''}: rank {me}: "
+            f"{S.describe(key, seq)}, a call new to the group, which its members compare before running it; "
+            f"{'; '.join(others)}, a call the members agreed on before, run without comparing it")
+    _runtime.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
+    broken(g, f"a mismatched collective at sequence number {seq}: {body}")
+    raise ValueError(f"{prefix(key[S.OP])} {body}")
+
+
+# -- counts that may differ between ranks -------------------------------------------------
+def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, rows: np.ndarray) -> None:
+    """The sizes of gather / scatter / the all-to-alls, against what the root or the peers
+    expect (every member is in the same op here: the fingerprints agreed)."""
+    n, op = g.size(), key[S.OP]
+    bad: list = []
+    if parts[0] == "pairs":  # all-to-all: what rank i sends me must be what I expect from i
+        got = np.empty(n, np.int64)
+        chk.comm.Alltoall([np.asarray(parts[1], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
+        mine = [(g.ranks[i], int(got[i]), int(parts[2][i])) for i in range(n) if got[i] != parts[2][i]]
+        for r, found in enumerate(chk.comm.allgather(mine[:4])):
+            bad += [f"rank {src} sends {sent} elements to rank {g.ranks[r]}, which expects {want}"
+                    for src, sent, want in found]
+    else:
+        root = g.group_rank(key[S.ROOT])
+        expected = np.asarray(parts[2] if g.rank() == root else np.zeros(n), np.int64)
+        chk.comm.Bcast([expected, MPI.INT64_T], root)
+        own = rows[:, S.OWN]
+        where = "dst" if parts[0] == "gather" else "src"
+        lst = "gather_list" if parts[0] == "gather" else "scatter_list"
+        bad = [f"rank {g.ranks[k]}'s tensor holds {int(own[k])} elements, {where} rank {key[S.ROOT]}'s "
+               f"{lst}[{k}] holds {int(expected[k])}" for k in range(n) if own[k] != expected[k]]
+    if bad:
+        more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
+        raise ValueError(f"{prefix(op)} the members of group {g.group_name!r} called {S.describe(key, seq)} "
+                         f"with sizes that do not match: {'; '.join(bad[:4])}{more}")
+
+
+def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
+    """The mismatch ValueError for what the shared-memory all-reduce's header check found:
+    ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
+    every member)."""
+    keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]
+    differ = [name for name in ("count", "dtype", "reduce op")
+              if len({k[{"count": S.COUNT, "dtype": S.DTYPE, "reduce op": S.REDOP}[name]] for k in keys}) > 1]
+    text = _mismatch_text(g, "all_reduce", differ, [S.describe(k, seq) for k in keys])
+    return ValueError(f"{text} (found by the shared-memory algorithm's check, which compares every call)")

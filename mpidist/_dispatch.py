@@ -1,6 +1,7 @@
 """What every public op does between validation and MPI: resolve the group, map ranks,
-record the op (flight recorder, timeout watchdog), check it (MPIDIST_DEBUG=DETAIL),
-run it inline or on the group's engine, and turn MPI errors into mpidist's.
+record the op (flight recorder, timeout watchdog), check that every member makes the same
+call (:mod:`mpidist._debug`), run it inline or on the group's engine, and turn MPI errors
+into mpidist's.
 """
 from __future__ import annotations
 
@@ -12,23 +13,42 @@ from mpi4py import MPI
 from mpidist import _debug, _recorder as R, _runtime, work
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root", "root_rank", "p2p_call", "unusable"]
+__all__ = ["launch", "member", "group_root", "root_rank", "p2p_call", "unusable", "signature"]
+
+_state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
 
 
-def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list,
-             check: Optional[Callable[[], None]]) -> Callable[..., Any]:
+def signature(g: ProcessGroup, op: str, count: int = -1, dtype: Any = None, root: int = -1, redop: Any = None,
+              layout: Optional[tuple] = None) -> Optional[tuple]:
+    """The key :func:`mpidist._debug.check` compares for a call on ``g`` (see
+    :mod:`mpidist._signature`), or None where nothing is checked (a one-rank group, or
+    checks switched off by a benchmark)."""
+    if not _debug.CHECK or len(g.ranks) == 1:
+        return None
+    return (op, count, dtype, root, redop._value_ if type(redop) is ReduceOp else None if redop is None
+            else "premul_sum", layout)
+
+
+def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: Optional[tuple],
+             parts: Optional[tuple] = None) -> Callable[..., Any]:
     """``fn`` wrapped to run as ``rec``: it becomes the group's op in flight, its end (or
-    failure) is recorded, the DETAIL check (if any) runs first, MPI errors become mpidist's."""
+    failure) is recorded, the check of its signature ``key`` (:func:`signature`; None: no
+    check) runs first, MPI errors become mpidist's."""
     def run(*args: Any) -> Any:
         if rec[R.STATE] is R.SCHEDULED:  # it was queued on the engine: it starts now
             rec[R.T_START] = R._now()
             rec[R.STATE] = R.STARTED
         g.engine.current = rec
         try:
-            if check is not None:
-                check()
+            if key is not None:
+                chk = _state_of(g)
+                if chk is not None and key in chk.agreed and not _debug.DETAIL:  # _debug.check's cached case, inline
+                    chk.last = (rec[0], key)
+                else:
+                    _debug.check(g, rec, key, parts)
             out = fn(*args)
         except MPI.Exception as exc:
             R.fail(rec)
@@ -43,18 +63,23 @@ def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list,
 
 def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool,
            outputs: tuple = (), *, shapes: Any = None, dtype: Any = None, root: int = -1, count: int = -1,
-           redop: Any = None, limit: Optional[float] = None) -> Optional[Work]:
+           redop: Any = None, layout: Optional[tuple] = None, parts: Optional[tuple] = None,
+           limit: Optional[float] = None, checked: bool = True) -> Optional[Work]:
     """Run ``fn(*args)`` in the group's op order; return a Work when ``async_op``.
 
     Sync: inline when nothing is queued, else behind the queued ops; returns None.
     Async: queued on the group's engine thread (``FutureWork``); on a one-rank group,
     or an MPI without MPI_THREAD_MULTIPLE, run at once (``CompletedWork``).
 
-    The keyword arguments describe the call for the flight recorder and the DETAIL
-    check: ``shapes`` (a shape, or a list of shapes), ``dtype``, ``root`` (global rank,
-    -1 if none), ``count`` (the element count every member must pass, -1 if it may
-    differ between ranks), ``redop`` (the reduction), ``limit`` (a timeout in seconds
-    other than the group's, for ops with their own, e.g. monitored_barrier).
+    The keyword arguments describe the call for the flight recorder and the check that
+    every member makes the same call (:mod:`mpidist._debug`): ``shapes`` (a shape, or a
+    list of shapes), ``dtype``, ``root`` (global rank, -1 if none), ``count`` (the element
+    count every member must pass, -1 if it may differ between ranks), ``redop`` (the
+    reduction), ``layout`` (ints every member must pass alike, e.g. all_gather's sizes),
+    ``parts`` (counts that may differ, checked against the root's or peers', see
+    :func:`mpidist._debug.check`), ``limit`` (a timeout in seconds other than the
+    group's, for ops with their own, e.g. monitored_barrier), ``checked=False`` for an op
+    that is not checked (monitored_barrier: its point is to report ranks that never come).
 
     With MPIDIST_ABORT_ON_TIMEOUT=0 a sync op runs on the engine thread and the caller
     waits at most the timeout (then DistError), since a stuck MPI call cannot be
@@ -76,8 +101,14 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
     if limit is not None:
         rec[R.LIMIT] = limit
-    check = _debug.checker(group, op, rec, count, dtype, root, redop) if _debug.DETAIL else None
-    run = _guarded(group, op, fn, rec, check)
+    if not _debug.CHECK or len(group.ranks) == 1:  # signature(), inline: every op pays for it
+        key = None
+    elif not checked:
+        key = _debug.NOTE  # not compared; the check only notes that this rank got here
+    else:
+        key = (op, count, dtype, root, redop._value_ if type(redop) is ReduceOp else None if redop is None
+               else "premul_sum", layout)
+    run = _guarded(group, op, fn, rec, key, parts)
     if async_op and not eager:
         return FutureWork(op, prefix(op), eng.submit(run, *args, rec=rec), outputs, rec)
     if nested and not work.ABORT_ON_TIMEOUT:

@@ -15,7 +15,8 @@ Reliability settings, read by init_process_group (docs/reliability.md):
   30 min) for every blocking collective, ``Work.wait()`` and blocking point-to-point.
 * ``MPIDIST_ABORT_ON_TIMEOUT=0``: on a timeout the caller raises DistError instead of
   the job being aborted (sync ops then run on the group's engine thread).
-* ``MPIDIST_DEBUG=DETAIL``: check every collective's fingerprint first (:mod:`mpidist._debug`).
+* ``MPIDIST_DEBUG`` (else ``TORCH_DISTRIBUTED_DEBUG``) ``=DETAIL``: compare every collective's
+  signature across the group first, not only new ones (:mod:`mpidist._debug`).
 * ``MPIDIST_TRACE_BUFFER`` (entries, default 2048) and ``MPIDIST_TRACE_DIR``: the flight
   recorder (:mod:`mpidist._recorder`).
 * ``MPIDIST_ABORT_ON_EXCEPTION=0``: do not install the hook that aborts the job when a
@@ -298,7 +299,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
                      "LOCAL_WORLD_SIZE": local_size})
     R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(group.comm))
     work.ABORT_ON_TIMEOUT = settings.abort
-    _debug.set_level(settings.level)
+    _debug.set_debug_level(settings.level or _debug.get_debug_level())  # unset: keep the level set before init
     _start_watchdog(_state)
     if settings.abort_on_exception:
         _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report)
@@ -310,7 +311,7 @@ class _Settings:
 
     timeout: datetime.timedelta = DEFAULT_TIMEOUT
     abort: bool = True
-    level: str = "OFF"
+    level: Optional["_debug.DebugLevel"] = None  # None: neither debug variable is set
     buffer: int = R.DEFAULT_BUFFER
     abort_on_exception: bool = True
 
@@ -457,12 +458,11 @@ def _env_timeout(where: str) -> Optional[datetime.timedelta]:
     return datetime.timedelta(seconds=secs)
 
 
-def _env_reliability(where: str) -> tuple[bool, str, int]:
-    """(abort on timeout, debug level, flight recorder length) from the environment."""
+def _env_reliability(where: str) -> tuple[bool, Optional["_debug.DebugLevel"], int]:
+    """(abort on timeout, debug level or None when unset, flight recorder length) from the
+    environment."""
     abort = _env_flag("MPIDIST_ABORT_ON_TIMEOUT", where)
-    level = os.environ.get("MPIDIST_DEBUG", "OFF")
-    if level.strip().upper() not in _debug.LEVELS:
-        raise ValueError(f"{where} MPIDIST_DEBUG must be one of {', '.join(_debug.LEVELS)}, got {level!r}")
+    level = _debug.env_level(where)  # MPIDIST_DEBUG, else TORCH_DISTRIBUTED_DEBUG
     text = os.environ.get("MPIDIST_TRACE_BUFFER", str(R.DEFAULT_BUFFER)).strip()
     if not text.isdigit():
         raise ValueError(f"{where} MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got {text!r}")
@@ -503,7 +503,7 @@ def live_groups() -> list:
 # other rank is; and it wakes up at once on SIGTERM through signal.set_wakeup_fd, so a rank
 # stuck inside MPI still writes its flight recorder when it is terminated.
 
-_PROBE, _REPLY, _ACK = 1, 2, 3  # tags on the watchdog's communicator
+_PROBE, _REPLY, _ACK, _CHECK = 1, 2, 3, 4  # tags on the watchdog's communicator
 _MAX_MSG = 1 << 16
 
 
@@ -657,12 +657,44 @@ class _Watchdog:
             _, _, key, seq, reason = msg
             R.dump(f"rank {src} timed out: {reason}")
             self._send(("state", nonce, self._state_of(key, seq)), src, _REPLY)
+        elif kind == "check":  # a peer's mismatch check stalls at collective ``seq`` (mpidist._debug)
+            _, _, key, seq = msg
+            info = self._state_of(key, seq)
+            info.update(_debug.probe_answer(_group_of(key), seq))
+            self._send(("state", nonce, info), src, _CHECK)
+        elif kind == "mismatch":  # that peer found this rank's call at ``seq`` differs from its own
+            self._mismatch(src, *msg[2:])
+
+    def _mismatch(self, src: int, key: str, seq: int, text: str) -> None:
+        """Peer ``src`` found that this rank ran collective ``seq`` of group ``key`` while it
+        checked another call there (``text``, with both calls): end this rank's op as a
+        timeout does (abort the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller raises
+        DistError, and the group is unusable)."""
+        g = _group_of(key)
+        if g is None:
+            return
+        rec = g.engine.current
+        at = next((r for r in reversed(list(R._ring)) if r[R.GROUP] is g and r[R.SEQ] == seq
+                   and r[R.OP] not in R.P2P_OPS), None)
+        line = f"{prefix(at[R.OP] if at is not None else 'collective')} {text}"
+        path = R.dump(f"mismatch: {line}")
+        live = rec is not None and rec[R.STATE] in (R.STARTED, R.SCHEDULED) and id(rec) not in self.tripped
+        if work.ABORT_ON_TIMEOUT or (live and id(rec) in R.unbounded):
+            _say(f"mpidist.errors.DistError: {line}\n"
+                 f"{'flight recorder written to ' + path + '; ' if path else ''}aborting the job "
+                 f"(set MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)")
+            abort_job(1)
+        _debug.broken(g, f"a mismatched collective at sequence number {seq}: {text}")
+        if live:
+            self.tripped.add(id(rec))
+            rec[R.STATE] = R.TIMED_OUT
+            rec[R.INFO] = line  # the waiting caller raises DistError(line)
 
     def _state_of(self, key: str, seq: int) -> dict:
         """What this rank can say about group ``key`` and its collective ``seq``."""
         now = R._now()
         ring = list(R._ring)
-        g = next((h for h in live_groups() if R.group_key(h) == key), None)
+        g = _group_of(key)
         info: dict = {"member": g is not None, "latest": R.describe(ring[-1], now) if ring else None}
         if g is not None:
             eng = g.engine
@@ -816,6 +848,37 @@ def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
 
 _watchdog: Optional[_Watchdog] = None
 _atexit_registered = False
+
+
+def _group_of(key: str) -> Optional[ProcessGroup]:
+    """The live group whose :func:`mpidist._recorder.group_key` is ``key``, or None."""
+    return next((h for h in live_groups() if R.group_key(h) == key), None)
+
+
+def check_probe(g: ProcessGroup, seq: int) -> dict:
+    """Ask every other member of ``g``'s watchdog what it did at collective ``seq``
+    (:func:`mpidist._debug.probe_answer` plus its state there); the answers within the
+    probe wait, by global rank. Empty without a watchdog channel (one rank, or no
+    MPI_THREAD_MULTIPLE)."""
+    wd = _watchdog
+    if wd is None or wd.comm is None:
+        return {}
+    peers = [r for r in g.ranks if r != wd.st.rank]
+    with _CHECK_LOCK:  # one question at a time: answers of two would share the tag
+        return wd._ask(peers, ("check", wd._next_nonce(), R.group_key(g), seq), _CHECK, wd.probe_wait)
+
+
+def notify_mismatch(g: ProcessGroup, peers: list, seq: int, text: str) -> None:
+    """Tell ``peers`` (global ranks) that their collective ``seq`` on ``g`` mismatches
+    (``text``); their watchdogs end their op with it (see ``_Watchdog._mismatch``)."""
+    wd = _watchdog
+    if wd is None or wd.comm is None:
+        return
+    for p in peers:
+        wd._send(("mismatch", wd._next_nonce(), R.group_key(g), seq, text), p, _PROBE)
+
+
+_CHECK_LOCK = threading.Lock()
 
 
 def _start_watchdog(st: RuntimeState) -> None:

@@ -18,12 +18,12 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _recorder as R, _runtime
+from mpidist import _debug, _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import launch, member, root_rank
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
-from mpidist.algorithms.shm import ShmAllReduce, shm_applicable
+from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
 from mpidist.device.route import device_call, takes
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist._group import ProcessGroup
@@ -65,7 +65,11 @@ def _shm(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
                          f"on one node with MPI-3 shared memory; use 'mpi', 'ring' or None")
     op, _ = scaled(op, arr, arr)
     if run is not None:
-        run(arr, op)
+        try:
+            run(arr, op)
+        except ShmMismatch as exc:  # every member found it at the same step: the group's message
+            rec = g.engine.current
+            raise _debug.shm_mismatch(g, exc.calls, rec[R.SEQ] if rec is not None else -1) from None
     if op is _AVG:
         arr /= g.size()
 
@@ -107,7 +111,7 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
             ValueError for ``algorithm="shm"`` on a group that spans nodes (on every rank).
         DistBackendError: MPI reported an error.
     """
-    global _last
+    global _last, _agreed
     if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call(all_reduce, locals())
     st = _runtime._state
@@ -131,18 +135,27 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
             flags = tensor.flags
             eng = g.engine
             if flags.c_contiguous and flags.writeable and eng.inline and (eng.pending == 0 or eng.idle()):
+                ok = _agreed
+                if not (ok[1] is plan and ok[0] is g and ok[2] == tensor.size):
+                    ok = _agree(g, plan, tensor, op)
+            else:
+                ok = None
+            if ok is not None:
                 # The latency path: MPI_Allreduce with no thread hop, no closure, checks done
                 # once per (dtype, op), and no function call that the 8-byte case can feel
                 # (each costs ~60 ns of a ~1 us budget; benchmarks/results/latency_np2.md, targets.md).
                 # Recorded as launch would record it: R.begin's entry (sequence number, flight
                 # recorder, timeout watchdog), built here; tests/test_recorder.py checks both
-                # paths' entries are alike.
+                # paths' entries are alike. The members agreed on this call before (``ok``: the
+                # group's last agreed all_reduce, tested by identity; mpidist._debug); a new
+                # call takes launch's path, which compares it.
                 seq = eng.seq
                 eng.seq = seq + 1
                 t = _now()
                 rec = [seq, "all_reduce", g, tensor.shape, tensor.dtype, -1, t, t, 0.0, _STARTED, R.timeout, None]
                 R._append(rec)
                 eng.current = rec
+                ok[3].last = (seq, ok[4])  # decided (what a peer's stalled check asks)
                 try:
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
                 except MPI.Exception as exc:
@@ -170,6 +183,29 @@ _PLANS: dict = {}
 #: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
 _last: tuple = (None, None, None, None)
+#: The last all_reduce the latency path found agreed, ``(group, plan, count, group's check
+#: state, key)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
+_agreed: tuple = (None, None, -1, None, None)
+
+
+def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
+    """The latency path's ``_agreed`` for this call if the members of ``g`` agreed on it
+    before (or nothing is checked on ``g``), else None (launch's path will compare it)."""
+    global _agreed
+    key = ("all_reduce", tensor.size, tensor.dtype, -1, op._value_, None)
+    state = _debug.agreed(g, key)
+    if state is None:
+        return None
+    _agreed = ok = (g, plan, tensor.size, state, key)
+    return ok
+
+
+def _forget_agreed() -> None:
+    global _agreed
+    _agreed = (None, None, -1, None, None)
+
+
+_debug.FORGET.append(_forget_agreed)
 
 
 def _choose(dtype: np.dtype, algorithm: Optional[str]):
@@ -486,4 +522,5 @@ def monitored_barrier(group: Optional[ProcessGroup] = None,
         return None
     body = _mb_root if g.rank() == 0 else _mb_other
     # its own timeout, plus the grace of _mb_other, bounds it: the watchdog stays out of its way
-    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0)
+    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0,
+                  checked=False)

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from mpidist import _recorder as R
 from mpidist._buffers import host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import _guarded, launch, member, root_rank
+from mpidist._dispatch import _guarded, launch, member, root_rank, signature
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -151,13 +151,18 @@ def _body(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[
 
 
 def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool, outputs: tuple,
-         shapes: Any, dtype: Any, root: int = -1, count: int = -1) -> Optional[Work]:
+         shapes: Any, dtype: Any, root: int = -1, count: int = -1, layout: Optional[tuple] = None,
+         parts: Optional[tuple] = None) -> Optional[Work]:
     """:func:`mpidist._dispatch.launch`, with the sync latency path of ``all_reduce``: when the
-    group's engine is idle (nothing queued, no DETAIL check, no bounded wait) ``fn`` runs here
-    at once, recorded as launch records it (sequence number, flight recorder, watchdog)."""
-    if async_op or not g.engine.idle():
-        return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count)
-    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), None)(*args)
+    group's engine is idle (nothing queued, not DETAIL, no bounded wait) ``fn`` runs here
+    at once, recorded and checked as launch records and checks it (sequence number, flight
+    recorder, watchdog, the members' agreement on the call: ``layout``, ``parts`` as there)."""
+    eng = g.engine
+    if async_op or not eng.idle() or eng.broken is not None:
+        return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count,
+                      layout=layout, parts=parts)
+    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), signature(g, op, count, dtype, root, None, layout),
+             parts)(*args)
     return None
 
 
@@ -257,7 +262,10 @@ def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.nd
     else:
         call, args = g.comm.Allgatherv, (send, [buf, rank_counts, rank_displs, dt])
     fn, fn_args = _body(call, args, buf if staged else None, outs, slot_displs, copies)
-    return _run(g, op, fn, fn_args, async_op, results, inp.shape, inp.dtype, count=total)
+    # every member passes the same list of sizes (else the ranks' slots disagree); equal
+    # counts are given by the total
+    layout = slot_sizes if slot_sizes is not None else None if equal else rank_counts
+    return _run(g, op, fn, fn_args, async_op, results, inp.shape, inp.dtype, count=total, layout=layout)
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
@@ -456,7 +464,8 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         if _given(gather_list):
             raise ValueError(f"{prefix(op)} gather_list must not be given on a rank other than dst={dst} "
                              f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
-        return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst)
+        return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
+                    parts=("gather", inp.size, None))
     if not _given(gather_list):
         raise ValueError(f"{prefix(op)} gather_list must be given on the destination rank dst={dst}: "
                          f"a list of {g.size()} arrays, got {gather_list!r}")
@@ -469,7 +478,8 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
     buf, staged = _recv_buffer(outs, total)
     args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
     fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)
-    return _run(g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst)
+    return _run(g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst,
+                parts=("gather", inp.size, counts))
 
 
 def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: Optional[int] = None,
@@ -516,7 +526,7 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
             raise ValueError(f"{prefix(op)} scatter_list must not be given on a rank other than src={src} "
                              f"(torch: 'must NOT be specified on non-source ranks'); pass None")
         return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
-                    src)
+                    src, parts=("scatter", out.size, None))
     if not _given(scatter_list):
         raise ValueError(f"{prefix(op)} scatter_list must be given on the source rank src={src}: "
                          f"a list of {g.size()} arrays, got {scatter_list!r}")
@@ -532,7 +542,7 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         send = np.concatenate([a.reshape(-1) for a in inps])
     recv = MPI.IN_PLACE if slot else [out, dt]
     return _run(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,),
-                out.shape, out.dtype, src)
+                out.shape, out.dtype, src, parts=("scatter", out.size, counts))
 
 
 # -- all-to-all -----------------------------------------------------------------------------
@@ -559,7 +569,8 @@ def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[
     dt = mpi_datatype(buf.dtype)
     args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
     fn, fn_args = _body(g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs)
-    return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype)
+    return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype,
+                parts=("pairs", send_counts, recv_counts))
 
 
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],

@@ -223,9 +223,9 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group: O
     Raises:
         TypeError: ``object_list`` is not a list; on every member: ``src`` could not pickle
         its list; on a rank that cannot unpickle it: that failure (module doc).
-        ValueError: ``src`` is not a member, both ``src`` and ``group_src`` given, or
-        (after the broadcast, on that rank only)
-        the lengths differ.
+        ValueError: ``src`` is not a member, both ``src`` and ``group_src`` given, or the
+        lengths differ (on every rank, before the broadcast: the members compare their
+        calls, docs/reliability.md).
     """
     op = "broadcast_object_list"
     g = member(group)
@@ -233,7 +233,7 @@ def broadcast_object_list(object_list: list, src: Optional[int] = None, group: O
         return None
     _check_list(object_list, op, "object_list")
     root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
-    launch(g, op, _bcast, (g, object_list, root), False, root=g.ranks[root])
+    launch(g, op, _bcast, (g, object_list, root), False, root=g.ranks[root], count=len(object_list))
     return None
 
 

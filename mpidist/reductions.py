@@ -309,7 +309,8 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
     arrays = _array_list(tensor_list, name, "tensor_list", writable=True, distinct=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
     return launch(g, name, _all_reduce_multi, (g, arrays, op), async_op, tuple(tensor_list),
-                  shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=arrays[0].size, redop=op)
+                  shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=arrays[0].size, redop=op,
+                  layout=(len(arrays),))
 
 
 def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None, op: Op = ReduceOp.SUM,
@@ -358,4 +359,4 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
     return launch(g, name, _reduce_multi, (g, arrays, op, root, int(dst_tensor)), async_op,
                   tuple(tensor_list), shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, root=g.ranks[root],
-                  count=arrays[0].size, redop=op)
+                  count=arrays[0].size, redop=op, layout=(len(arrays),))

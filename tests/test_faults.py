@@ -139,17 +139,17 @@ def test_mismatched_collectives_are_caught_under_detail(tmp_path):
     assert rc == 0, err
     for r in (0, 1):
         assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == [
-            f"rank {r} count: [rank {r}/2] all_reduce: MPIDIST_DEBUG=DETAIL: the members of group 'default_pg' "
+            f"rank {r} count: [rank {r}/2] all_reduce: the members of group 'default_pg' "
             f"called mismatched collectives (they differ in count): rank 0: all_reduce(seq=0, count=4, "
             f"dtype=float64, op=SUM); rank 1: all_reduce(seq=0, count=5, dtype=float64, op=SUM)",
-            f"rank {r} op: [rank {r}/2] {'all_reduce' if r == 0 else 'broadcast'}: MPIDIST_DEBUG=DETAIL: the "
+            f"rank {r} op: [rank {r}/2] {'all_reduce' if r == 0 else 'broadcast'}: the "
             f"members of group 'default_pg' called mismatched collectives (they differ in op, root, reduce op): "
             f"rank 0: all_reduce(seq=1, count=4, dtype=float64, op=SUM); rank 1: broadcast(seq=1, count=4, "
             f"dtype=float64, root=0)",
-            f"rank {r} reduce op: [rank {r}/2] all_reduce: MPIDIST_DEBUG=DETAIL: the members of group "
+            f"rank {r} reduce op: [rank {r}/2] all_reduce: the members of group "
             f"'default_pg' called mismatched collectives (they differ in reduce op): rank 0: all_reduce(seq=2, "
             f"count=4, dtype=float64, op=SUM); rank 1: all_reduce(seq=2, count=4, dtype=float64, op=MAX)",
-            f"rank {r} root: [rank {r}/2] broadcast: MPIDIST_DEBUG=DETAIL: the members of group 'default_pg' "
+            f"rank {r} root: [rank {r}/2] broadcast: the members of group 'default_pg' "
             f"called mismatched collectives (they differ in root): rank 0: broadcast(seq=3, count=4, "
             f"dtype=float64, root=0); rank 1: broadcast(seq=3, count=4, dtype=float64, root=1)",
             f"rank {r} after: [2.0, 2.0]",

@@ -79,18 +79,21 @@ def test_broadcast_object_list_of_plain_values(dist, any_group):
     assert_same(objs, want)
 
 
-def test_broadcast_object_list_length_mismatch_raises_on_receiver(dist, world):
+def test_broadcast_object_list_length_mismatch_raises_on_every_rank(dist, world):
+    """The members compare their calls first (mpidist._debug): on a fresh group, where the
+    call is new, every rank raises and nothing is sent."""
     rank, size = world
+    g = dist.new_group()
     objs = [1, 2] if rank == 0 else [SENTINEL] * 3
-    if rank == 0:
-        dist.broadcast_object_list(objs, src=0)
-        assert objs == [1, 2]
-    else:
-        with pytest.raises(ValueError, match=rf"\[rank {rank}/{size}\] broadcast_object_list: received 2 "
-                                             rf"objects from rank 0, expected len\(object_list\) = 3; every "
-                                             rf"rank must pass a list of the same length"):
-            dist.broadcast_object_list(objs, src=0)
-        assert objs == [SENTINEL] * 3
+    calls = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: broadcast_object_list("
+                      f"seq=0, count={n}, root=0)" for r, n in [([0], 2), (list(range(1, size)), 3)] if r)
+    if size > 1:
+        with pytest.raises(ValueError) as info:
+            dist.broadcast_object_list(objs, src=0, group=g)
+        assert str(info.value) == (f"[rank {rank}/{size}] broadcast_object_list: the members of group "
+                                   f"{g.group_name!r} called mismatched collectives (they differ in count): {calls}")
+        assert objs == ([1, 2] if rank == 0 else [SENTINEL] * 3)
+    dist.destroy_process_group(g)
 
 
 # ---------------------------------------------------------------- all_gather_object

@@ -20,6 +20,15 @@ between checks for about 100 us, then sleeps between checks (10 us doubling up t
 1 ms): yielding and sleeping release the GIL and the core to the caller's other
 threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
 
+Every call also compares the ranks' calls: before its first synchronization each rank
+writes a header (element count; a code of dtype and op) next to its counter, in the same
+cache line, and after it every rank reads every header. They are the same everywhere, so on a mismatch every
+rank sees it at the same step and raises :class:`ShmMismatch` (a ValueError naming each
+rank's call) before any data changes; the window stays usable. Headers alternate between
+two places by the parity of the synchronization, as the 2-rank data halves do, so a fast
+rank's next header never overwrites one a slow rank has still to read. Cost: two int64
+stores per call and two loads per peer, in cache lines the barrier moves anyway.
+
 ``mpidist.all_reduce`` uses it with ``algorithm="shm"``, and by default from the measured
 crossover size up on groups confined to one node (one window per group, made on first
 use and freed with the group: docs/architecture.md, "Choosing the all-reduce algorithm").
@@ -29,6 +38,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import zlib
 from typing import Any, Optional
 
 import numpy as np
@@ -38,7 +48,7 @@ from mpidist._buffers import host_array
 from mpidist.errors import prefix
 from mpidist._reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
 
-__all__ = ["ShmAllReduce", "shm_all_reduce", "shm_applicable", "shm_release", "DEFAULT_SLOT_BYTES"]
+__all__ = ["ShmAllReduce", "ShmMismatch", "shm_all_reduce", "shm_applicable", "shm_release", "DEFAULT_SLOT_BYTES"]
 
 #: Window bytes per rank (besides one page for its counter). A chunk of the buffer
 #: occupies it: ``n * slot/n`` bytes with ``n > 2`` ranks, half of it with 2 ranks
@@ -49,10 +59,34 @@ DEFAULT_SLOT_BYTES = 2 << 20
 
 _LINE = 64           # cache line: slices start on one, so two writers never share a line
 _HEADER = 4096       # each rank's counter sits alone on the first page of its segment
+_CALL = (8, 24)      # offsets of the two call headers (2 int64 each; by barrier parity): in the counter's
+                     # cache line, which the peers fetch anyway when they see the counter move
 _SPINS = 1000        # counter checks (about 50 us) before yielding the core between checks
 _YIELDS = 100        # sched_yield calls (about 100 us) before sleeping between checks
 _SLEEP_MAX = 2e-4    # longest sleep between checks (s); sleeps double from 10 us. Was 1 ms: a peer
                      # descheduled briefly then cost up to 1 ms per 1 MiB chunk (slow 16 MiB spells)
+
+
+class ShmMismatch(ValueError):
+    """The ranks called :class:`ShmAllReduce` with different counts, dtypes or ops.
+
+    ``calls[r]`` is rank r's call (of the object's communicator): ``(count, dtype name,
+    ReduceOp value)``, the same list on every rank (each raises it at the same step).
+    """
+
+    def __init__(self, text: str, calls: list) -> None:
+        super().__init__(text)
+        self.calls = calls
+
+
+class _Differ(Exception):
+    """Raised by a call's first barrier when the ranks' headers differ (see ``_mismatch``)."""
+
+
+def _code(dtype: np.dtype, op: ReduceOp) -> int:
+    """One int64 for (dtype, op), the same in every process (the dtype's text, hashed)."""
+    text = dtype.name if dtype.isnative else dtype.str
+    return (zlib.crc32(text.encode()) << 8) | list(ReduceOp).index(op)
 
 
 def shm_applicable(comm: MPI.Comm) -> bool:
@@ -135,6 +169,10 @@ class ShmAllReduce:
             (raised on every rank alike).
     """
 
+    #: Compare the ranks' calls (count, dtype, op) on every call (module docstring). Every
+    #: rank must use the same value; only benchmarks turn it off, to measure its cost.
+    verify = True
+
     def __init__(self, comm: MPI.Comm, slot_bytes: int = DEFAULT_SLOT_BYTES) -> None:
         n = comm.Get_size()
         if slot_bytes < 2 * _LINE * n:
@@ -156,8 +194,9 @@ class ShmAllReduce:
             info.Free()
         self._mems = [self.win.Shared_query(k)[0] for k in range(n)]
         self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]
+        self._calls = [[memoryview(m)[at:at + 16].cast("q") for at in _CALL] for m in self._mems]
         self._views: dict = {}
-        self._checked: set = set()           # (dtype, op) pairs validated already
+        self._checked: dict = {}             # (dtype, op) pairs validated already -> their header code
         self._epoch = 0
         self._half = 0                       # n == 2: the half-slot the next chunk uses
         self._spins = 0 if n > (os.cpu_count() or 1) else _SPINS
@@ -167,16 +206,30 @@ class ShmAllReduce:
         self.comm.Barrier()
 
     # -- synchronization ----------------------------------------------------------------
-    def _barrier(self) -> None:
-        """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync."""
+    def _barrier(self, count: int = 0, code: int = -1) -> None:
+        """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync.
+
+        With a ``code`` (>= 0: a call's first barrier) the ranks also compare their calls
+        through it: each writes its header (``count``, ``code`` of dtype and op) before it,
+        where the barrier's parity puts it, and reads every header after it; raises
+        :class:`_Differ` when one differs (then on every rank: all read the same headers)."""
         win, flags, e = self.win, self._flags, self._epoch + 1
         self._epoch = e
+        if code >= 0:
+            mine = self._calls[self.rank][e & 1]
+            mine[0] = count
+            mine[1] = code
         win.Sync()
         flags[self.rank][0] = e
         for flag in flags:
             if flag[0] < e:
                 self._wait(flag, e)
         win.Sync()
+        if code >= 0:
+            for heads in self._calls:
+                head = heads[e & 1]
+                if head[0] != count or head[1] != code:
+                    raise _Differ
 
     def _wait(self, flag: memoryview, e: int) -> None:
         """Until ``flag`` reaches ``e``: spin, then yield the core, then sleep (both release
@@ -210,38 +263,60 @@ class ShmAllReduce:
                 ReduceOp.
             ValueError: unsupported op/dtype pair (``check_op_dtype``), ``buf`` not
                 C-contiguous or read-only, or the object was freed.
+            ShmMismatch (a ValueError): the ranks passed different counts, dtypes or ops
+                (on every rank, before ``buf`` changes).
         """
         host_array(buf, "shm_all_reduce", "buf", writable=True)
-        if type(op) is not ReduceOp or (buf.dtype, op) not in self._checked:
-            self._check_op(buf.dtype, op)
+        code = self._checked.get((buf.dtype, op)) if type(op) is ReduceOp else None
+        if code is None:
+            code = self._check_op(buf.dtype, op)
         if self.win is None:
             raise ValueError(f"{prefix('shm_all_reduce')} this ShmAllReduce was freed")
-        if self.size == 1 or buf.size == 0:
+        if self.size == 1:
             return
-        views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
-        run = self._pairwise if self.size == 2 else self._scatter_gather
-        run(buf.reshape(-1), views, _ufunc(op, buf.dtype))
+        if not self.verify:
+            code = -1
+        try:
+            if buf.size == 0:
+                if code >= 0:  # nothing to reduce, but the others must learn that this rank has nothing
+                    self._barrier(0, code)
+                return
+            views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
+            run = self._pairwise if self.size == 2 else self._scatter_gather
+            run(buf.reshape(-1), views, _ufunc(op, buf.dtype), code)
+        except _Differ:
+            self._mismatch(buf.size, buf.dtype, op)
 
-    def _check_op(self, dtype: np.dtype, op: Any) -> None:
+    def _check_op(self, dtype: np.dtype, op: Any) -> int:
         if not isinstance(op, ReduceOp):
             raise TypeError(f"{prefix('shm_all_reduce')} op must be a ReduceOp (apply a PremulSum's factor "
                             f"first), got {op!r}")
         check_op_dtype(op, dtype, prefix("shm_all_reduce"))
-        self._checked.add((dtype, op))
+        code = self._checked[(dtype, op)] = _code(dtype, op)
+        return code
+
+    def _mismatch(self, count: int, dtype: np.dtype, op: ReduceOp) -> None:
+        """A call's first barrier found the headers differ: every rank saw the same ones, so
+        every rank is here. Tell each other the calls, raise ShmMismatch."""
+        calls = self.comm.allgather((count, dtype.name if dtype.isnative else dtype.str, op.value))
+        text = "; ".join(f"rank {r}: count={c}, dtype={d}, op={o.upper()}" for r, (c, d, o) in enumerate(calls))
+        raise ShmMismatch(f"{prefix('shm_all_reduce')} the ranks called mismatched all-reduces: {text}", calls)
 
     def _make_views(self, dtype: np.dtype) -> _Views:
         views = self._views[dtype] = _Views(self._mems, self.parts, self.part_bytes, dtype)
         return views
 
-    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc) -> None:
-        """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy."""
+    def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: int) -> None:
+        """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy. The
+        first barrier compares the calls (``code``; -1: not compared)."""
         mine, peer, first = views.slots[self.rank], views.slots[1 - self.rank], self.rank == 0
         half = self._half
         for start in range(0, flat.size, views.q):
             chunk = flat[start:start + views.q]
             m = chunk.size
             np.copyto(mine[half][:m], chunk)
-            self._barrier()
+            self._barrier(flat.size, code)
+            code = -1
             other = peer[half][:m]
             if first:
                 ufunc(chunk, other, out=chunk)
@@ -250,8 +325,9 @@ class ShmAllReduce:
             half ^= 1
         self._half = half
 
-    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc) -> None:
-        """n > 2: per chunk, deposit / barrier / fold own slice / barrier, then gather."""
+    def _scatter_gather(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: int) -> None:
+        """n > 2: per chunk, deposit / barrier / fold own slice / barrier, then gather. The
+        first barrier compares the calls (``code``; -1: not compared)."""
         n = self.size
         full = [(j * views.q, (j + 1) * views.q) for j in range(n)]
         pending = None
@@ -261,7 +337,8 @@ class ShmAllReduce:
             if pending is not None:
                 self._gather(views, *pending)
             self._deposit(views, chunk, bounds)
-            self._barrier()
+            self._barrier(flat.size, code)
+            code = -1
             self._fold(views, chunk, bounds, ufunc)
             self._barrier()
             pending = chunk, bounds
@@ -305,9 +382,9 @@ class ShmAllReduce:
         if self.win is None:
             return
         self._views.clear()
-        for flag in self._flags:
-            flag.release()
-        self._flags, self._mems = [], []
+        for view in self._flags + [v for heads in self._calls for v in heads]:
+            view.release()
+        self._flags, self._calls, self._mems = [], [], []
         self.win.Unlock_all()
         self.win.Free()
         self.win = None

@@ -1,0 +1,111 @@
+"""What the default mismatch check costs: all_reduce with the check on and off, paired.
+
+    mpiexec -n N python benchmarks/bench_check.py [--sizes 64K,256K,1M,4M,16M,64M]
+        [--algorithms auto,mpi] [--rounds 7] [--target-ms 60] [--out benchmarks/results]
+
+By default every member of a group compares a collective's signature the first time the
+group uses it, then looks it up in a cache; the shared-memory all-reduce also compares a
+header on every call (mpidist._debug, docs/reliability.md). This script measures that,
+float32 SUM, for each size and ``algorithm`` (``auto`` = None: shared memory from the
+measured crossover up on one node; ``mpi``: MPI_Allreduce through ``_dispatch.launch``).
+The 8-byte inline latency path is measured by ``bench_latency.py`` (its ``bare+check``
+loop): there the switch below still leaves the check's identity test in place.
+
+* ``checked``: ``mpidist.all_reduce(x, algorithm=...)`` as users run it;
+* ``unchecked``: the same with every check switched off (``_debug._set_checks(False)`` and
+  ``ShmAllReduce.verify = False``: a benchmark-only switch, not a user setting).
+
+Per size, ``--rounds`` rounds, each one measurement of ``checked`` and one of
+``unchecked`` (alternating which goes first), each measurement a barrier then a
+calibrated number of back-to-back calls lasting about ``--target-ms``, its value the max
+over ranks of the mean time per call (``_bench_common.timed``). Reported: the medians, the
+median of the per-round ratios checked / unchecked (target: <= 1.03 at >= 64 KiB) and of
+the per-round differences. The rounds pair measurements taken
+seconds apart, so a loaded machine (other jobs) shows up as scatter in the ratios, not as
+a bias: compare ratios, and rerun on a quiet machine for the figures that count.
+
+Writes ``check_np{N}.md`` to ``--out`` (rank 0 prints it too).
+"""
+from __future__ import annotations
+
+import _bench_common as bc  # first: sets the BLAS thread variables
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import mpidist  # noqa: E402
+from mpidist import _debug  # noqa: E402
+from mpidist.algorithms import ShmAllReduce  # noqa: E402
+
+DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
+
+
+def set_checks(on: bool) -> None:
+    """Every check on or off (on every rank at the same point: the caller's barrier)."""
+    _debug._set_checks(on)
+    ShmAllReduce.verify = on
+
+
+def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: float) -> dict:
+    """{"checked": [s per call], "unchecked": [...]} over ``rounds`` paired rounds."""
+    def call() -> None:
+        mpidist.all_reduce(x, algorithm=algorithm)
+
+    set_checks(True)
+    bc.warm_up(comm, call, 20, 0.2)  # the first call agrees on the signature
+    iters = bc.calibrate(comm, call, target_s)
+    times: dict = {"checked": [], "unchecked": []}
+    for r in range(rounds):
+        for name in (("checked", "unchecked") if r % 2 == 0 else ("unchecked", "checked")):
+            set_checks(name == "checked")
+            times[name].append(bc.timed(comm, call, iters))
+    set_checks(True)
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated byte counts (8, 64K, 1M)")
+    p.add_argument("--algorithms", default="auto,mpi")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--target-ms", type=float, default=60.0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args()
+    sizes = [bc.parse_bytes(s) for s in args.sizes.split(",")]
+    algorithms = [a.strip() for a in args.algorithms.split(",")]
+    if args.rounds < 1 or any(s < 4 for s in sizes) or not set(algorithms) <= {"auto", "mpi", "ring", "shm"}:
+        p.error("need --rounds >= 1, sizes >= 4 bytes, algorithms among auto, mpi, ring, shm")
+    load = os.getloadavg()[0]
+    mpidist.init_process_group("mpi")
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    rows = ["| algorithm | size | checked (us) | unchecked (us) | checked / unchecked (median of rounds) | "
+            "difference (us, median of rounds) | min-max ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for algorithm in algorithms:
+        for nbytes in sizes:
+            x = bc.aligned_zeros(nbytes // 4, np.float32)  # sums of zeros: the values stay put
+            t = measure(comm, x, None if algorithm == "auto" else algorithm, args.rounds, args.target_ms / 1e3)
+            ratios = [c / u for c, u in zip(t["checked"], t["unchecked"])]
+            diffs = [(c - u) * 1e6 for c, u in zip(t["checked"], t["unchecked"])]
+            rows.append(f"| {algorithm} | {bc.human_bytes(nbytes)} | {statistics.median(t['checked']) * 1e6:.2f} | "
+                        f"{statistics.median(t['unchecked']) * 1e6:.2f} | {statistics.median(ratios):.3f} | "
+                        f"{statistics.median(diffs):+.2f} | {min(ratios):.3f}-{max(ratios):.3f} |")
+            if comm.Get_rank() == 0:
+                print(rows[-1], flush=True)
+    if comm.Get_rank() == 0:
+        bc.write_report(args.out, f"check_np{n}.md",
+                        f"Cost of the default mismatch check, all_reduce float32 SUM, {n} ranks", n, load,
+                        [f"{args.rounds} paired rounds per size of ~{args.target_ms:g} ms per measurement; see the "
+                         f"docstring of benchmarks/bench_check.py"],
+                        ["Target (issue 14): checked / unchecked <= 1.03 from 64 KiB up (8 B: bench_latency.py).",
+                         "", *rows])
+    mpidist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

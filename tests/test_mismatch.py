@@ -1,0 +1,509 @@
+"""Mismatched collectives never give wrong data silently, by default (issue 14, item 1).
+
+Every member compares a call's signature (op, count, dtype, root, reduction, sizes) the
+first time its group uses it (mpidist._debug): disagreeing members all raise one clear
+ValueError naming the op and each rank's call, and the group stays usable. A member whose
+call was agreed on before runs it at once; if another member's call is new there, the
+latter asks the former's watchdog, raises, and the former's op ends as a timeout does
+(subprocess jobs below). The shared-memory all-reduce compares every call (a header in
+its window). MPIDIST_DEBUG=DETAIL (alias TORCH_DISTRIBUTED_DEBUG) compares every call on
+every path. torch's debug-level API: DebugLevel, get/set_debug_level, set_debug_level_from_env.
+
+In-process tests run on a fresh group, whose members have agreed on nothing yet.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidist
+from conftest import launcher_free_env
+from mpidist import DebugLevel, ReduceOp, _debug
+from mpidist.algorithms import ShmAllReduce
+from mpidist.algorithms.shm import ShmMismatch
+
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+
+
+# -- helpers --------------------------------------------------------------------------------
+@pytest.fixture
+def fresh(dist):
+    """A new group of every rank (nothing agreed on yet); destroyed after the test."""
+    g = dist.new_group()
+    yield g
+    dist.destroy_process_group(g)
+
+
+def split(size: int) -> tuple[list, list]:
+    """The ranks that pass the usual arguments, and the one (the last) that does not."""
+    return list(range(size - 1)), [size - 1]
+
+
+def message(rank: int, size: int, op: str, g, differ: str, parts: list, tail: str = "") -> str:
+    calls = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {c}" for r, c in parts)
+    return (f"[rank {rank}/{size}] {op}: the members of group {g.group_name!r} called mismatched collectives "
+            f"(they differ in {differ}): {calls}{tail}")
+
+
+def raises_everywhere(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+def usable(dist, g, size: int, n: int = 3, **kw) -> None:
+    x = np.ones(n)
+    dist.all_reduce(x, group=g, **kw)
+    np.testing.assert_array_equal(x, np.full(n, float(size)))
+
+
+# -- the issue's cases, every rank raising ----------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("algorithm", [None, "mpi", "ring", "shm"])
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_length_65536_against_another_every_algorithm(dist, world, fresh, algorithm, dtype):
+    """65,536 elements on most ranks, 1,000 on the last: with algorithm=None the two sizes
+    would even pick different algorithms (shared memory against MPI or the ring)."""
+    if algorithm == "mpi" and dtype == "float16":
+        pytest.skip("MPI cannot reduce float16 (algorithm='mpi' refuses it)")
+    rank, size = world
+    good, odd = split(size)
+    x = np.ones(65536 if rank in good else 1000, dtype)
+    text = raises_everywhere(lambda: dist.all_reduce(x, group=fresh, algorithm=algorithm))
+    assert text == message(rank, size, "all_reduce", fresh, "count", [
+        (good, f"all_reduce(seq=0, count=65536, dtype={dtype}, op=SUM)"),
+        (odd, f"all_reduce(seq=0, count=1000, dtype={dtype}, op=SUM)")])
+    np.testing.assert_array_equal(x, 1)  # nobody ran the op
+    usable(dist, fresh, size, 65536, algorithm=algorithm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_4_elements_against_another(dist, world, fresh):
+    """Before: MPICH printed a raw 'Message truncated' stack and the job exited 142."""
+    rank, size = world
+    good, odd = split(size)
+    text = raises_everywhere(lambda: dist.all_reduce(np.ones(4 if rank in good else 6), group=fresh))
+    assert text == message(rank, size, "all_reduce", fresh, "count", [
+        (good, "all_reduce(seq=0, count=4, dtype=float64, op=SUM)"),
+        (odd, "all_reduce(seq=0, count=6, dtype=float64, op=SUM)")])
+    usable(dist, fresh, size, 4)
+
+
+# (op, call(dist, group, x, odd), x's fill, what differs, the usual ranks' call, the last rank's call)
+CASES = {
+    "sum-against-max": ("all_reduce", lambda d, g, x, odd: d.all_reduce(x, ReduceOp.MAX if odd else ReduceOp.SUM, g),
+                        np.float64, "reduce op", "all_reduce(seq=0, count=8, dtype=float64, op=SUM)",
+                        "all_reduce(seq=0, count=8, dtype=float64, op=MAX)"),
+    "broadcast-src": ("broadcast", lambda d, g, x, odd: d.broadcast(x, src=d.get_world_size() - 1 if odd else 0,
+                                                                   group=g),
+                      np.float64, "root", "broadcast(seq=0, count=8, dtype=float64, root=0)",
+                      "broadcast(seq=0, count=8, dtype=float64, root={last})"),
+    "dtype": ("all_reduce", lambda d, g, x, odd: d.all_reduce(x, group=g), None, "dtype",
+              "all_reduce(seq=0, count=8, dtype=float64, op=SUM)", "all_reduce(seq=0, count=8, dtype=float32, op=SUM)"),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", list(CASES))
+def test_reduce_op_root_and_dtype_mismatches(dist, world, fresh, case):
+    """SUM against MAX, broadcast with different src, float32 against float64: nobody runs
+    the op (the arrays keep their values)."""
+    rank, size = world
+    good, odd = split(size)
+    op, call, dtype, differ, usual, other = CASES[case]
+    x = np.full(8, float(rank), dtype or (np.float32 if rank in odd else np.float64))
+    text = raises_everywhere(lambda: call(dist, fresh, x, rank in odd))
+    assert text == message(rank, size, op, fresh, differ, [(good, usual), (odd, other.format(last=size - 1))])
+    np.testing.assert_array_equal(x, float(rank))
+    usable(dist, fresh, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_async_mismatch_raises_from_wait(dist, world, fresh):
+    rank, size = world
+    good, odd = split(size)
+    work = dist.all_reduce(np.ones(3 if rank in good else 9), group=fresh, async_op=True)
+    with pytest.raises(ValueError, match=re.escape("(they differ in count)")):
+        work.wait()
+    usable(dist, fresh, size)
+
+
+# -- every op ------------------------------------------------------------------------------
+def _op_cases(dist, g, rank: int, size: int) -> dict:
+    """op -> (call with the last rank mismatching, what differs)."""
+    odd = rank == size - 1
+    n = size
+    f64 = np.float64
+    return {
+        "reduce": (lambda: dist.reduce(np.ones(2), dst=size - 1 if odd else 0, group=g), "root"),
+        "all_gather": (lambda: dist.all_gather([np.zeros(3 if odd and i == 0 else 2) if i != rank else np.zeros(2)
+                                                for i in range(n)], np.ones(2), group=g), "count, sizes"),
+        "all_gather_into_tensor": (lambda: dist.all_gather_into_tensor(
+            np.zeros(n * (3 if odd else 2)), np.ones(3 if odd else 2), group=g), "count"),
+        "gather": (lambda: dist.gather(np.ones(2), [np.zeros(2) for _ in range(n)] if rank == (size - 1 if odd else 0)
+                                       else None, dst=size - 1 if odd else 0, group=g), "root"),
+        "scatter": (lambda: dist.scatter(np.zeros(2, np.float32 if odd else f64),
+                                         [np.ones(2) for _ in range(n)] if rank == 0 else None, src=0, group=g),
+                    "dtype"),
+        "reduce_scatter": (lambda: dist.reduce_scatter(np.zeros(3 if odd else 2),
+                                                       [np.ones(3 if odd else 2) for _ in range(n)], group=g),
+                           "count"),
+        "reduce_scatter_tensor": (lambda: dist.reduce_scatter_tensor(
+            np.zeros(2), np.ones(2 * n), ReduceOp.MIN if odd else ReduceOp.SUM, group=g), "reduce op"),
+        "all_to_all_single": (lambda: dist.all_to_all_single(np.zeros(n, np.int32 if odd else np.int64),
+                                                             np.ones(n, np.int32 if odd else np.int64), group=g),
+                              "dtype"),
+        "all_reduce_multigpu": (lambda: dist.all_reduce_multigpu([np.ones(2) for _ in range(2 if odd else 1)],
+                                                                 group=g), "sizes"),
+        "reduce_multigpu": (lambda: dist.reduce_multigpu([np.ones(2, np.float32 if odd else f64)], dst=0, group=g),
+                            "dtype"),
+        "broadcast_multigpu": (lambda: dist.broadcast_multigpu([np.ones(4 if odd else 2)], src=0, group=g), "count"),
+        "all_gather_multigpu": (lambda: dist.all_gather_multigpu(
+            [[np.zeros(2) for _ in range(n * (2 if odd else 1))] for _ in range(2 if odd else 1)],
+            [np.ones(2)] * (2 if odd else 1), group=g), "count, sizes"),
+        "broadcast_object_list": (lambda: dist.broadcast_object_list([None] * (3 if odd else 2), src=0, group=g),
+                                  "count"),
+        "gather_object": (lambda: dist.gather_object(rank, [None] * n if rank == (size - 1 if odd else 0) else None,
+                                                     dst=size - 1 if odd else 0, group=g), "root"),
+        "scatter_object_list": (lambda: dist.scatter_object_list(
+            [None], list(range(n)) if rank == (size - 1 if odd else 0) else None, src=size - 1 if odd else 0,
+            group=g), "root"),
+    }
+
+
+OPS = ["reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
+       "reduce_scatter_tensor", "all_to_all_single", "all_reduce_multigpu", "reduce_multigpu", "broadcast_multigpu",
+       "all_gather_multigpu", "broadcast_object_list", "gather_object", "scatter_object_list"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_is_checked(dist, world, fresh, op):
+    rank, size = world
+    call, differ = _op_cases(dist, fresh, rank, size)[op]
+    text = raises_everywhere(call)
+    assert text.startswith(f"[rank {rank}/{size}] {op}: the members of group {fresh.group_name!r} called "
+                           f"mismatched collectives (they differ in {differ}): "), text
+    assert text.count(f"{op}(seq=0") == 2, text  # both sides
+    usable(dist, fresh, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_different_ops_at_one_sequence_number(dist, world, fresh):
+    rank, size = world
+    good, odd = split(size)
+    text = raises_everywhere(lambda: dist.all_gather_object([None] * size, rank, group=fresh) if rank in odd
+                             else dist.barrier(group=fresh))
+    assert text == message(rank, size, "all_gather_object" if rank in odd else "barrier", fresh, "op", [
+        (good, "barrier(seq=0)"), (odd, "all_gather_object(seq=0)")])
+    usable(dist, fresh, size)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sizes_that_may_differ_are_checked_against_the_root_and_the_peers(dist, world, fresh):
+    """gather, scatter and all_to_all: counts differ between ranks legitimately, but each
+    must be what the root (or the peer) expects; checked when the call is new."""
+    rank, size = world
+    last = size - 1
+    # gather: dst 0 expects 2 elements from everybody, the last rank sends 3
+    text = raises_everywhere(lambda: dist.gather(np.ones(3 if rank == last else 2),
+                                                 [np.zeros(2) for _ in range(size)] if rank == 0 else None,
+                                                 dst=0, group=fresh))
+    assert text == (f"[rank {rank}/{size}] gather: the members of group {fresh.group_name!r} called "
+                    f"gather(seq=0, dtype=float64, root=0) with sizes that do not match: rank {last}'s tensor "
+                    f"holds 3 elements, dst rank 0's gather_list[{last}] holds 2")
+    # scatter: src 0 sends 2 elements to everybody, the last rank's output holds 4
+    text = raises_everywhere(lambda: dist.scatter(np.zeros(4 if rank == last else 2),
+                                                  [np.ones(2) for _ in range(size)] if rank == 0 else None,
+                                                  src=0, group=fresh))
+    assert text.endswith(f"with sizes that do not match: rank {last}'s tensor holds 4 elements, src rank 0's "
+                         f"scatter_list[{last}] holds 2"), text
+    # all_to_all_single: the last rank sends 2 rows to rank 0, which expects 1
+    ins = [2] + [1] * (size - 1) if rank == last else [1] * size
+    text = raises_everywhere(lambda: dist.all_to_all_single(np.zeros(size), np.ones(sum(ins)),
+                                                            input_split_sizes=ins, group=fresh))
+    assert text == (f"[rank {rank}/{size}] all_to_all_single: the members of group {fresh.group_name!r} called "
+                    f"all_to_all_single(seq=2, dtype=float64) with sizes that do not match: rank {last} sends 2 "
+                    f"elements to rank 0, which expects 1")
+    usable(dist, fresh, size)
+
+
+@pytest.mark.mpi
+def test_counts_that_may_differ_are_not_flagged(dist, world, fresh):
+    """Uneven all_gather lists, gather/scatter lists and all_to_all splits that agree."""
+    rank, size = world
+    for _ in range(2):  # new, then agreed
+        outs = [np.zeros(i + 1) for i in range(size)]
+        dist.all_gather(outs, np.full(rank + 1, float(rank)), group=fresh)
+        assert [o.tolist() for o in outs] == [[float(i)] * (i + 1) for i in range(size)]
+        got = [np.zeros(i + 1) for i in range(size)] if rank == 0 else None
+        dist.gather(np.full(rank + 1, float(rank)), got, dst=0, group=fresh)
+        if rank == 0:
+            assert [o.tolist() for o in got] == [[float(i)] * (i + 1) for i in range(size)]
+        mine = np.zeros(rank + 2)
+        dist.scatter(mine, [np.full(i + 2, float(i)) for i in range(size)] if rank == 0 else None, src=0,
+                     group=fresh)
+        assert mine.tolist() == [float(rank)] * (rank + 2)
+        # rank r sends r + 1 rows to everybody: receives s + 1 rows from rank s
+        out = np.zeros(sum(s + 1 for s in range(size)))
+        dist.all_to_all_single(out, np.full((rank + 1) * size, float(rank)), [s + 1 for s in range(size)],
+                               [rank + 1] * size, group=fresh)
+        assert out.tolist() == [float(s) for s in range(size) for _ in range(s + 1)]
+
+
+@pytest.mark.mpi
+def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
+    """The cost: after the first call of a signature, no exchange (the 8-byte path included)."""
+    rank, size = world
+    state = None
+    for n in (1, 2, 1000, 65536):
+        x = np.ones(n)
+        dist.all_reduce(x, group=fresh)
+        state = fresh.resource("check", _debug.GroupCheck) if size > 1 else None
+        before = list(state.exchanged) if state is not None else []
+        for _ in range(20):
+            x = np.ones(n)
+            dist.all_reduce(x, group=fresh)
+            np.testing.assert_array_equal(x, float(size))
+        if state is not None:
+            assert list(state.exchanged) == before
+            assert state.last[0] == fresh.engine.seq - 1  # decided up to the last call
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_full_cache_is_cleared_on_every_member_alike(dist, world, fresh, monkeypatch):
+    rank, size = world
+    monkeypatch.setattr(_debug, "_MAX_AGREED", 3)
+    for round_ in range(3):
+        for n in range(1, 8):
+            x = np.ones(n)
+            dist.all_reduce(x, group=fresh)
+            np.testing.assert_array_equal(x, float(size))
+    assert len(fresh.resource("check", _debug.GroupCheck).agreed) <= 3
+    good, odd = split(size)
+    text = raises_everywhere(lambda: dist.all_reduce(np.ones(9 if rank in good else 10), group=fresh))
+    assert "(they differ in count)" in text
+
+
+# -- the shared-memory algorithm compares every call ----------------------------------------
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("algorithm", ["shm", None])
+def test_shm_catches_agreed_calls_made_out_of_step(dist, world, fresh, algorithm):
+    """Two sizes (and two ops) agreed on before, then called out of step: no member exchanges,
+    the shared-memory header check catches it on every rank, and the window stays usable."""
+    rank, size = world
+    good, odd = split(size)
+    a, b = 8192, 12288  # 64 KiB, 96 KiB of float64: shared memory for every group size here
+    for n in (a, b):
+        for op in (ReduceOp.SUM, ReduceOp.MAX):
+            x = np.ones(n)
+            dist.all_reduce(x, op, group=fresh, algorithm=algorithm)
+    seq = fresh.engine.seq
+    x = np.ones(a if rank in good else b)
+    text = raises_everywhere(lambda: dist.all_reduce(x, group=fresh, algorithm=algorithm))
+    tail = " (found by the shared-memory algorithm's check, which compares every call)"
+    assert text == message(rank, size, "all_reduce", fresh, "count", [
+        (good, f"all_reduce(seq={seq}, count={a}, dtype=float64, op=SUM)"),
+        (odd, f"all_reduce(seq={seq}, count={b}, dtype=float64, op=SUM)")], tail)
+    np.testing.assert_array_equal(x, 1)
+    text = raises_everywhere(lambda: dist.all_reduce(np.ones(a), ReduceOp.MAX if rank in odd else ReduceOp.SUM,
+                                                     fresh, algorithm=algorithm))
+    assert "(they differ in reduce op)" in text and text.endswith(tail)
+    usable(dist, fresh, size, a, algorithm=algorithm)
+    usable(dist, fresh, size, b, algorithm=algorithm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shm_all_reduce_compares_every_call(world):
+    rank, size = world
+    comm = MPI.COMM_WORLD
+    calls = [(5, "float64", "sum")] * (size - 1) + [(7, "float64", "sum")]
+    text = "; ".join(f"rank {r}: count={c}, dtype={d}, op={o.upper()}" for r, (c, d, o) in enumerate(calls))
+    with ShmAllReduce(comm, 1024) as s:
+        for _ in range(3):  # repeatedly, at either header parity
+            x = np.ones(7 if rank == size - 1 else 5)
+            with pytest.raises(ShmMismatch) as info:
+                s(x, ReduceOp.SUM)
+            assert str(info.value) == f"[rank {rank}/{size}] shm_all_reduce: the ranks called mismatched " \
+                                      f"all-reduces: {text}"
+            assert info.value.calls == calls
+            np.testing.assert_array_equal(x, 1)
+            y = np.ones(3000)  # several chunks of a 1 KiB slot
+            s(y, ReduceOp.SUM)
+            np.testing.assert_array_equal(y, float(size))
+        with pytest.raises(ShmMismatch, match="op=MAX"):
+            s(np.ones(4), ReduceOp.MAX if rank == 0 else ReduceOp.SUM)
+        with pytest.raises(ShmMismatch, match="dtype=float32"):
+            s(np.ones(4, np.float32 if rank == 0 else np.float64), ReduceOp.SUM)
+        with pytest.raises(ShmMismatch, match="count=0"):  # an empty array on one rank
+            s(np.ones(0 if rank == 0 else 4), ReduceOp.SUM)
+        y = np.ones(4)
+        s(y, ReduceOp.SUM)
+        np.testing.assert_array_equal(y, float(size))
+
+
+# -- DETAIL compares every call -------------------------------------------------------------
+@pytest.mark.mpi(min_size=2)
+def test_detail_checks_every_call(dist, world, fresh):
+    """Two agreed sizes out of step on the MPI path: only DETAIL sees it (by default it is
+    not detected: docs/reliability.md)."""
+    rank, size = world
+    good, odd = split(size)
+    for n in (4, 5):
+        dist.all_reduce(np.ones(n), group=fresh)
+    dist.set_debug_level(DebugLevel.DETAIL)
+    try:
+        seq = fresh.engine.seq
+        text = raises_everywhere(lambda: dist.all_reduce(np.ones(4 if rank in good else 5), group=fresh))
+        assert text == message(rank, size, "all_reduce", fresh, "count", [
+            (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
+            (odd, f"all_reduce(seq={seq}, count=5, dtype=float64, op=SUM)")])
+        usable(dist, fresh, size, 4)
+    finally:
+        dist.set_debug_level(DebugLevel.OFF)
+
+
+# -- the debug-level API (torch 2.x names) --------------------------------------------------
+def test_debug_level_api(monkeypatch):
+    assert {"DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env"} <= set(mpidist.__all__)
+    assert [(m.name, m.value, int(m)) for m in DebugLevel] == [("OFF", 0, 0), ("INFO", 1, 1), ("DETAIL", 2, 2)]
+    for bad in ("DETAIL", 2, None):
+        with pytest.raises(TypeError, match=r"^set_debug_level: level must be a DebugLevel"):
+            mpidist.set_debug_level(bad)
+    try:
+        for var in ("MPIDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG"):
+            monkeypatch.delenv(var, raising=False)
+        mpidist.set_debug_level(DebugLevel.DETAIL)
+        mpidist.set_debug_level_from_env()  # neither set: OFF, as torch
+        assert mpidist.get_debug_level() is DebugLevel.OFF
+        monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "detail")
+        mpidist.set_debug_level_from_env()
+        assert mpidist.get_debug_level() is DebugLevel.DETAIL and _debug.DETAIL
+        monkeypatch.setenv("MPIDIST_DEBUG", " Info ")  # MPIDIST_DEBUG takes precedence
+        mpidist.set_debug_level_from_env()
+        assert mpidist.get_debug_level() is DebugLevel.INFO and not _debug.DETAIL
+        monkeypatch.setenv("MPIDIST_DEBUG", "")  # empty: unset
+        mpidist.set_debug_level_from_env()
+        assert mpidist.get_debug_level() is DebugLevel.DETAIL
+        monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "LOUD")
+        with pytest.raises(ValueError, match=r"^TORCH_DISTRIBUTED_DEBUG must be one of OFF, INFO, DETAIL, "
+                                             r"got 'LOUD'$"):
+            mpidist.set_debug_level_from_env()
+    finally:
+        mpidist.set_debug_level(DebugLevel.OFF)
+
+
+# -- in real jobs ---------------------------------------------------------------------------
+def run_job(n: int, code: str, tmp_path: Path, limit: float = 60, **env: str) -> tuple[int, str, str, float]:
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    t0 = time.monotonic()
+    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script)],
+                         capture_output=True, text=True, timeout=limit,
+                         env=launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_TIMEOUT="60", **env))
+    return out.returncode, out.stdout, out.stderr, time.monotonic() - t0
+
+
+DIVERGE = """
+import numpy as np, mpidist
+mpidist.init_process_group()
+rank = mpidist.get_rank()
+x = np.ones({agreed})
+mpidist.all_reduce(x)  # agreed: cached on both ranks
+n = {agreed} if rank == {cached} else {new}
+try:
+    mpidist.all_reduce(np.ones(n))
+except Exception as exc:
+    print(f"rank {{rank}} raised {{type(exc).__name__}}: {{exc}}", flush=True)
+    try:
+        mpidist.all_reduce(x)
+    except Exception as exc:
+        print(f"rank {{rank}} then {{type(exc).__name__}}: {{exc}}", flush=True)
+else:
+    print(f"rank {{rank}} no error", flush=True)
+"""
+
+
+@pytest.mark.parametrize("agreed, new, cached", [(65536, 1000, 0), (4, 6, 1)], ids=["shm-65536", "mpi-4"])
+def test_agreed_call_on_one_rank_and_a_new_one_on_the_other_ends_the_job(tmp_path, agreed, new, cached):
+    """The case a cache cannot decide alike: the rank with the new call asks the other's
+    watchdog, raises the clear error, and the other rank's watchdog aborts the job (it was
+    waiting in the op: shared memory for 65,536 elements, MPI_Allreduce for 4)."""
+    rc, out, err, took = run_job(2, DIVERGE.format(agreed=agreed, new=new, cached=cached), tmp_path)
+    other = 1 - cached
+    calls = (f"the members of group 'default_pg' called mismatched collectives (they differ in count): rank {other}: "
+             f"all_reduce(seq=1, count={new}, dtype=float64, op=SUM), a call new to the group, which its members "
+             f"compare before running it; rank {cached}: all_reduce(seq=1, count={agreed}, dtype=float64, op=SUM), "
+             f"a call the members agreed on before, run without comparing it")
+    assert rc != 0 and took < 30, (rc, took, err)
+    assert f"rank {other} raised ValueError: [rank {other}/2] all_reduce: {calls}" in out, (out, err)
+    assert f"[rank {cached}] mpidist.errors.DistError: [rank {cached}/2] all_reduce: {calls} (found by rank " \
+           f"{other})" in err, err
+    assert "aborting the job" in err
+
+
+def test_agreed_call_against_a_new_one_without_abort(tmp_path):
+    """MPIDIST_ABORT_ON_TIMEOUT=0: the rank with the new call raises ValueError, the other
+    DistError in its caller; the group is unusable on both (later ops raise at once)."""
+    rc, out, err, took = run_job(2, DIVERGE.format(agreed=65536, new=1000, cached=0), tmp_path,
+                                 MPIDIST_ABORT_ON_TIMEOUT="0")
+    assert took < 30, (took, err)
+    lines = out.splitlines()
+    assert any(line.startswith("rank 1 raised ValueError: [rank 1/2] all_reduce: the members of group") for line in
+               lines), (out, err)
+    assert any(line.startswith("rank 0 raised DistError: [rank 0/2] all_reduce: the members of group") and
+               line.endswith("(found by rank 1)") for line in lines), (out, err)
+    for r in (0, 1):
+        assert any(line.startswith(f"rank {r} then DistError: [rank {r}/2] all_reduce: group 'default_pg' is "
+                                   f"unusable: a mismatched collective at sequence number 1") for line in lines), out
+
+
+ALIAS = """
+import numpy as np, mpidist
+mpidist.init_process_group()
+rank = mpidist.get_rank()
+print(f"rank {rank} level {mpidist.get_debug_level().name}", flush=True)
+for n in (4, 5):
+    mpidist.all_reduce(np.ones(n))
+try:
+    mpidist.all_reduce(np.ones(4 + rank))  # agreed sizes, out of step: only DETAIL sees it
+except ValueError as exc:
+    print(f"rank {rank} raised: {exc}", flush=True)
+"""
+
+
+def test_torch_distributed_debug_is_an_alias_and_mpidist_debug_wins(tmp_path):
+    rc, out, err, _ = run_job(2, ALIAS, tmp_path, TORCH_DISTRIBUTED_DEBUG="detail")
+    assert rc == 0, err
+    for r in (0, 1):
+        assert f"rank {r} level DETAIL" in out
+        assert (f"rank {r} raised: [rank {r}/2] all_reduce: the members of group 'default_pg' called mismatched "
+                f"collectives (they differ in count): rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); "
+                f"rank 1: all_reduce(seq=2, count=5, dtype=float64, op=SUM)") in out, out
+    rc, out, err, _ = run_job(1, "import mpidist\nmpidist.init_process_group()\n"
+                                 "print(mpidist.get_debug_level().name)\n", tmp_path,
+                              MPIDIST_DEBUG="info", TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    assert (rc, out) == (0, "INFO\n"), err
+    rc, out, err, _ = run_job(1, "import mpidist\nmpidist.init_process_group()\n", tmp_path,
+                              TORCH_DISTRIBUTED_DEBUG="LOUD")
+    assert rc != 0 and ("ValueError: [rank 0/1] init_process_group: TORCH_DISTRIBUTED_DEBUG must be one of OFF, "
+                        "INFO, DETAIL, got 'LOUD'") in err, err
+
+
+def test_4_elements_against_another_in_a_job(tmp_path):
+    """Before: MPICH printed 'Message truncated' and the job exited 142 (or returned garbage)."""
+    code = "import numpy as np, mpidist\nmpidist.init_process_group()\nmpidist.all_reduce(np.ones(4 + mpidist.get_rank()))\n"
+    rc, out, err, took = run_job(2, code, tmp_path)
+    assert rc == 1 and took < 30, (rc, err)
+    assert "Message truncated" not in err
+    for r in (0, 1):
+        assert (f"[rank {r}] ValueError: [rank {r}/2] all_reduce: the members of group 'default_pg' called "
+                f"mismatched collectives (they differ in count): rank 0: all_reduce(seq=0, count=4, dtype=float64, "
+                f"op=SUM); rank 1: all_reduce(seq=0, count=5, dtype=float64, op=SUM)") in err, err
