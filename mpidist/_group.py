@@ -85,16 +85,19 @@ class ProcessGroup:
         """Finish queued ops, then free the communicators and resources (collective over the
         members, as MPI_Comm_free and MPI_Win_free are). Idempotent. After :meth:`abort` it
         frees nothing (a call may still be in progress on them, and the peers may never
-        join a collective free): the group is only marked destroyed, and its communicators,
-        shared-memory window and NCCL communicators are left to the end of the process."""
+        join a collective free): the group is only marked destroyed (using it raises), and
+        its communicators, shared-memory window and NCCL communicators, which the op in
+        progress may still use, are left to the end of the process."""
         self.engine.shutdown()
+        if self.engine.aborted:  # the op in progress may still use all of it: only mark destroyed
+            self.destroyed = True
+            return
         resources, self._resources = self._resources, {}
-        if not self.engine.aborted:
-            for res in reversed(list(resources.values())):
-                res.free()
-            for comm in (self._ring_comm, self.comm):
-                if comm is not None and comm != MPI.COMM_NULL:
-                    comm.Free()
+        for res in reversed(list(resources.values())):
+            res.free()
+        for comm in (self._ring_comm, self.comm):
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
         self._ring_comm = None
         self.comm = None
         self._rank = -1
