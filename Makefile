@@ -4,7 +4,9 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 MPIEXEC     := $(VENV)/bin/mpiexec
 STAMP       := $(VENV)/.installed-stamp
-EXTRAS      ?= mpich,examples,test
+EXTRAS      ?= mpich,examples,test,torch
+# The torch the tests install (the `torch` extra allows any supported version): the CPU build.
+TORCH_PIN   ?= torch==2.13.0
 NP          ?= 4
 OUT         ?= out/digits
 RUN_ARGS    ?=
@@ -22,7 +24,7 @@ install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]' $(if $(findstring torch,$(EXTRAS)),'$(TORCH_PIN)')
 	@touch $(STAMP)
 
 run: install
@@ -77,7 +79,7 @@ BENCH_STAMP   := $(VENV)/.bench-installed-stamp
 bench-install: $(BENCH_STAMP)
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]' $(if $(findstring torch,$(EXTRAS)),'$(TORCH_PIN)')
 	@touch $(BENCH_STAMP)
 
 bench: bench-install

@@ -1,0 +1,516 @@
+"""The torch ``ProcessGroup`` that runs every op through mpidist.
+
+:class:`ProcessGroupMpidist` is what the backend creator returns for each group (the
+default one and every ``new_group``). torch's front end (``dist.all_reduce`` ...), its
+C++ callers (DDP's reducer, functional collectives) and its higher layers (FSDP2,
+DTensor) call its methods with torch's backend signatures; each method turns the
+tensors into zero-copy arrays (:mod:`mpidist.torch._views`), translates group ranks to
+mpidist's global ranks, calls the mpidist op of the same meaning and returns None
+(``opts.asyncOp`` False: the op is done) or a :class:`~mpidist.torch._work.TorchWork`.
+
+The op table (torch method -> mpidist op): allreduce -> all_reduce (several tensors:
+all_reduce_multigpu); allreduce_coalesced -> all_reduce per tensor; broadcast ->
+broadcast (broadcast_multigpu); reduce -> reduce (reduce_multigpu); allgather ->
+all_gather (all_gather_multigpu); allgather_coalesced -> all_gather per input;
+_allgather_base / all_gather_single -> all_gather_into_tensor (and their _coalesced
+forms, per pair); reduce_scatter -> reduce_scatter; _reduce_scatter_base /
+reduce_scatter_single -> reduce_scatter_tensor (and _coalesced); gather, scatter,
+alltoall -> all_to_all; alltoall_base / all_to_all_single -> all_to_all_single;
+barrier; send / recv / recv_anysource -> isend / irecv; monitored_barrier.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions, AllToAllOptions, BarrierOptions,
+    BroadcastOptions, GatherOptions, ReduceOptions, ReduceScatterOptions, ScatterOptions,
+)
+
+import mpidist
+from mpidist import _runtime
+from mpidist.errors import prefix
+from mpidist.torch._views import Staged, array
+from mpidist.torch._work import TorchWork, seconds
+
+__all__ = ["ProcessGroupMpidist", "BACKEND_NAME"]
+
+BACKEND_NAME = "mpidist"
+
+_RedOpType = dist.ReduceOp.RedOpType
+_OPS = {
+    int(_RedOpType.SUM): mpidist.ReduceOp.SUM,
+    int(_RedOpType.AVG): mpidist.ReduceOp.AVG,
+    int(_RedOpType.PRODUCT): mpidist.ReduceOp.PRODUCT,
+    int(_RedOpType.MIN): mpidist.ReduceOp.MIN,
+    int(_RedOpType.MAX): mpidist.ReduceOp.MAX,
+    int(_RedOpType.BAND): mpidist.ReduceOp.BAND,
+    int(_RedOpType.BOR): mpidist.ReduceOp.BOR,
+    int(_RedOpType.BXOR): mpidist.ReduceOp.BXOR,
+}
+_SUM, _PREMUL = dist.ReduceOp.SUM, int(_RedOpType.PREMUL_SUM)
+_MSUM = mpidist.ReduceOp.SUM
+_AllreduceOptions = AllreduceOptions
+
+
+def _reduce_op(red: Any, op: str) -> Any:
+    """mpidist's op for torch's ``red`` (a ``ReduceOp``, a ``RedOpType``, or the PREMUL_SUM
+    that ``_make_nccl_premul_sum(factor)`` made)."""
+    if red == _SUM:
+        return _MSUM
+    kind = red.op if isinstance(red, dist.ReduceOp) else red
+    try:
+        value = int(kind)
+    except (TypeError, ValueError):
+        raise TypeError(f"{prefix(op)} op must be a torch.distributed.ReduceOp, got {red!r}") from None
+    if value == _PREMUL:
+        factor = red.factor
+        if isinstance(factor, torch.Tensor):
+            factor = float(factor.item()) if factor.is_cuda else array(factor, op, "PREMUL_SUM factor")
+        return mpidist.make_premul_sum(factor)
+    found = _OPS.get(value)
+    if found is None:
+        raise ValueError(f"{prefix(op)} unsupported reduce op {red!r}")
+    return found
+
+
+def _tensors(x: Any) -> list:
+    """A tensor-list argument; a bare tensor stands for a list of one (torch's old overloads)."""
+    return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def _options(opts: Any, cls: Any, **legacy: Any) -> Any:
+    """``opts`` if it is a ``cls`` options object, else one built from torch's older
+    positional forms (``legacy``: attribute -> value, None for "leave the default")."""
+    if isinstance(opts, cls):
+        return opts
+    made = cls()
+    for name, value in legacy.items():
+        if value is not None:
+            setattr(made, name, value)
+    return made
+
+
+class ProcessGroupMpidist(dist.ProcessGroup):
+    """A torch process group over the mpidist group ``group``.
+
+    ``rank`` and ``size`` are the caller's rank in the group and the group's size (torch
+    reads them through ``rank()`` / ``size()``); ``owns_runtime``: this group started
+    mpidist's runtime (the default group of ``init_process_group("mpidist")`` when
+    mpidist was not initialized yet) and stops it on ``shutdown()``.
+
+    Semantics are torch's for a backend: root and peer ranks in the options are group
+    ranks; sync calls (``opts.asyncOp`` False) return None once the op is done; async
+    calls return a Work. Errors are mpidist's: TypeError/ValueError for bad arguments,
+    DistError (a RuntimeError) for communication failures and timeouts.
+    """
+
+    def __init__(self, group: "mpidist.ProcessGroup", rank: int, size: int, owns_runtime: bool) -> None:
+        super().__init__(rank, size)
+        self._mg = group
+        st = _runtime.state_or_none()
+        #: what mpidist's ops get as ``group``: None for the world (their fastest path)
+        self._arg = None if st is not None and group is st.world else group
+        self._ranks = tuple(group.ranks)
+        self._owns = owns_runtime
+        self._state = st  # the runtime the group was made in (release() frees only within it)
+        self._released = False
+        self._name = ""
+        self._desc = ""
+        self._coalesced: Optional[list] = None  # Works issued between _start/_end_coalescing
+
+    # -- housekeeping -----------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802  (torch's names)
+        return BACKEND_NAME
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+        if not self._owns_world_group():
+            return
+        self._mg.group_name = desc  # mpidist's errors and flight recorder name the group so
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    def _owns_world_group(self) -> bool:
+        st = _runtime.state_or_none()
+        return self._owns or st is None or self._mg is not st.world
+
+    @property
+    def mpidist_group(self) -> "mpidist.ProcessGroup":
+        """The mpidist group under this torch group (its communicator, engine, recorder key)."""
+        return self._mg
+
+    def _get_sequence_number_for_group(self) -> int:
+        """Collectives issued on the group so far (mpidist's sequence number)."""
+        return self._mg.engine.seq
+
+    def shutdown(self) -> None:
+        """Free what the group holds (torch calls this from ``destroy_process_group``).
+
+        A sub-group's communicators are freed; the default group that started mpidist's
+        runtime destroys the runtime (with every mpidist group), so a later
+        ``init_process_group`` starts afresh; one that found mpidist initialized leaves
+        it running. Nothing happens if the runtime the group was made in is gone already
+        (destroyed, maybe initialized again). Idempotent.
+        """
+        if self._released:
+            return
+        self._released = True
+        st = _runtime.state_or_none()
+        if st is None or st is not self._state:
+            return
+        if self._owns:
+            mpidist.destroy_process_group()
+        elif self._mg is not st.world and not self._mg.destroyed:
+            mpidist.destroy_process_group(self._mg)
+
+    def abort(self) -> None:
+        """As :meth:`shutdown` (mpidist has no separate abort of one group)."""
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupMpidist(name={self._name!r}, desc={self._desc!r}, ranks={list(self._ranks)})"
+
+    # -- the common tail of every op -------------------------------------------------------
+    def _global(self, group_rank: Any, op: str, arg: str) -> int:
+        try:
+            return self._ranks[group_rank]
+        except (IndexError, TypeError):
+            raise ValueError(f"{prefix(op)} {arg}={group_rank!r} is not a rank of this group of size "
+                             f"{len(self._ranks)}") from None
+
+    def _done(self, works: Any, outputs: list, staged: Staged, source: Optional[Callable] = None) -> Any:
+        """None for a sync op (after its copies back), else a TorchWork over ``works``."""
+        if works is None:
+            staged.finish()
+            return None
+        if not isinstance(works, list):
+            works = [works]
+        stream = None
+        if staged.cuda:
+            from mpidist.torch import _cuda  # noqa: PLC0415
+
+            stream = _cuda.current_stream
+        work = TorchWork(works, outputs, staged.finish if staged.backs else None, source, stream)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _call(self, staged: Staged, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, in torch's current CUDA stream if a CUDA tensor is involved."""
+        if not staged.cuda:
+            return fn(*args, **kwargs)
+        from mpidist.torch import _cuda  # noqa: PLC0415
+
+        with _cuda.current_stream():
+            return fn(*args, **kwargs)
+
+    def _each(self, staged: Staged, async_op: bool, calls: list) -> Any:
+        """Run ``calls`` ((fn, args) of mpidist ops) in order; their Works, or None if sync."""
+        works = [self._call(staged, fn, *args, async_op=async_op) for fn, args in calls]
+        return [w for w in works if w is not None] if async_op else None
+
+    # -- all-reduce ------------------------------------------------------------------------
+    def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
+        """torch ``allreduce``: ``tensors`` (one tensor, or a list reduced together as
+        ``all_reduce_multigpu``) reduced in place on every rank."""
+        op = "all_reduce"
+        if type(opts) is _AllreduceOptions:
+            red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp
+        else:
+            red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
+        ts = _tensors(tensors)
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
+        else:
+            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, mpidist.all_reduce_multigpu, arrays, red, self._arg, async_op)
+        return self._done(w, ts, staged)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
+        """torch ``allreduce_coalesced``: each tensor reduced on its own, in list order."""
+        op = "all_reduce"
+        opts = _options(opts, AllreduceCoalescedOptions)
+        red = _reduce_op(opts.reduceOp, op)
+        ts = _tensors(tensors)
+        staged = Staged()
+        calls = [(mpidist.all_reduce, (staged.out(t, op, f"tensors[{i}]"), red, self._arg)) for i, t in enumerate(ts)]
+        return self._done(self._each(staged, opts.asyncOp, calls), ts, staged)
+
+    # -- broadcast / reduce ----------------------------------------------------------------
+    def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
+        """torch ``broadcast`` from group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
+        op = "broadcast"
+        if isinstance(opts, int) and not isinstance(tensors, (list, tuple)):  # (tensor, root)
+            opts = _options(None, BroadcastOptions, rootRank=opts)
+        opts = _options(opts, BroadcastOptions)
+        src = self._global(opts.rootRank, op, "rootRank")
+        ts = _tensors(tensors)
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, mpidist.broadcast, staged.out(ts[0], op, "tensor"), src, self._arg, opts.asyncOp)
+        else:
+            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, mpidist.broadcast_multigpu, arrays, src, self._arg, opts.asyncOp,
+                           src_tensor=opts.rootTensor)
+        return self._done(w, ts, staged)
+
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Any:
+        """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
+        name = "reduce"
+        if isinstance(opts, int):  # (tensor, root, op)
+            opts = _options(None, ReduceOptions, rootRank=opts, reduceOp=op)
+        opts = _options(opts, ReduceOptions)
+        red = _reduce_op(opts.reduceOp, name)
+        dst = self._global(opts.rootRank, name, "rootRank")
+        ts = _tensors(tensors)
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg,
+                           opts.asyncOp)
+        else:
+            arrays = [staged.out(t, name, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, opts.asyncOp,
+                           dst_tensor=opts.rootTensor)
+        return self._done(w, ts, staged)
+
+    # -- gathers ---------------------------------------------------------------------------
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        """torch ``allgather``: ``output_tensors[0][r]`` receives group rank r's input."""
+        op = "all_gather"
+        if isinstance(input_tensors, torch.Tensor):  # (output list, input tensor)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _options(opts, AllgatherOptions)
+        outs = [list(lst) for lst in output_tensors]
+        staged = Staged()
+        if len(input_tensors) == 1:
+            out = [staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])]
+            w = self._call(staged, mpidist.all_gather, out, staged.inp(input_tensors[0], op, "input_tensors[0]"),
+                           self._arg, opts.asyncOp)
+        else:
+            out = [[staged.out(t, op, f"output_tensors[{j}][{i}]") for i, t in enumerate(lst)]
+                   for j, lst in enumerate(outs)]
+            inp = [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)]
+            w = self._call(staged, mpidist.all_gather_multigpu, out, inp, self._arg, opts.asyncOp)
+        return self._done(w, outs, staged)
+
+    def allgather_coalesced(self, output_lists: Any, input_list: Any, opts: Any = None) -> Any:
+        """torch ``allgather_coalesced``: ``output_lists[i][r]`` receives rank r's ``input_list[i]``."""
+        op = "all_gather"
+        opts = _options(opts, AllgatherOptions)
+        outs = [list(lst) for lst in output_lists]
+        staged = Staged()
+        calls = [(mpidist.all_gather, ([staged.out(t, op, f"output_lists[{i}][{r}]") for r, t in enumerate(lst)],
+                                       staged.inp(inp, op, f"input_list[{i}]"), self._arg))
+                 for i, (lst, inp) in enumerate(zip(outs, input_list))]
+        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+
+    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        """torch ``_allgather_base`` / ``all_gather_single``: ``output`` holds every rank's
+        ``input`` in group-rank order; ``input`` may be this rank's slot of ``output``
+        (FSDP2: then MPI runs in place)."""
+        op = "all_gather_into_tensor"
+        opts = _options(opts, AllgatherOptions)
+        staged = Staged()
+        w = self._call(staged, mpidist.all_gather_into_tensor, staged.out(output, op, "output"),
+                       staged.inp(input, op, "input"), self._arg, opts.asyncOp)
+        return self._done(w, [output], staged)
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
+        ``_allgather_base`` per (output, input) pair, in order."""
+        op = "all_gather_into_tensor"
+        opts = _options(opts, AllgatherOptions)
+        outs = list(outputs)
+        staged = Staged()
+        calls = [(mpidist.all_gather_into_tensor, (staged.out(o, op, f"outputs[{i}]"),
+                                                   staged.inp(x, op, f"inputs[{i}]"), self._arg))
+                 for i, (o, x) in enumerate(zip(outs, inputs))]
+        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
+        """torch ``gather`` to group rank ``opts.rootRank``: on the root ``output_tensors[0]``
+        receives every rank's input; elsewhere ``output_tensors`` is empty."""
+        op = "gather"
+        if isinstance(input_tensors, torch.Tensor):  # (output list, input tensor, root)
+            opts = _options(None, GatherOptions, rootRank=opts)
+            output_tensors, input_tensors = [output_tensors] if output_tensors else [], [input_tensors]
+        opts = _options(opts, GatherOptions)
+        dst = self._global(opts.rootRank, op, "rootRank")
+        outs = [list(lst) for lst in output_tensors]
+        staged = Staged()
+        gather_list = ([staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])]
+                       if outs and outs[0] else None)
+        w = self._call(staged, mpidist.gather, staged.inp(input_tensors[0], op, "input_tensors[0]"), gather_list,
+                       dst, self._arg, opts.asyncOp)
+        return self._done(w, outs, staged)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
+        """torch ``scatter`` from group rank ``opts.rootRank``: ``output_tensors[0]`` receives
+        the root's ``input_tensors[0][my rank]``."""
+        op = "scatter"
+        if isinstance(output_tensors, torch.Tensor):  # (output tensor, input list, root)
+            opts = _options(None, ScatterOptions, rootRank=opts)
+            output_tensors, input_tensors = [output_tensors], [input_tensors] if input_tensors else []
+        opts = _options(opts, ScatterOptions)
+        src = self._global(opts.rootRank, op, "rootRank")
+        outs = list(output_tensors)
+        staged = Staged()
+        scatter_list = ([staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
+                        if input_tensors and input_tensors[0] else None)
+        w = self._call(staged, mpidist.scatter, staged.out(outs[0], op, "output_tensors[0]"), scatter_list, src,
+                       self._arg, opts.asyncOp)
+        return self._done(w, outs, staged)
+
+    # -- reduce-scatter --------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
+        """torch ``reduce_scatter``: ``output_tensors[0]`` receives the reduction of every
+        rank's ``input_tensors[0][my rank]``."""
+        op = "reduce_scatter"
+        if isinstance(output_tensors, torch.Tensor):  # (output, input list, op)
+            opts = _options(None, ReduceScatterOptions, reduceOp=opts)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _options(opts, ReduceScatterOptions)
+        red = _reduce_op(opts.reduceOp, op)
+        outs = list(output_tensors)
+        if len(outs) != 1 or len(input_tensors) != 1:
+            raise ValueError(f"{prefix(op)} expects one output tensor and one input list (one device per "
+                             f"process), got {len(outs)} and {len(input_tensors)}")
+        staged = Staged()
+        inputs = [staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
+        w = self._call(staged, mpidist.reduce_scatter, staged.out(outs[0], op, "output_tensors[0]"), inputs, red,
+                       self._arg, opts.asyncOp)
+        return self._done(w, outs, staged)
+
+    def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        """torch ``_reduce_scatter_base`` / ``reduce_scatter_single``: ``output`` receives
+        block ``my rank`` of the reduction of every rank's ``input``."""
+        op = "reduce_scatter_tensor"
+        opts = _options(opts, ReduceScatterOptions)
+        red = _reduce_op(opts.reduceOp, op)
+        staged = Staged()
+        w = self._call(staged, mpidist.reduce_scatter_tensor, staged.out(output, op, "output"),
+                       staged.inp(input, op, "input"), red, self._arg, opts.asyncOp)
+        return self._done(w, [output], staged)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """torch ``reduce_scatter_tensor_coalesced`` / ``reduce_scatter_single_coalesced``:
+        one ``_reduce_scatter_base`` per (output, input) pair, in order."""
+        op = "reduce_scatter_tensor"
+        opts = _options(opts, ReduceScatterOptions)
+        red = _reduce_op(opts.reduceOp, op)
+        outs = list(outputs)
+        staged = Staged()
+        calls = [(mpidist.reduce_scatter_tensor, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"),
+                                                  red, self._arg))
+                 for i, (o, x) in enumerate(zip(outs, inputs))]
+        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # -- all-to-all ------------------------------------------------------------------------
+    def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,  # noqa: A002
+                      opts: Any = None) -> Any:
+        """torch ``alltoall_base`` / ``all_to_all_single`` (empty split lists: equal splits)."""
+        op = "all_to_all_single"
+        opts = _options(opts, AllToAllOptions)
+        staged = Staged()
+        w = self._call(staged, mpidist.all_to_all_single, staged.out(output, op, "output"),
+                       staged.inp(input, op, "input"), list(output_split_sizes) or None,
+                       list(input_split_sizes) or None, self._arg, opts.asyncOp)
+        return self._done(w, [output], staged)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        """torch ``alltoall``: ``output_tensors[r]`` receives group rank r's ``input_tensors[my rank]``."""
+        op = "all_to_all"
+        opts = _options(opts, AllToAllOptions)
+        outs = list(output_tensors)
+        staged = Staged()
+        w = self._call(staged, mpidist.all_to_all,
+                       [staged.out(t, op, f"output_tensors[{i}]") for i, t in enumerate(outs)],
+                       [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)],
+                       self._arg, opts.asyncOp)
+        return self._done(w, outs, staged)
+
+    # -- synchronization -------------------------------------------------------------------
+    def barrier(self, opts: Any = None) -> Any:
+        """torch ``barrier`` (MPI_Barrier; ``device_ids`` do not matter)."""
+        if isinstance(opts, datetime.timedelta):  # (timeout)
+            opts = None
+        opts = _options(opts, BarrierOptions)
+        w = mpidist.barrier(self._arg, opts.asyncOp)
+        return None if w is None else TorchWork([w], [])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """mpidist's ``monitored_barrier`` on this group (torch's front end only calls gloo's)."""
+        mpidist.monitored_barrier(self._arg, seconds(timeout), wait_all_ranks)
+
+    # -- point-to-point --------------------------------------------------------------------
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803  (torch's names)
+        """torch ``send``: start sending ``tensors[0]`` to group rank ``dstRank`` (MPI_Isend)."""
+        op = "isend"
+        ts = _tensors(tensors)
+        staged = Staged()
+        w = self._call(staged, mpidist.isend, staged.inp(ts[0], op, "tensor"), self._global(dstRank, op, "dstRank"),
+                       self._arg, tag)
+        return self._done(w, ts, staged)
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
+        """torch ``recv``: start receiving into ``tensors[0]`` from group rank ``srcRank``."""
+        op = "irecv"
+        ts = _tensors(tensors)
+        staged = Staged()
+        w = self._call(staged, mpidist.irecv, staged.out(ts[0], op, "tensor"), self._global(srcRank, op, "srcRank"),
+                       self._arg, tag)
+        return self._done(w, ts, staged, self._group_rank)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+        """torch ``recv_anysource``: receive from any member; the Work's ``_source_rank()``
+        (group rank) says from whom."""
+        op = "irecv"
+        ts = _tensors(tensors)
+        staged = Staged()
+        w = self._call(staged, mpidist.irecv, staged.out(ts[0], op, "tensor"), None, self._arg, tag)
+        return self._done(w, ts, staged, self._group_rank)
+
+    def _group_rank(self, global_rank: int) -> int:
+        return self._ranks.index(global_rank)
+
+    # -- coalescing (torch's _coalescing_manager with a device) -------------------------------
+    def _start_coalescing(self, device: Any = None) -> None:
+        """Collect the Works of the ops issued until :meth:`_end_coalescing`."""
+        self._coalesced = []
+
+    def _end_coalescing(self, device: Any = None) -> Any:
+        """One Work over every op issued since :meth:`_start_coalescing`."""
+        works, self._coalesced = self._coalesced or [], None
+        return _Joined(works)
+
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
+
+
+class _Joined(TorchWork):
+    """A Work over other TorchWorks (a coalescing block)."""
+
+    def __init__(self, works: list) -> None:
+        super().__init__(works, [t for w in works for t in w._outputs])

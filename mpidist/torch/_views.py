@@ -1,0 +1,135 @@
+"""Torch tensors as the arrays mpidist's ops take: zero-copy views where possible.
+
+A contiguous CPU tensor of a dtype numpy has becomes ``tensor.numpy()``: the same
+memory, so an op writes its result straight into the tensor. Otherwise (a
+non-contiguous tensor, a conjugate or negative view, a dtype numpy lacks such as
+bfloat16 or the float8 types) the op gets:
+
+* for bfloat16 and float8: a reinterpreting view (``tensor.view(torch.int16).numpy()
+  .view(ml_dtypes.bfloat16)``: same memory, ml_dtypes' dtype, which mpidist reduces);
+* for a tensor that cannot be viewed (non-contiguous, conj/neg bit): a contiguous
+  temporary, copied back into the tensor when the op completes, for the tensors the op
+  writes (:class:`Staged` keeps the list).
+
+A CUDA tensor becomes a :class:`mpidist.torch._cuda.CudaTensor` (its memory, its
+dtype, the stream it is ready on), which mpidist's device router sends down the NCCL,
+CUDA-aware MPI or host-staging path: never to the host path.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from mpidist.errors import prefix
+from mpidist.torch._dtypes import REINTERPRET
+
+__all__ = ["Staged", "array"]
+
+class Staged:
+    """The copies one call needs around its op: output temporaries to copy back into the
+    caller's tensors once the op completes (``backs``), and whether a CUDA tensor is
+    among the arguments (``cuda``: the call runs in torch's current stream, see
+    :mod:`mpidist.torch._cuda`)."""
+
+    __slots__ = ("backs", "cuda")
+
+    def __init__(self) -> None:
+        self.backs: list = []
+        self.cuda = False
+
+    def out(self, t: Any, op: str, arg: str) -> Any:
+        """The array an op writes for tensor ``t`` (read too, for in-place ops)."""
+        try:
+            a = t.numpy()
+        except (RuntimeError, TypeError, AttributeError):
+            return _slow(t, self, True, op, arg)
+        if a.flags.c_contiguous:
+            return a
+        return _slow(t, self, True, op, arg)
+
+    def inp(self, t: Any, op: str, arg: str) -> Any:
+        """The array an op only reads for tensor ``t``."""
+        try:
+            a = t.numpy()
+        except (RuntimeError, TypeError, AttributeError):
+            return _slow(t, self, False, op, arg)
+        if a.flags.c_contiguous:
+            return a
+        return _slow(t, self, False, op, arg)
+
+    def finish(self) -> None:
+        """Copy the temporaries back into the caller's tensors (after the op completed)."""
+        if self.backs:
+            with torch.no_grad():
+                for dst, src in self.backs:
+                    dst.copy_(src)
+            self.backs = []
+
+
+def array(t: Any, op: str, arg: str) -> Any:
+    """A read-only use of ``t`` outside any call's Staged (a PREMUL_SUM factor)."""
+    return Staged().inp(t, op, arg)
+
+
+def _check_tensor(t: Any, op: str, arg: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{prefix(op)} {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout is not torch.strided:
+        raise TypeError(f"{prefix(op)} {arg} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.is_quantized:
+        raise TypeError(f"{prefix(op)} {arg} is a quantized tensor ({t.dtype}), which mpidist does not "
+                        f"communicate; dequantize it first")
+
+
+def _numpy_dtype(dtype: torch.dtype, op: str, arg: str) -> tuple[Optional[torch.dtype], Any]:
+    """(view dtype, numpy dtype) for a dtype ``tensor.numpy()`` refuses; TypeError if none."""
+    entry = REINTERPRET.get(dtype)
+    if entry is None:
+        raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}, which mpidist cannot communicate "
+                        f"(supported: bool, integer, float16/32/64, bfloat16, float8, complex64/128)")
+    try:
+        import ml_dtypes  # noqa: PLC0415  (only for the dtypes numpy lacks)
+    except ImportError:
+        raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}: install ml_dtypes (pip install "
+                        f"'mpidist[torch]') for mpidist to read it") from None
+    return entry[0], np.dtype(getattr(ml_dtypes, entry[1]))
+
+
+def _host_view(t: torch.Tensor, op: str, arg: str) -> Optional[np.ndarray]:
+    """A zero-copy, C-contiguous numpy view of CPU tensor ``t``, or None if there is none."""
+    if t.is_conj() or t.is_neg() or not t.is_contiguous():
+        return None
+    t = t.detach()
+    if t.dtype is torch.complex32:
+        return torch.view_as_real(t).numpy()
+    try:
+        return t.numpy()
+    except TypeError:
+        view_as, dtype = _numpy_dtype(t.dtype, op, arg)
+        return t.view(view_as).numpy().view(dtype)
+
+
+def _slow(t: Any, staged: Staged, write: bool, op: str, arg: str) -> Any:
+    """``t`` as an array when ``tensor.numpy()`` did not give a contiguous view."""
+    _check_tensor(t, op, arg)
+    if t.is_cuda:
+        from mpidist.torch import _cuda  # noqa: PLC0415  (CUDA tensors only)
+
+        staged.cuda = True
+        return _cuda.device_array(t, staged, write, op, arg)
+    if t.device.type != "cpu":
+        raise TypeError(f"{prefix(op)} {arg} is on device {t.device}; mpidist takes CPU and CUDA tensors")
+    view = _host_view(t, op, arg)
+    if view is not None:
+        return view
+    tmp = t.detach().clone(memory_format=torch.contiguous_format).resolve_conj().resolve_neg()
+    if write:
+        staged.backs.append((t.detach(), tmp))
+    return _host_view(tmp, op, arg)
+
+
+def copy_back(staged: Staged) -> Optional[Callable[[], None]]:
+    """The finishing step of a call: ``staged.finish`` if it has copies to make, else None."""
+    return staged.finish if staged.backs else None

@@ -1,0 +1,147 @@
+"""torch's ``Work`` over mpidist's: what the backend returns for an async op.
+
+:class:`TorchWork` subclasses ``torch.distributed._Work`` (torch calls its ``wait`` and
+``get_future`` from C++ through its Python trampoline, as DDP's reducer does). It wraps
+one mpidist :class:`~mpidist.Work`, or several for the coalesced and list forms.
+
+* ``wait(timeout)``: mpidist's ``Work.wait``: a thread that waits for a queued op runs
+  it itself (no thread hop); ``timeout`` (a ``timedelta``; torch's 0 means none) raises
+  mpidist's DistError past it; with none, the group's timeout applies (the watchdog).
+* ``get_future()``: a ``torch.futures.Future`` completed with the output tensors (as
+  torch's gloo backend: the list of tensors the op wrote) or the op's error, from the
+  done-callback of mpidist's future: on the thread running the group's ops, so a
+  ``then`` callback that issues another collective and waits on it (torch's PowerSGD
+  hook) runs it there at once instead of queueing behind itself.
+* Temporaries (non-contiguous tensors) are copied back before either returns.
+"""
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["TorchWork", "seconds"]
+
+
+def seconds(timeout: Any) -> Optional[float]:
+    """A Work/op timeout in seconds; None for none (None, or torch's ``timedelta(0)`` /
+    negative "no timeout" values)."""
+    if timeout is None:
+        return None
+    secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return secs if secs > 0 else None
+
+
+class TorchWork(dist._Work):
+    """A torch Work over mpidist Works ``works`` (in completion order) whose result is
+    the tensors ``outputs``.
+
+    ``finish`` (or None) runs once, after every Work completed and before ``wait`` returns
+    or the future completes: it copies temporaries back into the caller's tensors.
+    ``source`` maps mpidist's source rank (global) to the group rank torch reports
+    (receives only). ``stream``: a context manager factory that puts the call in torch's
+    current CUDA stream (CUDA tensors), else None.
+    """
+
+    def __init__(self, works: Sequence[Any], outputs: list, finish: Optional[Callable[[], None]] = None,
+                 source: Optional[Callable[[int], int]] = None, stream: Optional[Callable[[], Any]] = None
+                 ) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._outputs = outputs
+        self._finish = finish
+        self._source = source
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._future: Optional[torch.futures.Future] = None
+
+    def _complete(self) -> None:
+        """Run ``finish`` once (any thread that sees the op complete first)."""
+        if self._finish is not None:
+            with self._lock:
+                finish, self._finish = self._finish, None
+            if finish is not None:
+                finish()
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the op completed (True), raise its error, or DistError past
+        ``timeout`` (``timedelta`` or seconds; None or 0: the group's timeout)."""
+        limit = seconds(timeout)
+        if self._stream is None:
+            for w in self._works:
+                w.wait(limit)
+        else:
+            with self._stream():
+                for w in self._works:
+                    w.wait(limit)
+        self._complete()
+        return True
+
+    def is_completed(self) -> bool:
+        if not all(w.is_completed() for w in self._works):
+            return False
+        if self.exception() is None:
+            self._complete()
+        return True
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> Optional[BaseException]:
+        for w in self._works:
+            error = w.exception()
+            if error is not None:
+                return error
+        return None
+
+    def result(self) -> list:
+        self.wait()
+        return list(self._outputs)
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        """The group rank a receive got its message from (torch: ``Work.source_rank``)."""
+        if self._source is None or not self._works:
+            raise ValueError("source_rank() is only defined for receive operations")
+        self.wait()
+        return self._source(self._works[0].source_rank())
+
+    _source_rank = source_rank
+
+    def get_future(self) -> torch.futures.Future:
+        """A torch Future completed with the output tensors (or the op's error)."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut = self._future = torch.futures.Future()
+        state = {"left": len(self._works), "settled": False}
+        count_lock = threading.Lock()
+
+        def done(f: Any) -> None:
+            error = f.exception()
+            with count_lock:
+                state["left"] -= 1
+                if state["settled"] or (error is None and state["left"] > 0):
+                    return
+                state["settled"] = True
+            if error is None:
+                try:
+                    self._complete()
+                except BaseException as exc:  # noqa: BLE001  (delivered through the future)
+                    error = exc
+            if error is None:
+                fut.set_result(list(self._outputs))
+            else:
+                fut.set_exception(error)
+
+        if not self._works:
+            self._complete()
+            fut.set_result(list(self._outputs))
+        for w in self._works:
+            w.get_future().add_done_callback(done)
+        return fut

@@ -1,0 +1,167 @@
+"""Rendezvous without a port: ranks from MPI_COMM_WORLD, a process-local store.
+
+Two ways in, both registered by ``import mpidist.torch``:
+
+* ``init_method="mpi://"``: :func:`mpi_rendezvous_handler` (torch's public
+  ``register_rendezvous_handler``).
+* ``init_process_group("mpidist")`` with no ``init_method`` (torch then uses
+  ``env://``): torch's env handler is wrapped (:func:`install_env_handler`; torch's
+  private ``rendezvous._rendezvous_handlers["env"]``) so that, *for backend
+  ``"mpidist"`` only*, ranks come from MPI as well. Other backends get torch's own env
+  handler unchanged. Which backend is being initialized is read from the
+  ``init_process_group`` frame on the stack (private: tested against each torch
+  version mpidist supports); where it cannot be found, torch's handler runs.
+
+Either way the rank and world size are MPI's: under ``mpiexec -n N`` or
+``srun --mpi=pmi2`` no MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE is needed, and a
+plain ``python script.py`` is a world of size 1. The store is a process-local
+``torch.distributed.HashStore``: nothing listens on a socket. Settings that say
+otherwise are checked: ``rank=``/``world_size=`` or RANK/WORLD_SIZE that contradict MPI
+raise ValueError (as ``mpidist.init_process_group`` does); MASTER_ADDR/MASTER_PORT
+are not needed and, when set, unused (one warning, on rank 0).
+
+Limits of a process-local store: torch features that need a store shared between
+ranks do not work on it: gloo or nccl groups made beside an mpidist world,
+``TORCH_DIST_INIT_BARRIER=1`` (a store-based barrier after init). Use
+``init_method="tcp://host:port"`` (torch's own store, ranks still from MPI) for those.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Optional
+from urllib.parse import urlparse
+
+import torch.distributed as dist
+
+from mpi4py import MPI
+
+__all__ = ["mpi_rendezvous_handler", "install_env_handler", "SCHEME", "BACKEND"]
+
+SCHEME = "mpi"
+BACKEND = "mpidist"
+_DEFAULT_TIMEOUT = timedelta(minutes=30)
+#: torch's rendezvous module (``torch.distributed.rendezvous`` the attribute is its function)
+_rdzv = importlib.import_module("torch.distributed.rendezvous")
+_C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _where() -> str:
+    return f"[rank {MPI.COMM_WORLD.Get_rank()}/{MPI.COMM_WORLD.Get_size()}] init_process_group:"
+
+
+def calling_backend() -> Optional[str]:
+    """The ``backend`` of the ``torch.distributed.init_process_group`` call on this
+    thread's stack, as torch normalized it (``"mpidist"``, ``"gloo"``, ...), or None when
+    there is none (a direct call of torch's ``rendezvous``)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "init_process_group" and code.co_filename.endswith(_C10D):
+            backend = frame.f_locals.get("backend")
+            return None if backend is None else str(backend)
+        frame = frame.f_back
+    return None
+
+
+def _is_ours(backend: Optional[str]) -> bool:
+    return backend is not None and BACKEND in backend.lower()
+
+
+def _query(url: str) -> dict:
+    return dict(pair.split("=", 1) for pair in urlparse(url).query.split("&") if "=" in pair)
+
+
+def _check(name: str, value: Any, mpi_value: int, source: str) -> None:
+    """ValueError if ``value`` (a rank or world size from ``source``) is set and differs from MPI's."""
+    if value is None or str(value).strip() in ("", "-1"):
+        return
+    try:
+        given = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{_where()} {source} must be an integer, got {value!r}") from None
+    if given != mpi_value:
+        what = "rank" if name == "rank" else "world size"
+        raise ValueError(f"{_where()} {source}={given} contradicts MPI, which gave this process {what} "
+                         f"{mpi_value}: backend 'mpidist' takes rank and world size from MPI (launch with "
+                         f"mpiexec -n N or srun; drop {source} or make it agree)")
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside torch.distributed and this package."""
+    level, frame = 1, sys._getframe(1)
+    torch_dir = os.path.join("torch", "distributed")
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if torch_dir not in name and not name.startswith(_HERE) and "contextlib" not in name:
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
+
+
+def mpi_rendezvous_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any
+                           ) -> Iterator[tuple[Any, int, int]]:
+    """torch rendezvous handler for ``mpi://``: yields ``(HashStore, MPI rank, MPI size)``.
+
+    ``url`` may carry ``rank=`` / ``world_size=`` (torch adds init_process_group's
+    arguments); they, and the RANK / WORLD_SIZE environment variables, must agree with
+    MPI. A world of more than one rank works only with backend ``"mpidist"`` (the store
+    is process-local).
+
+    Raises:
+        ValueError: a rank or world size that contradicts MPI; another backend with a
+            world of more than one rank.
+    """
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    query = _query(url)
+    _check("rank", query.get("rank"), rank, "rank")
+    _check("world_size", query.get("world_size"), size, "world_size")
+    _check("rank", os.environ.get("RANK"), rank, "RANK")
+    _check("world_size", os.environ.get("WORLD_SIZE"), size, "WORLD_SIZE")
+    backend = calling_backend()
+    if size > 1 and backend is not None and not _is_ours(backend):
+        raise ValueError(f"{_where()} init_method 'mpi://' gives a process-local store, which backend "
+                         f"{backend!r} cannot use across {size} ranks; use backend 'mpidist' (import mpidist.torch)")
+    store = dist.HashStore()
+    store.set_timeout(timeout)
+    yield store, rank, size
+    raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")
+
+
+_torch_env: Optional[Callable[..., Iterator]] = None
+
+
+def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+    """torch's ``env://`` for every backend but ``"mpidist"``; for it, :func:`mpi_rendezvous_handler`."""
+    assert _torch_env is not None
+    if not _is_ours(calling_backend()):
+        return _torch_env(url, timeout=timeout, **kwargs)
+    unused = [name for name in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(name)]
+    if unused and MPI.COMM_WORLD.Get_rank() == 0:
+        warnings.warn(f"mpidist: {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but unused: "
+                      f"backend 'mpidist' takes ranks from MPI ({MPI.COMM_WORLD.Get_size()} processes) and "
+                      f"listens on no port", UserWarning, stacklevel=_user_stacklevel())
+    return mpi_rendezvous_handler(url, timeout=timeout, **kwargs)
+
+
+def install_env_handler() -> None:
+    """Wrap torch's ``env://`` handler (once) so that backend ``"mpidist"`` takes its ranks from MPI."""
+    global _torch_env
+    handlers = _rdzv._rendezvous_handlers
+    current = handlers.get("env")
+    if current is None or current is _env_handler:
+        return
+    _torch_env = current
+    handlers["env"] = _env_handler
+
+
+def register() -> None:
+    """Register ``mpi://`` and wrap ``env://`` (idempotent)."""
+    if SCHEME not in _rdzv._rendezvous_handlers:
+        dist.register_rendezvous_handler(SCHEME, mpi_rendezvous_handler)
+    install_env_handler()
