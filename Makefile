@@ -30,6 +30,14 @@ $(STAMP): setup.cfg pyproject.toml
 run: install
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_digits --out $(OUT) $(RUN_ARGS)
 
+# The torch main job: torch's DDP over the "mpidist" backend (mpidist.torch), a small CNN on the
+# digits; outputs in $(TORCH_OUT). Installs the torch extra first if EXTRAS left it out.
+TORCH_OUT   ?= out/torch
+.PHONY: run-torch
+run-torch: install
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q -e '.[torch]' '$(TORCH_PIN)'
+	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
+
 test: test-serial test-mpi test-slurm
 
 test-serial: install

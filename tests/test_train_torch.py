@@ -34,7 +34,8 @@ def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedPro
 def test_torch_job_reaches_accuracy_and_writes_outputs(tmp_path):
     out = run_job(4, "--out", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "DDP over mpidist: 4 ranks, sklearn digits: 1437 train / 360 test samples" in out.stdout
+    assert "mpidist: 4 ranks, torch 2." in out.stdout
+    assert " DDP over mpidist, sklearn digits: 1437 train / 360 test samples" in out.stdout
     history = json.loads((tmp_path / "metrics.json").read_text())
     assert len(history) == 20 and all(h["world_size"] == 4 for h in history)
     assert history[-1]["test_accuracy"] >= 0.97, history[-1]
@@ -48,11 +49,31 @@ def test_torch_job_reaches_accuracy_and_writes_outputs(tmp_path):
     assert f"final test accuracy {history[-1]['test_accuracy']:.4f}" in out.stdout
 
 
-def test_checkpoint_loads_into_a_torch_model(tmp_path):
+def untimed(ckpt: dict) -> list[dict]:
+    return [{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(ckpt["history"].tobytes())]
+
+
+def test_mpidist_and_gloo_train_bitwise_the_same_model(tmp_path):
+    """At 2 ranks every sum is of two numbers (the same either way round), so DDP over mpidist
+    must end with exactly gloo's parameters, momentum buffers and history; and the checkpoint
+    loads into a plain torch model."""
+    ckpts = {}
+    for backend in ("mpidist", "gloo"):
+        out = run_job(2, "--out", str(tmp_path / backend), "--backend", backend, "--epochs", "3")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "mpidist: 2 ranks, torch 2." in out.stdout and f" DDP over {backend}, " in out.stdout
+        ckpts[backend] = load_checkpoint(tmp_path / backend / "checkpoint.npz")
+    a, b = ckpts["mpidist"], ckpts["gloo"]
+    assert set(a) == set(b)
+    differ = [k for k in a if k not in ("history", "config") and not np.array_equal(a[k], b[k])]
+    assert not differ, differ
+    assert untimed(a) == untimed(b)
+    check_loads_into_a_torch_model(tmp_path / "mpidist")
+
+
+def check_loads_into_a_torch_model(out: Path) -> None:
     """The checkpoint is plain arrays: a torch model loads them with load_state_dict and scores the
-    test set as the job did."""
-    out = run_job(2, "--out", str(tmp_path), "--epochs", "2")
-    assert out.returncode == 0, out.stdout + out.stderr
+    test set exactly as the job did."""
     code = ("import sys, json, torch\n"
             "from mpidist.checkpoint import load_checkpoint\n"
             "from mpidist.data import load_digits_split\n"
@@ -65,29 +86,9 @@ def test_checkpoint_loads_into_a_torch_model(tmp_path):
             "    acc = float((net(as_images(x)).argmax(1) == torch.from_numpy(y)).double().mean())\n"
             "want = json.load(open(sys.argv[1] + '/metrics.json'))[-1]['test_accuracy']\n"
             "assert acc == want, (acc, want)\n")
-    check = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+    check = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
                            timeout=120, env=launcher_free_env(OMP_NUM_THREADS="1"))
     assert check.returncode == 0, check.stdout + check.stderr
-
-
-def untimed(ckpt: dict) -> list[dict]:
-    return [{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(ckpt["history"].tobytes())]
-
-
-def test_mpidist_and_gloo_train_bitwise_the_same_model(tmp_path):
-    """At 2 ranks every sum is of two numbers (the same either way round), so DDP over mpidist
-    must end with exactly gloo's parameters, momentum buffers and history."""
-    ckpts = {}
-    for backend in ("mpidist", "gloo"):
-        out = run_job(2, "--out", str(tmp_path / backend), "--backend", backend, "--epochs", "3")
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert f"DDP over {backend}: 2 ranks" in out.stdout
-        ckpts[backend] = load_checkpoint(tmp_path / backend / "checkpoint.npz")
-    a, b = ckpts["mpidist"], ckpts["gloo"]
-    assert set(a) == set(b)
-    differ = [k for k in a if k not in ("history", "config") and not np.array_equal(a[k], b[k])]
-    assert not differ, differ
-    assert untimed(a) == untimed(b)
 
 
 def test_mnist_idx_job(tmp_path):

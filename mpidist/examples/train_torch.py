@@ -322,9 +322,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bar = None
     if rank == 0:
         n_params = sum(p.numel() for p in model.parameters())
-        print(f"torch {torch.__version__} DDP over {args.backend}: {world} ranks, {dataset}: {len(x_train)} train / "
-              f"{len(x_test)} test samples, CNN of {n_params:,} parameters, {steps} steps/epoch of "
-              f"{args.batch_size} per rank", flush=True)
+        print(f"mpidist: {world} ranks, torch {torch.__version__} DDP over {args.backend}, {dataset}: "
+              f"{len(x_train)} train / {len(x_test)} test samples, CNN of {n_params:,} parameters, {steps} "
+              f"steps/epoch of {args.batch_size} per rank", flush=True)
         if source is not None:
             print(f"resumed from {source}: {epoch} epochs and {step}/{steps} steps done", flush=True)
         if not args.no_progress:

@@ -13,7 +13,9 @@
 #      stop handler installed, so that it reaches them before training ends however fast the job
 #      runs): the ranks checkpoint, the job requeues itself, resumes with --resume and must end
 #      bitwise equal to job 1;
-#   3. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun).
+#   3. jobs/train_torch.sbatch (srun, 4 tasks): the torch job, "mpidist: 4 ranks", final test
+#      accuracy >= 0.97;
+#   4. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun).
 # The daemons (and any job left) are always stopped by their PIDs on exit; the temporary
 # directory is removed after a pass and kept (with every log) after a failure.
 #
@@ -232,11 +234,11 @@ print(f"    {len(history)} epochs, final test accuracy {last['test_accuracy']:.4
 EOF
 }
 
-run_training() {
+run_training() {  # NAME MIN_ACCURACY [JOB ARGS...]; the script is $SBATCH_SCRIPT (default: the main job's)
     local name="$1" min_acc="$2"; shift 2
-    local out="$tmp/out/$name" rc=0
-    say "job $name: sbatch --wait jobs/train_digits.sbatch $*"
-    OUT="$out" submit_wait "$name" jobs/train_digits.sbatch "$@" || rc=$?
+    local out="$tmp/out/$name" rc=0 script="${SBATCH_SCRIPT:-jobs/train_digits.sbatch}"
+    say "job $name: sbatch --wait $script $*"
+    OUT="$out" submit_wait "$name" "$script" "$@" || rc=$?
     if (( rc != 0 )); then fail "job $name exited with $rc"; show_log "$name"; return 0; fi
     check_training "$name" "$out" "$min_acc" && say "job $name: passed"
     return 0
@@ -367,6 +369,9 @@ EOF
 
 run_requeue requeue-srun
 MPIDIST_LAUNCHER=mpiexec run_requeue requeue-mpiexec
+
+# The torch job (torch DDP over the mpidist backend) through its own script: 4 ranks in one world.
+SBATCH_SCRIPT=jobs/train_torch.sbatch run_training train-torch 0.97
 
 say "job test-suite: sbatch --wait jobs/test_suite.sbatch"
 rc=0
