@@ -76,7 +76,9 @@ clean:
 # Benchmarks: results land in benchmarks/results/. bench_allreduce.py: all_reduce variants;
 # bench_collectives.py: every collective vs raw mpi4py, mpidist's ring and torch.distributed
 # gloo (the `bench` extra: CPU torch), nccl-tests' layout; bench_ddp_hooks.py: DDP comm hooks;
-# bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path).
+# bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path);
+# bench_torch.py: torch's dist.all_reduce through the "mpidist" backend vs gloo, raw mpi4py and a
+# do-nothing backend, and a DDP step over mpidist vs gloo (torch_np{2,4}.md).
 BENCH         := $(PY) benchmarks/bench_allreduce.py
 BENCH_COLL    := $(PY) benchmarks/bench_collectives.py
 BENCH_TIMEOUT ?= 1200
@@ -107,6 +109,10 @@ bench: bench-install
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_shm.py; \
 	done
 	timeout -k 10 $(BENCH_TIMEOUT) $(PY) benchmarks/bench_ddp_scaling.py
+	@echo "== torch.distributed: mpidist vs gloo vs raw vs a do-nothing backend, and DDP step, under mpiexec -n 2"
+	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_torch.py
+	@echo "== torch.distributed all_reduce under mpiexec -n 4"
+	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 4 $(PY) benchmarks/bench_torch.py --no-ddp
 
 # GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
 # SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI
