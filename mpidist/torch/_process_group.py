@@ -87,6 +87,8 @@ def _options(opts: Any, cls: Any, **legacy: Any) -> Any:
     positional forms (``legacy``: attribute -> value, None for "leave the default")."""
     if isinstance(opts, cls):
         return opts
+    if opts is not None and not isinstance(opts, datetime.timedelta):  # (a legacy form's timeout)
+        raise TypeError(f"opts must be a torch {cls.__name__}, got {type(opts).__name__}")
     made = cls()
     for name, value in legacy.items():
         if value is not None:
@@ -252,7 +254,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``broadcast`` from group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
         op = "broadcast"
-        if isinstance(opts, int) and not isinstance(tensors, (list, tuple)):  # (tensor, root)
+        if isinstance(opts, int):  # (tensor, root)
             opts = _options(None, BroadcastOptions, rootRank=opts)
         opts = _options(opts, BroadcastOptions)
         src = self._global(opts.rootRank, op, "rootRank")

@@ -1,0 +1,28 @@
+"""Shared by the tests of mpidist.torch: the torch process group fixture's body.
+
+torch's default group is initialized once per test module (``init_process_group``
+cannot run twice) and destroyed at the module's end. It reuses mpidist's runtime when
+mpidist's own tests initialized it first (the ``dist`` fixture), and otherwise starts it
+and stops it again, so the two APIs share one process in either order.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch.distributed as tdist
+
+import mpidist.torch  # noqa: F401  (registers the backend)
+
+
+@contextlib.contextmanager
+def torch_world() -> Iterator[None]:
+    """torch's default group on backend "mpidist" for the block (reused if up already)."""
+    started = not tdist.is_initialized()
+    if started:
+        tdist.init_process_group("mpidist")
+    try:
+        yield
+    finally:
+        if started and tdist.is_initialized():
+            tdist.destroy_process_group()
