@@ -115,15 +115,28 @@ def test_bad_flags_fail_fast(tmp_path):
 # --- SIGTERM -> checkpoint at a step boundary on every rank; --resume -> bitwise the same run ---
 
 
-def test_sigterm_checkpoints_and_resume_ends_bitwise_equal(tmp_path):
-    full = run_job(RESUME_N, "--out", str(tmp_path / "full"), "--epochs", str(EPOCHS))
-    assert full.returncode == 0, full.stdout + full.stderr
-    out = tmp_path / "stopped"
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    job = run_job(RESUME_N, "--out", str(out), "--epochs", str(EPOCHS))
+    assert job.returncode == 0, job.stdout + job.stderr
+    return load_checkpoint(out / "checkpoint.npz")
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """The same job, given SIGTERM (mpiexec forwards it to every rank) after epoch 3."""
+    out = tmp_path_factory.mktemp("interrupted")
     job = subprocess.Popen([MPIEXEC, "-n", str(RESUME_N), *JOB, "--out", str(out), "--epochs", str(EPOCHS)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=launcher_free_env(OMP_NUM_THREADS="1"))
     stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM), out, signal.SIGTERM)
-    assert job.returncode == 0, stdout + stderr
+    return out, job.returncode, stdout, stderr
+
+
+def test_sigterm_to_mpiexec_checkpoints_at_one_step_and_exits_cleanly(interrupted):
+    out, rc, stdout, stderr = interrupted
+    assert rc == 0, stdout + stderr
     assert "Traceback" not in stderr, stderr
     stopped = load_checkpoint(out / "checkpoint.npz")
     epoch, step = int(stopped["epoch"]), int(stopped["step"])
@@ -133,19 +146,25 @@ def test_sigterm_checkpoints_and_resume_ends_bitwise_equal(tmp_path):
     assert (stopped["loss_totals"][:, 1] == (16 * step if step else 0)).all(), stopped["loss_totals"]
     assert [h["epoch"] for h in json.loads((out / "metrics.json").read_text())] == list(range(1, epoch + 1))
 
+
+def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(interrupted, uninterrupted, tmp_path):
     resumed = tmp_path / "resumed"
-    shutil.copytree(out, resumed)
+    shutil.copytree(interrupted[0], resumed)
+    stopped = load_checkpoint(resumed / "checkpoint.npz")
     job = run_job(RESUME_N, "--out", str(resumed), "--epochs", str(EPOCHS), "--resume")
     assert job.returncode == 0, job.stdout + job.stderr
-    assert f"resumed from {resumed / 'checkpoint.npz'}: {epoch} epochs and {step}/{STEPS} steps done" in job.stdout
-    a, b = load_checkpoint(resumed / "checkpoint.npz"), load_checkpoint(tmp_path / "full" / "checkpoint.npz")
+    assert (f"resumed from {resumed / 'checkpoint.npz'}: {int(stopped['epoch'])} epochs and "
+            f"{int(stopped['step'])}/{STEPS} steps done") in job.stdout
+    a, b = load_checkpoint(resumed / "checkpoint.npz"), uninterrupted
+    assert int(a["epoch"]) == EPOCHS and int(a["step"]) == 0
     assert set(a) == set(b)
     differ = [k for k in a if k != "history" and not (a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]))]
     assert not differ, differ
     assert untimed(a) == untimed(b)
 
-    # Other settings, or a mid-epoch checkpoint on another number of ranks, are refused.
-    job = run_job(RESUME_N, "--out", str(out), "--resume", "--seed", "1", "--channels", "8")
+
+def test_resume_refuses_other_settings(interrupted):
+    job = run_job(RESUME_N, "--out", str(interrupted[0]), "--resume", "--seed", "1", "--channels", "8")
     assert job.returncode != 0
     assert ("the checkpoint was written with other settings (checkpoint, now): "
             "{'seed': (0, 1), 'channels': (16, 8)}") in job.stderr, job.stderr
