@@ -26,9 +26,19 @@ STEPS = 30  # steps per epoch at RESUME_N ranks: ceil(ceil(1437 / 3) / 16)
 EPOCHS = 12  # the stop comes after epoch 3: 9 epochs (about 4 s) of margin for mpiexec to pass the line on
 
 
+def job_env() -> dict:
+    """The environment of a job: no launcher's variables, and none of torch's launch variables
+    (an earlier test's init_process_group in this process exported RANK=0, WORLD_SIZE=1...,
+    which backend "mpidist" would refuse as contradicting MPI)."""
+    env = launcher_free_env(OMP_NUM_THREADS="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
 def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([MPIEXEC, "-n", str(n), *JOB, *args], capture_output=True, text=True,
-                          timeout=timeout, env=launcher_free_env(OMP_NUM_THREADS="1"))
+                          timeout=timeout, env=job_env())
 
 
 def test_torch_job_reaches_accuracy_and_writes_outputs(tmp_path):
@@ -87,7 +97,7 @@ def check_loads_into_a_torch_model(out: Path) -> None:
             "want = json.load(open(sys.argv[1] + '/metrics.json'))[-1]['test_accuracy']\n"
             "assert acc == want, (acc, want)\n")
     check = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
-                           timeout=120, env=launcher_free_env(OMP_NUM_THREADS="1"))
+                           timeout=120, env=job_env())
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -128,8 +138,7 @@ def interrupted(tmp_path_factory):
     """The same job, given SIGTERM (mpiexec forwards it to every rank) after epoch 3."""
     out = tmp_path_factory.mktemp("interrupted")
     job = subprocess.Popen([MPIEXEC, "-n", str(RESUME_N), *JOB, "--out", str(out), "--epochs", str(EPOCHS)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=launcher_free_env(OMP_NUM_THREADS="1"))
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env())
     stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM), out, signal.SIGTERM)
     return out, job.returncode, stdout, stderr
 
