@@ -126,8 +126,12 @@ bench-gpu: install
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(GPU_PY) benchmarks/bench_gpu.py; \
 	done
 
-# Smoke run (< 60 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
+# Smoke run (< 90 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
 # out/ so that it never overwrites bench's results. Its last lines are the headline
-# ratios and the targets' verdicts (gloo columns when torch is installed).
+# ratios and the targets' verdicts (gloo columns when torch is installed); then the same
+# for torch's dist.all_reduce through the mpidist backend (bench_torch.py, no DDP step).
 bench-quick: install
 	OMP_NUM_THREADS=1 timeout -k 10 60 $(MPIEXEC) -n 2 $(BENCH_COLL) --quick --max-bytes 1M --ops all_reduce --out out/bench-quick
+	@if $(PY) -c 'import torch' 2>/dev/null; then \
+	  OMP_NUM_THREADS=1 timeout -k 10 30 $(MPIEXEC) -n 2 $(PY) benchmarks/bench_torch.py --quick --max-bytes 1M --no-ddp --out out/bench-quick; \
+	else echo "SKIPPED: bench_torch.py: torch is not installed (make install EXTRAS=...,torch)"; fi
