@@ -299,6 +299,7 @@ def report(rows: list[bcoll.Row], copy_ref: bcoll.CopyRef, ddp: list[DdpResult],
     lines = [
         f"# torch.distributed over mpidist, gloo, raw mpi4py and a do-nothing backend, {n} ranks",
         "",
+        *([f"**{args.note}**", ""] if args.note else []),
         *bc.machine_lines(n, args.load_at_start),
         f"- {bc.versions(torch=torch.__version__, mpidist=mpidist.__version__)}; torch.set_num_threads(1)",
         "- groups: mpidist = the default group (`init_process_group(\"mpidist\", init_method=\"tcp://127.0.0.1:PORT\")`), "
@@ -351,16 +352,7 @@ def headlines(rows: list[bcoll.Row], ddp: list[DdpResult]) -> list[str]:
                      f"{bc.fmt(bcoll.paired(md, row('raw', s)), 3)}; mpidist - noop = "
                      f"{bc.fmt(diff_us(md, row(NOOP, s)))} us (noop {row(NOOP, s).time_s * 1e6:.2f} us)")
 
-    def verdict(label: str, sizes: list[int], value: Callable[[int], float], ok: Callable[[float], bool],
-                worst: Callable, unit: str) -> str:
-        vals = [(value(s), s) for s in sizes if not math.isnan(value(s))]
-        if not vals:
-            return f"target: {label}: not measured"
-        v, s = worst(vals)
-        met = all(ok(x) for x, _ in vals)
-        return (f"target: {label}: worst {v:.2f}{unit} at {bc.human_bytes(s)} over {len(vals)} sizes -> "
-                f"{'MET' if met else 'NOT MET'}")
-
+    verdict = bc.verdict
     lines += [
         verdict("all_reduce <= 64 KiB: mpidist >= 10x faster than gloo", [s for s in got if s <= 64 << 10],
                 q, lambda x: x >= 10, min, "x"),
@@ -411,6 +403,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--ddp-target-ms", type=float, default=None, help="one DDP measurement (default 500; 200 quick)")
     p.add_argument("--ddp-reps", type=int, default=None, help="DDP measurements per backend (default 7; 3 quick)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--note", default="", help="a line for the report's header (e.g. the machine's state)")
     args = p.parse_args(argv)
     if args.factor < 2 or args.min_bytes < 4 or args.max_bytes < args.min_bytes:
         p.error("need --factor >= 2 and 4 <= --min-bytes <= --max-bytes")
