@@ -168,6 +168,11 @@ KillWait=10
 # sbatch --wait polls every 2 s while 2 < MinJobAge/2, else every 8 s, then 32 s (Slurm 22.05's
 # _job_wait): with the default 300 a 15 s job returns after 42 s. Finished jobs stay >= 4 s.
 MinJobAge=4
+# Job IDs from a random start, not 1, in each run: MPICH names its shared-memory segment
+# (/dev/shm/mpich_shm_*) after the PMI KVS name, which under srun is JOBID.STEPID; a job killed
+# in an earlier run leaves its segment behind, and the same JOBID.STEP in a later run attached
+# to it and hung in MPI_Init.
+FirstJobId=$(( RANDOM * 1000 + 1000 ))
 InactiveLimit=0
 SlurmdParameters=config_overrides
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 State=UNKNOWN
