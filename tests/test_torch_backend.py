@@ -77,6 +77,19 @@ def test_all_reduce_dtypes(world, dtype):
     assert torch.equal(t, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.complex32, torch.bfloat16])
+def test_data_movement_dtypes(world, dtype):
+    r, n = world
+    base = torch.tensor([0.5, 1.0, -2.0, 4.0])
+    value = lambda k: (base + k).to(dtype) if not dtype.is_complex else (base + k + 1j).to(dtype)  # noqa: E731
+    t = value(r)
+    tdist.broadcast(t, src=n - 1)
+    assert torch.equal(t.view(torch.uint8), value(n - 1).view(torch.uint8))
+    out = torch.empty(4 * n, dtype=dtype)
+    tdist.all_gather_into_tensor(out, value(r))
+    assert torch.equal(out.view(torch.uint8), torch.cat([value(k) for k in range(n)]).view(torch.uint8))
+
+
 def test_all_reduce_non_contiguous_and_grad(world):
     r, n = world
     big = torch.zeros(4, 6)
@@ -287,6 +300,13 @@ def test_object_collectives(world):
     out = [None]
     tdist.scatter_object_list(out, [f"to {k}" for k in range(n)] if r == 0 else None, src=0)
     assert out == [f"to {r}"]
+    if n > 1 and r in (0, 1):
+        box = [{"from": 0, "x": list(range(5))}] if r == 0 else [None]
+        if r == 0:
+            tdist.send_object_list(box, dst=1)
+        else:
+            tdist.recv_object_list(box, src=0)
+        assert box == [{"from": 0, "x": [0, 1, 2, 3, 4]}]
 
 
 # -- groups --------------------------------------------------------------------------------

@@ -157,13 +157,8 @@ def test_ddp_join_uneven_inputs(world):
     r, n = world
     model = _model()
     ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     with Join([ddp]):
-        for s in range(2 + r):  # rank r has 2 + r batches
-            opt.zero_grad()
-            x, y = _local(s, r, n)
-            nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
+        _train_ddp(ddp, r, n, steps=2 + r)  # rank r has 2 + r batches
     _assert_same_everywhere(list(model.parameters()))
 
 

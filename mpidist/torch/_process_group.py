@@ -136,14 +136,14 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._desc = desc
-        if not self._owns_world_group():
-            return
-        self._mg.group_name = desc  # mpidist's errors and flight recorder name the group so
+        if desc and desc != "undefined" and self._may_rename():
+            self._mg.group_name = desc  # mpidist's errors and flight recorder name the group so
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._desc
 
-    def _owns_world_group(self) -> bool:
+    def _may_rename(self) -> bool:
+        """False for mpidist's default group when mpidist was initialized before torch (its name is the user's)."""
         st = _runtime.state_or_none()
         return self._owns or st is None or self._mg is not st.world
 
@@ -151,6 +151,16 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     def mpidist_group(self) -> "mpidist.ProcessGroup":
         """The mpidist group under this torch group (its communicator, engine, recorder key)."""
         return self._mg
+
+    #: what torch asks of a device backend (``_get_backend(device).supports_*``)
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device: Any = None) -> "ProcessGroupMpidist":
+        """The group itself: it is its own backend for every device (torch 2.15's
+        ``batch_isend_irecv`` asks it whether it coalesces: no)."""
+        return self
 
     def _get_sequence_number_for_group(self) -> int:
         """Collectives issued on the group so far (mpidist's sequence number)."""

@@ -41,23 +41,20 @@ class Staged:
 
     def out(self, t: Any, op: str, arg: str) -> Any:
         """The array an op writes for tensor ``t`` (read too, for in-place ops)."""
-        try:
-            a = t.numpy()
-        except (RuntimeError, TypeError, AttributeError):
-            return _slow(t, self, True, op, arg)
-        if a.flags.c_contiguous:
-            return a
-        return _slow(t, self, True, op, arg)
+        return self._array(t, True, op, arg)
 
     def inp(self, t: Any, op: str, arg: str) -> Any:
         """The array an op only reads for tensor ``t``."""
+        return self._array(t, False, op, arg)
+
+    def _array(self, t: Any, write: bool, op: str, arg: str) -> Any:
         try:
-            a = t.numpy()
+            a = t.numpy()  # the common case: a contiguous CPU tensor numpy can view
         except (RuntimeError, TypeError, AttributeError):
-            return _slow(t, self, False, op, arg)
+            return _slow(t, self, write, op, arg)
         if a.flags.c_contiguous:
             return a
-        return _slow(t, self, False, op, arg)
+        return _slow(t, self, write, op, arg)
 
     def finish(self) -> None:
         """Copy the temporaries back into the caller's tensors (after the op completed)."""
