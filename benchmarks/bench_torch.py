@@ -46,7 +46,9 @@ Output (rank 0): tables on stdout and in ``--out``/``torch_np{N}.md``, the all-r
 ``torch_np{N}.csv`` (``bench_collectives.py``'s columns), the DDP rows in
 ``torch_np{N}_ddp.csv``. The last lines printed are the headline figures and whether each
 target is met (issue 13): gloo/mpidist >= 10x up to 64 KiB, >= 4x at 1 MiB, >= 2x at 16-64
-MiB; DDP step over mpidist no slower than over gloo; mpidist - noop <= 5 us at 8 B. Exit
+MiB; DDP step over mpidist no slower than over gloo; the backend's cost over torch's front end
+<= 5 us at 8 B, read two ways: mpidist - noop (MPI's own time included) and mpidist - noop -
+raw (without it). Exit
 status 1 when an element is wrong or the two DDP models differ at 2 ranks.
 """
 from __future__ import annotations
@@ -360,8 +362,12 @@ def headlines(rows: list[bcoll.Row], ddp: list[DdpResult]) -> list[str]:
                 q, lambda x: x >= 4, min, "x"),
         verdict("all_reduce 16-64 MiB: mpidist >= 2x faster than gloo",
                 [s for s in got if 16 << 20 <= s <= 64 << 20], q, lambda x: x >= 2, min, "x"),
-        verdict("8 B: mpidist - noop (the backend's cost over torch's front end) <= 5 us", [s for s in got if s == 8],
-                lambda s: diff_us(row("mpidist", s), row(NOOP, s)), lambda x: x <= FRONT_END_BUDGET_US, max, " us"),
+        verdict("8 B: mpidist - noop (what the backend adds to torch's front end, MPI's own time included) <= 5 us",
+                [s for s in got if s == 8], lambda s: diff_us(row("mpidist", s), row(NOOP, s)),
+                lambda x: x <= FRONT_END_BUDGET_US, max, " us"),
+        verdict("8 B: mpidist - noop - raw (the same without MPI's own time) <= 5 us", [s for s in got if s == 8],
+                lambda s: diff_us(row("mpidist", s), row(NOOP, s)) - row("raw", s).time_s * 1e6,
+                lambda x: x <= FRONT_END_BUDGET_US, max, " us"),
     ]
     if ddp:
         r = ddp_ratio(ddp)
