@@ -30,6 +30,14 @@ $(STAMP): setup.cfg pyproject.toml
 run: install
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_digits --out $(OUT) $(RUN_ARGS)
 
+# The torch main job: torch's DDP over the "mpidist" backend (mpidist.torch), a small CNN on the
+# digits; outputs in $(TORCH_OUT). Installs the torch extra first if EXTRAS left it out.
+TORCH_OUT   ?= out/torch
+.PHONY: run-torch
+run-torch: install
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q -e '.[torch]' '$(TORCH_PIN)'
+	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
+
 test: test-serial test-mpi test-slurm
 
 test-serial: install
@@ -70,6 +78,8 @@ clean:
 # gloo (the `bench` extra: CPU torch), nccl-tests' layout; bench_ddp_hooks.py: DDP comm hooks;
 # bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path);
 # bench_check.py: what the default mismatch check costs (all_reduce with it on and off, paired).
+# bench_torch.py: torch's dist.all_reduce through the "mpidist" backend vs gloo, raw mpi4py and a
+# do-nothing backend, and a DDP step over mpidist vs gloo (torch_np{2,4}.md).
 BENCH         := $(PY) benchmarks/bench_allreduce.py
 BENCH_COLL    := $(PY) benchmarks/bench_collectives.py
 BENCH_TIMEOUT ?= 1200
@@ -105,6 +115,10 @@ bench: bench-install
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_shm.py; \
 	done
 	timeout -k 10 $(BENCH_TIMEOUT) $(PY) benchmarks/bench_ddp_scaling.py
+	@echo "== torch.distributed: mpidist vs gloo vs raw vs a do-nothing backend, and DDP step, under mpiexec -n 2"
+	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_torch.py
+	@echo "== torch.distributed all_reduce under mpiexec -n 4"
+	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 4 $(PY) benchmarks/bench_torch.py --no-ddp
 
 # GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
 # SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI
@@ -118,8 +132,12 @@ bench-gpu: install
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(GPU_PY) benchmarks/bench_gpu.py; \
 	done
 
-# Smoke run (< 60 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
+# Smoke run (< 90 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
 # out/ so that it never overwrites bench's results. Its last lines are the headline
-# ratios and the targets' verdicts (gloo columns when torch is installed).
+# ratios and the targets' verdicts (gloo columns when torch is installed); then the same
+# for torch's dist.all_reduce through the mpidist backend (bench_torch.py, no DDP step).
 bench-quick: install
 	OMP_NUM_THREADS=1 timeout -k 10 60 $(MPIEXEC) -n 2 $(BENCH_COLL) --quick --max-bytes 1M --ops all_reduce --out out/bench-quick
+	@if $(PY) -c 'import torch' 2>/dev/null; then \
+	  OMP_NUM_THREADS=1 timeout -k 10 30 $(MPIEXEC) -n 2 $(PY) benchmarks/bench_torch.py --quick --max-bytes 1M --no-ddp --out out/bench-quick; \
+	else echo "SKIPPED: bench_torch.py: torch is not installed (make install EXTRAS=...,torch)"; fi

@@ -162,6 +162,19 @@ def fmt(x: float, digits: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def verdict(label: str, sizes: list[int], value: Callable[[int], float], ok: Callable[[float], bool],
+            worst: Callable, unit: str = "") -> str:
+    """A target's line: ``value(s)`` for each of ``sizes`` (NaN: not measured), the ``worst``
+    (min or max) of them, and MET when ``ok`` holds at every measured size."""
+    vals = [(value(s), s) for s in sizes if not math.isnan(value(s))]
+    if not vals:
+        return f"target: {label}: not measured"
+    v, s = worst(vals)
+    met = all(ok(x) for x, _ in vals)
+    return (f"target: {label}: worst {v:.3f}{unit} at {human_bytes(s)} over {len(vals)} sizes -> "
+            f"{'MET' if met else 'NOT MET'}")
+
+
 # ---------------------------------------------------------------- all-reduce variants (bench_allreduce, bench_shm)
 
 #: Calls per measurement at the least, in the all-reduce benchmarks.

@@ -723,16 +723,7 @@ def headlines(rows: list[Row], n: int) -> list[str]:
                      f"gloo/mpidist = {bc.fmt(q('gloo', 'mpidist', s), 2)}x ({bc.fmt(t('gloo', s) * 1e6)} us); "
                      f"ring/raw busbw = {bc.fmt(q('raw', 'ring', s), 3)}")
 
-    def verdict(label: str, sizes: list[int], value: Callable[[int], float], ok: Callable[[float], bool],
-                worst: Callable, unit: str = "") -> str:
-        vals = [(value(s), s) for s in sizes if not math.isnan(value(s))]
-        if not vals:
-            return f"target: {label}: not measured"
-        v, s = worst(vals)
-        met = all(ok(x) for x, _ in vals)
-        return (f"target: {label}: worst {v:.3f}{unit} at {bc.human_bytes(s)} over {len(vals)} sizes -> "
-                f"{'MET' if met else 'NOT MET'}")
-
+    verdict = bc.verdict
     ring = "ring" in EXTRA_ALGORITHMS
     lines += [
         verdict("8 B mpidist within 1.5x raw", [s for s in got if s == 8],

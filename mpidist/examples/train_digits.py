@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -221,12 +221,14 @@ def _same_bits(a: np.ndarray, b: Any) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def save_training_state(path: Path, state: dict[str, np.ndarray], rank: int, world: int) -> None:
+def save_training_state(path: Path, state: dict[str, np.ndarray], rank: int, world: int,
+                        barrier: Callable[[], Any] = mpidist.barrier) -> None:
     """Collective: rank 0 writes ``path`` (atomically); every rank then reads it back and checks it
-    bitwise against its own state (all but the history, whose timings are rank 0's)."""
+    bitwise against its own state (all but the history, whose timings are rank 0's). ``barrier``:
+    the job's (the torch job passes torch.distributed's)."""
     if rank == 0:
         save_checkpoint(path, state)
-    mpidist.barrier()
+    barrier()
     loaded = load_checkpoint(path)
     differ = sorted(set(loaded) ^ set(state)) or [k for k, v in state.items()
                                                   if k != "history" and not _same_bits(loaded[k], v)]
@@ -273,18 +275,18 @@ def restore(path: Path, model: Sequential, optimizer: SGD, config: dict, world: 
 
 
 def write_outputs(args: argparse.Namespace, state: Optional[dict[str, np.ndarray]], history: list[dict],
-                  rank: int, world: int) -> Path:
+                  rank: int, world: int, barrier: Callable[[], Any] = mpidist.barrier) -> Path:
     """Collective: checkpoint (checked on every rank; none if ``state`` is None); rank 0 also
-    writes metrics.json and the plot."""
+    writes metrics.json and the plot. ``barrier``: the job's."""
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = args.out / "checkpoint.npz"
     if state is not None:
-        save_training_state(ckpt, state, rank, world)
+        save_training_state(ckpt, state, rank, world, barrier)
     if rank == 0:
         (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
         if history:
             save_plot(args.out / "training.png", history)
-    mpidist.barrier()   # the outputs are complete when any rank goes on (or exits)
+    barrier()   # the outputs are complete when any rank goes on (or exits)
     return ckpt
 
 
@@ -401,8 +403,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stop.ignore()  # the ranks agreed for the last time: a late signal must not kill a rank at exit
 
     if stop.diverged:
-        return diverged(args, divergence_record(epoch, step, steps, step_losses, dataset, world), history, rank,
-                        world)
+        diverged(args, divergence_record(epoch, step, steps, step_losses, dataset, world), history, rank, world)
+        mpidist.destroy_process_group()
+        return 1
     every = np.zeros((world, 2))
     if step:
         mpidist.all_gather_single(every, totals)
@@ -419,17 +422,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def diverged(args: argparse.Namespace, record: dict, history: list[dict], rank: int, world: int) -> int:
+def diverged(args: argparse.Namespace, record: dict, history: list[dict], rank: int, world: int,
+             barrier: Callable[[], Any] = mpidist.barrier, job: str = "train_digits") -> None:
     """Collective end of a run whose loss went non-finite on some rank (``record``, see
-    :func:`divergence_record`): metrics.json and the plot of what ran, no checkpoint; exit code 1."""
+    :func:`divergence_record`): metrics.json and the plot of what ran, no checkpoint (the
+    caller then exits with code 1)."""
     history = history + [record]
-    write_outputs(args, None, history, rank, world)
+    write_outputs(args, None, history, rank, world, barrier)
     if rank == 0:
-        print(f"train_digits: {record['diverged']} (--lr {args.lr}: try a smaller one); stopped every rank "
+        print(f"{job}: {record['diverged']} (--lr {args.lr}: try a smaller one); stopped every rank "
               f"there. Wrote {args.out / 'metrics.json'} and {args.out / 'training.png'}; no checkpoint written "
               f"(a non-finite model is not worth resuming).", file=sys.stderr, flush=True)
-    mpidist.destroy_process_group()
-    return 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@
 #      stop handler installed, so that it reaches them before training ends however fast the job
 #      runs): the ranks checkpoint, the job requeues itself, resumes with --resume and must end
 #      bitwise equal to job 1;
-#   3. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun).
+#   3. jobs/train_torch.sbatch (srun, 4 tasks): the torch job, "mpidist: 4 ranks", final test
+#      accuracy >= 0.97;
+#   4. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun).
 # The daemons (and any job left) are always stopped by their PIDs on exit; the temporary
 # directory is removed after a pass and kept (with every log) after a failure.
 #
@@ -166,6 +168,11 @@ KillWait=10
 # sbatch --wait polls every 2 s while 2 < MinJobAge/2, else every 8 s, then 32 s (Slurm 22.05's
 # _job_wait): with the default 300 a 15 s job returns after 42 s. Finished jobs stay >= 4 s.
 MinJobAge=4
+# Job IDs from a random start, not 1, in each run: MPICH names its shared-memory segment
+# (/dev/shm/mpich_shm_*) after the PMI KVS name, which under srun is JOBID.STEPID; a job killed
+# in an earlier run leaves its segment behind, and the same JOBID.STEP in a later run attached
+# to it and hung in MPI_Init.
+FirstJobId=$(( RANDOM * 1000 + 1000 ))
 InactiveLimit=0
 SlurmdParameters=config_overrides
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 State=UNKNOWN
@@ -232,11 +239,11 @@ print(f"    {len(history)} epochs, final test accuracy {last['test_accuracy']:.4
 EOF
 }
 
-run_training() {
+run_training() {  # NAME MIN_ACCURACY [JOB ARGS...]; the script is $SBATCH_SCRIPT (default: the main job's)
     local name="$1" min_acc="$2"; shift 2
-    local out="$tmp/out/$name" rc=0
-    say "job $name: sbatch --wait jobs/train_digits.sbatch $*"
-    OUT="$out" submit_wait "$name" jobs/train_digits.sbatch "$@" || rc=$?
+    local out="$tmp/out/$name" rc=0 script="${SBATCH_SCRIPT:-jobs/train_digits.sbatch}"
+    say "job $name: sbatch --wait $script $*"
+    OUT="$out" submit_wait "$name" "$script" "$@" || rc=$?
     if (( rc != 0 )); then fail "job $name exited with $rc"; show_log "$name"; return 0; fi
     check_training "$name" "$out" "$min_acc" && say "job $name: passed"
     return 0
@@ -367,6 +374,9 @@ EOF
 
 run_requeue requeue-srun
 MPIDIST_LAUNCHER=mpiexec run_requeue requeue-mpiexec
+
+# The torch job (torch DDP over the mpidist backend) through its own script: 4 ranks in one world.
+SBATCH_SCRIPT=jobs/train_torch.sbatch run_training train-torch 0.97
 
 say "job test-suite: sbatch --wait jobs/test_suite.sbatch"
 rc=0
