@@ -11,6 +11,7 @@ import pytest
 from test_timeout import job
 
 PROGRAM = '''
+import os
 import sys
 import numpy as np
 import mpidist as dist
@@ -98,37 +99,58 @@ def run_multigpu(rank, size):
     print('Rank ', rank, ' multigpu ', [float(t[0]) for t in tensor_list])
 
 
-dist.init_process_group("mpi")                # init_process_group(backend, rank=rank, world_size=size): h-init
-rank, size = dist.get_rank(), dist.get_world_size()
-sys.stdout = open(f"{sys.argv[1]}/rank{rank}.txt", "w")  # one file per rank: no interleaved lines
-run_blocking(rank, size)
-run_nonblocking(rank, size)
-run_all_reduce(rank, size)
-send, recv = np.arange(4.0) + rank, np.zeros(4)
-allreduce(send, recv)
-print('Rank ', rank, ' ring ', recv.tolist())
-model = Linear(3, 2)                          # Net()
-crit = CrossEntropyLoss()
-crit(model(np.full((4, 3), rank + 1.0, np.float32)), np.array([0, 1, 0, 1]))
-model.backward(crit.backward())               # loss.backward()
-grads = [p.grad.copy() for p in model.parameters()]
-average_gradients(model)
-every = [np.zeros_like(g) for g in grads for _ in range(size)]
-for i, g in enumerate(grads):
-    dist.all_gather(every[i * size:(i + 1) * size], g)
-mean = [sum(every[i * size:(i + 1) * size]) / size for i in range(len(grads))]
-print('Rank ', rank, ' averaged ', all(np.allclose(p.grad, m) for p, m in zip(model.parameters(), mean)))
-run_multigpu(rank, size)
+def run(rank, size):
+    """Everything the tutorial runs, one after the other."""
+    sys.stdout = open(f"{sys.argv[1]}/rank{rank}.txt", "w")  # one file per rank: no interleaved lines
+    run_blocking(rank, size)
+    run_nonblocking(rank, size)
+    run_all_reduce(rank, size)
+    send, recv = np.arange(4.0) + rank, np.zeros(4)
+    allreduce(send, recv)
+    print('Rank ', rank, ' ring ', recv.tolist())
+    model = Linear(3, 2)                          # Net()
+    crit = CrossEntropyLoss()
+    crit(model(np.full((4, 3), rank + 1.0, np.float32)), np.array([0, 1, 0, 1]))
+    model.backward(crit.backward())               # loss.backward()
+    grads = [p.grad.copy() for p in model.parameters()]
+    average_gradients(model)
+    every = [np.zeros_like(g) for g in grads for _ in range(size)]
+    for i, g in enumerate(grads):
+        dist.all_gather(every[i * size:(i + 1) * size], g)
+    mean = [sum(every[i * size:(i + 1) * size]) / size for i in range(len(grads))]
+    print('Rank ', rank, ' averaged ', all(np.allclose(p.grad, m) for p, m in zip(model.parameters(), mean)))
+    run_multigpu(rank, size)
+
+
+def init_process(rank, size, fn, backend='gloo'):
+    """ Initialize the distributed environment. """
+    os.environ['MASTER_ADDR'] = '127.0.0.1'
+    os.environ['MASTER_PORT'] = '29500'
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    fn(dist.get_rank(), dist.get_world_size())  # fn(rank, size): under MPI init_process(0, 0, ...) passes 0s
+
+
+if sys.argv[2] == "mpi":
+    init_process(0, 0, run, backend='mpi')        # the tutorial's MPI recipe (mpirun -n N python myscript.py)
+else:                                             # mp.Process(target=init_process, args=(rank, size, run)):
+    init_process(int(os.environ["PMI_RANK"]), 2, run)  # the launcher numbers the processes
 dist.barrier()
 dist.destroy_process_group()
 '''
 
 
-def test_tutorial_programs_run_ported_line_by_line(tmp_path):
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_tutorial_programs_run_ported_line_by_line(tmp_path, backend):
+    """The tutorial's own init_process: its MPI recipe (``init_process(0, 0, run,
+    backend='mpi')``: rank and size ignored with torch's warning), and its gloo default with
+    the rank the launcher gave (run over MPI, with one warning)."""
     script = tmp_path / "tutorial.py"
     script.write_text(PROGRAM)
-    out = job(2, script, str(tmp_path), timeout=120)
+    out = job(2, script, str(tmp_path), backend, timeout=120)
     assert out.returncode == 0, out.stderr
+    warning = ("For MPI backend, world_size (0) and rank (0) are ignored" if backend == "mpi"
+               else "runs the 'gloo' backend over MPI")
+    assert warning in out.stderr, out.stderr
     for rank in (0, 1):
         lines = set((tmp_path / f"rank{rank}.txt").read_text().splitlines())
         assert f"Rank  {rank}  has data  1.0" in lines  # p2p (twice) ...
