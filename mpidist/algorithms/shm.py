@@ -21,13 +21,14 @@ between checks for about 100 us, then sleeps between checks (10 us doubling up t
 threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
 
 Every call also compares the ranks' calls: before its first synchronization each rank
-writes a header (element count; a code of dtype and op) next to its counter, in the same
-cache line, and after it every rank reads every header. They are the same everywhere, so on a mismatch every
-rank sees it at the same step and raises :class:`ShmMismatch` (a ValueError naming each
-rank's call) before any data changes; the window stays usable. Headers alternate between
-two places by the parity of the synchronization, as the 2-rank data halves do, so a fast
-rank's next header never overwrites one a slow rank has still to read. Cost: two int64
-stores per call and two loads per peer, in cache lines the barrier moves anyway.
+writes a header (a 64-bit hash of the element count and a code of dtype and op) next to
+its counter, in the same cache line, and after it every rank reads every peer's header.
+They are the same everywhere, so on a mismatch every rank sees it at the same step and
+raises :class:`ShmMismatch` (a ValueError naming each rank's call) before any data
+changes; the window stays usable. Headers alternate between two places by the parity of
+the synchronization, as the 2-rank data halves do, so a fast rank's next header never
+overwrites one a slow rank has still to read. Cost: one int64 store per call and one load
+per peer, in cache lines the barrier moves anyway.
 
 ``mpidist.all_reduce`` uses it with ``algorithm="shm"``, and by default from the measured
 crossover size up on groups confined to one node (one window per group, made on first
@@ -195,6 +196,7 @@ class ShmAllReduce:
         self._mems = [self.win.Shared_query(k)[0] for k in range(n)]
         self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]
         self._calls = [[memoryview(m)[at:at + 16].cast("q") for at in _CALL] for m in self._mems]
+        self._peer_calls = [heads for k, heads in enumerate(self._calls) if k != self.rank]
         self._views: dict = {}
         self._checked: dict = {}             # (dtype, op) pairs validated already -> their header code
         self._epoch = 0
@@ -210,15 +212,15 @@ class ShmAllReduce:
         """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync.
 
         With a ``code`` (>= 0: a call's first barrier) the ranks also compare their calls
-        through it: each writes its header (``count``, ``code`` of dtype and op) before it,
-        where the barrier's parity puts it, and reads every header after it; raises
-        :class:`_Differ` when one differs (then on every rank: all read the same headers)."""
+        through it: each writes its header (a hash of ``count`` and ``code``, the code of
+        dtype and op) before it, where the barrier's parity puts it, and reads every peer's
+        after it; raises :class:`_Differ` when one differs (then on every rank: all read the
+        same headers)."""
         win, flags, e = self.win, self._flags, self._epoch + 1
         self._epoch = e
         if code >= 0:
-            mine = self._calls[self.rank][e & 1]
-            mine[0] = count
-            mine[1] = code
+            word = hash((count, code))  # (ints: the same in every process)
+            self._calls[self.rank][e & 1][0] = word
         win.Sync()
         flags[self.rank][0] = e
         for flag in flags:
@@ -226,9 +228,9 @@ class ShmAllReduce:
                 self._wait(flag, e)
         win.Sync()
         if code >= 0:
-            for heads in self._calls:
-                head = heads[e & 1]
-                if head[0] != count or head[1] != code:
+            parity = e & 1
+            for heads in self._peer_calls:
+                if heads[parity][0] != word:
                     raise _Differ
 
     def _wait(self, flag: memoryview, e: int) -> None:
@@ -384,7 +386,7 @@ class ShmAllReduce:
         self._views.clear()
         for view in self._flags + [v for heads in self._calls for v in heads]:
             view.release()
-        self._flags, self._calls, self._mems = [], [], []
+        self._flags, self._calls, self._peer_calls, self._mems = [], [], [], []
         self.win.Unlock_all()
         self.win.Free()
         self.win = None
