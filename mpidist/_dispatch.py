@@ -89,7 +89,8 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     them: torch's PowerSGD hook issues and waits on all-reduces there) runs at once on
     that thread, sync or async (then its Work is complete): queued, it would wait behind
     the callback that waits for it. It runs before the ops queued behind the op whose
-    callback issued it, on every rank alike. No caller can give up on it, so past its
+    callback issued it, on every rank alike, and takes their place in the sequence
+    numbers (``Engine.run_before_queued``). No caller can give up on it, so past its
     timeout the watchdog aborts the job even with MPIDIST_ABORT_ON_TIMEOUT=0.
     """
     eng = group.engine
@@ -99,6 +100,8 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     eager = async_op and (nested or group.size() == 1 or not _runtime.state().thread_multiple)
     queued = not nested and ((async_op and not eager) or not work.ABORT_ON_TIMEOUT or not eng.runs_inline())
     rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
+    if nested:
+        eng.run_before_queued(rec)
     if limit is not None:
         rec[R.LIMIT] = limit
     if not _debug.CHECK or len(group.ranks) == 1:  # signature(), inline: every op pays for it

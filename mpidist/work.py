@@ -502,8 +502,9 @@ class FutureWork(Work):
     whose callback issued it (``_dispatch.launch``), and its Work is already complete.
     A callback attached after the op completed runs at once on the attaching thread
     instead, so its ops come where the attach is in the program. Either way every rank
-    issues them in the same order provided nothing is issued on the group between the
-    op and attaching its callbacks (attach right after issuing, as torch's hooks do).
+    runs them in the same order provided nothing is issued on the group between the op
+    and attaching its callbacks (attach right after issuing, as torch's hooks do); their
+    sequence numbers follow that order (:meth:`Engine.run_before_queued`).
     """
 
     def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (),
@@ -708,6 +709,25 @@ class Engine:
         a waiter running queued ops itself. A future's done-callbacks run there, so an op
         issued from a callback is issued on the runner (and must run there, at once)."""
         return threading.current_thread() is self._runner
+
+    def queued(self) -> bool:
+        """True when ops are queued behind the one running (read without the lock: a hint)."""
+        return bool(self._items)
+
+    def run_before_queued(self, rec: list) -> None:
+        """``rec``, an op issued on the runner thread (a callback's), runs now, before the ops
+        queued at this moment: it takes the sequence number of the first of them and theirs
+        move one on, so that sequence numbers follow the order the ops run in, which is the
+        same on every rank (a rank whose callback ran on the attaching thread instead, its
+        op done already, issued and numbered them in that order; mpidist._debug compares
+        sequence numbers)."""
+        with self._cond:
+            queued = [item[3] for item in self._items if item[3] is not None]
+            if queued:
+                first = queued[0][R.SEQ]
+                for entry in queued:
+                    entry[R.SEQ] += 1
+                rec[R.SEQ] = first
 
     def runs_inline(self) -> bool:
         """True when :meth:`run_sync` would run its op inline: nothing is queued, or this

@@ -99,3 +99,30 @@ def test_a_stuck_op_issued_from_a_callback_aborts_even_without_abort_on_timeout(
     assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1 s on group 'default_pg' "
             "(ranks [0, 1]) at sequence number 1") in out.stderr, out.stderr
     assert "aborting the job although MPIDIST_ABORT_ON_TIMEOUT=0: the op was issued from a callback" in out.stderr
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_callbacks_op_takes_its_place_in_the_sequence_numbers(dist, world):
+    """On rank 0 the op is done before the callback is attached, so the callback runs on the
+    attaching thread and its all_reduce is issued (and numbered) before the async op issued
+    after the attach; on the other ranks the callback runs on the engine, after that async op
+    was queued (and numbered). The callback's op runs first everywhere and takes the earlier
+    sequence number everywhere: the members' check of every new call, which compares
+    sequence numbers, agrees (before the renumbering: a mismatch error on every rank)."""
+    rank, size = world
+    g = dist.new_group()  # a fresh group: its calls are all new, so each one is compared
+    x = np.ones(4)
+    if rank == 0:
+        time.sleep(0.3)  # the others attach their callback while their op still waits for this rank
+    first = dist.all_reduce(x, group=g, async_op=True)
+    if rank == 0:
+        first.wait()
+    y = np.full(2, float(rank))
+    chained = then(first.get_future(), lambda f: dist.all_reduce(y, group=g))
+    later = dist.all_reduce(np.ones(3), group=g, async_op=True)
+    chained.result(timeout=60)
+    later.wait()
+    assert np.array_equal(y, np.full(2, size * (size - 1) / 2))
+    seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._recorder.snapshot() if e["group"] == g.group_name}
+    assert seqs == {"all_reduce[4]": 0, "all_reduce[2]": 1, "all_reduce[3]": 2}, seqs
+    dist.destroy_process_group(g)
