@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
     if MPI.COMM_WORLD.Get_size() > 1:
         skip = pytest.mark.skip(reason="serial test: runs once, in the serial pass")
         for item in items:
-            if "mpi" not in item.keywords:
+            if item.get_closest_marker("mpi") is None:  # (not ``"mpi" in item.keywords``: a param id "mpi" is one)
                 item.add_marker(skip)
 
 
