@@ -23,7 +23,8 @@ from mpi4py import MPI
 from mpidist._array import is_device_array
 from mpidist.errors import prefix
 
-__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "value_kind", "dtype_of"]
+__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "value_kind", "dtype_of",
+           "split_sizes"]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
 # (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
@@ -100,9 +101,9 @@ def _device_array(x: Any, op: str, arg: str) -> Any:
     """host_array for a device array: accepted (C-contiguous, numeric) only while the router
     runs the op on the CUDA-aware path; otherwise the call mixes host and device arrays
     (the op's primary argument, which routes device calls, was a host array)."""
-    from mpidist.device import arrays, route  # noqa: PLC0415  (device package: loaded on demand)
+    from mpidist.device import arrays  # noqa: PLC0415  (device package: loaded on demand)
 
-    if not route.passing_through():
+    if not arrays.passing_through():
         primary = arrays.primary_name(op)
         if primary is None or primary == arg:
             raise TypeError(f"{prefix(op)} {arg} is a device ({arrays.device_label(x)}) array, which {op} "
@@ -152,3 +153,32 @@ def same_dtype(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_
     if ref.dtype != other.dtype:
         raise TypeError(f"{prefix(op)} {other_arg} dtype {other.dtype} does not match {ref_arg} "
                         f"dtype {ref.dtype}")
+
+
+def split_sizes(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: int) -> list[int]:
+    """Rows per rank along dim 0 of ``arr`` (argument ``name`` of ``op``): ``splits``
+    (argument ``arg``, one int per rank of ``n``), or an even split when None or empty.
+    TypeError / ValueError for sizes that are not ints, negative, of another count, or
+    whose sum is not ``arr.shape[0]``."""
+    if arr.ndim == 0:
+        raise ValueError(f"{prefix(op)} {name} must have at least one dimension (it is split along "
+                         f"dim 0), got a 0-d array")
+    rows = arr.shape[0]
+    if splits is None or (hasattr(splits, "__len__") and len(splits) == 0):
+        if rows % n:
+            raise ValueError(f"{prefix(op)} {name}.shape[0] = {rows} is not divisible by the group size "
+                             f"{n}; pass {arg} to split it unevenly")
+        return [rows // n] * n
+    if not isinstance(splits, (list, tuple, np.ndarray)):
+        raise TypeError(f"{prefix(op)} {arg} must be a list of ints or None, got {type(splits).__name__}")
+    if len(splits) != n:
+        raise ValueError(f"{prefix(op)} {arg} must hold one size per group member = {n} sizes, "
+                         f"got {len(splits)}")
+    for i, s in enumerate(splits):
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"{prefix(op)} {arg}[{i}] must be an int, got {type(s).__name__}")
+        if s < 0:
+            raise ValueError(f"{prefix(op)} {arg}[{i}] must be non-negative, got {s}")
+    if sum(splits) != rows:
+        raise ValueError(f"{prefix(op)} {arg} sums to {sum(splits)}, expected {name}.shape[0] = {rows}")
+    return [int(s) for s in splits]

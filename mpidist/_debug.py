@@ -53,7 +53,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _recorder as R, _signature as S, work
+from mpidist import _current, _recorder as R, _signature as S, work
 from mpidist.errors import prefix
 
 __all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env", "LEVELS", "DETAIL",
@@ -307,9 +307,8 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
 def _ask(g: Any, seq: int) -> dict:
     """The peers that passed collective ``seq`` of ``g`` without an exchange, with what they
     said (their call there, when known)."""
-    from mpidist import _runtime  # noqa: PLC0415  (_runtime imports this module)
-
-    answers = _runtime.check_probe(g, seq)
+    wd = _current.watchdog
+    answers = wd.check_probe(g, seq) if wd is not None else {}
     return {p: info for p, info in answers.items()
             if info.get("decided", -1) >= seq and seq not in info.get("exchanged", ())}
 
@@ -335,8 +334,6 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
     """Raise the mismatch found by asking: this rank exchanges at ``rec``'s sequence number
     (its call is new to the group) while the peers ``skipped`` ran it without one (theirs
     were agreed on before). Each of them is told, and ends its op with the same text."""
-    from mpidist import _runtime  # noqa: PLC0415
-
     seq, me = rec[R.SEQ], g.ranks[g.rank()]
     others, differ = [], set()
     for p, info in sorted(skipped.items()):
@@ -353,7 +350,9 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
             f"{' (they differ in ' + ', '.join(fields) + ')' if fields else ''}: rank {me}: "
             f"{S.describe(key, seq)}, a call new to the group, which its members compare before running it; "
             f"{'; '.join(others)}, a call the members agreed on before, run without comparing it")
-    _runtime.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
+    wd = _current.watchdog
+    if wd is not None:
+        wd.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
     broken(g, f"a mismatched collective at sequence number {seq}: {body}")
     raise ValueError(f"{prefix(key[S.OP])} {body}")
 

@@ -10,13 +10,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _debug, _recorder as R, _runtime, work
+from mpidist import _current, _debug, _recorder as R, _runtime, work
+from mpidist._tags import USER_TAG_MAX
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import ReduceOp
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root", "root_rank", "p2p_call", "unusable", "signature"]
+__all__ = ["launch", "member", "group_root", "root_rank", "peer_rank", "check_tag", "p2p_call", "unusable", "signature"]
 
 _state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
 
@@ -164,7 +165,7 @@ def unusable(g: ProcessGroup, op: str) -> DistError:
 def member(group: Optional[ProcessGroup]) -> Optional[ProcessGroup]:
     """The resolved group if the caller is a member, else None (the op is a no-op)."""
     if group is None:  # the common case: two attribute lookups, no call (state() raises if uninitialized)
-        st = _runtime._state
+        st = _current.state
         return (st if st is not None else _runtime.state()).world
     g = _runtime.resolve_group(group)
     return g if g.comm is not None else None
@@ -213,3 +214,28 @@ def root_rank(g: ProcessGroup, rank: Any, group_rank: Any, op: str, arg: str, gr
         raise ValueError(f"{prefix(op)} {group_arg}={group_rank} is out of range for group {g.group_name!r} of "
                          f"size {len(g.ranks)}; expected 0 <= {group_arg} < {len(g.ranks)}")
     return int(group_rank)
+
+
+def check_tag(tag: Any, op: str, arg: str = "tag") -> int:
+    """``tag`` (argument ``arg`` of ``op``) as an int in 0 .. ``mpidist._tags.USER_TAG_MAX``
+    (the tags above are mpidist's own); TypeError / ValueError otherwise."""
+    if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
+        raise TypeError(f"{prefix(op)} {arg} must be an int, got {type(tag).__name__}")
+    if not 0 <= tag <= USER_TAG_MAX:
+        raise ValueError(f"{prefix(op)} {arg} must be in [0, {USER_TAG_MAX}] (tags above are reserved "
+                         f"for mpidist's own messages), got {tag}")
+    return int(tag)
+
+
+def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = None,
+              group_arg: str = "") -> int:
+    """Group rank of the other side, given as global rank ``peer`` (argument ``arg``) or
+    as rank ``group_peer`` in ``g`` (argument ``group_arg``, default ``"group_" + arg``);
+    it must be a member and not the caller."""
+    group_arg = group_arg or f"group_{arg}"
+    rank = root_rank(g, peer, group_peer, op, arg, group_arg)
+    if rank == g.rank():
+        given = f"{arg}={peer}" if group_peer is None else f"{group_arg}={group_peer}"
+        raise ValueError(f"{prefix(op)} {given} is the calling rank itself; "
+                         f"expected another member of the group")
+    return rank

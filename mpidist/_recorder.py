@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from mpidist import _current
 from mpidist._private import UnsafeDirectory, fresh_name, write_private_file
 
 __all__ = [
@@ -136,9 +137,7 @@ def group_key(g: Any) -> str:
     """
     key = g.engine.key
     if key is None:
-        from mpidist import _runtime  # noqa: PLC0415  (import cycle)
-
-        st = _runtime.state_or_none()
+        st = _current.state
         if st is None or g is st.world:
             key = "world"
         else:
@@ -212,14 +211,12 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
     raises: it runs while a job is failing.
     """
     global last_error
-    from mpidist import _runtime  # noqa: PLC0415  (import cycle)
-
-    st = _runtime.state_or_none()
+    st = _current.state
     rank = st.rank if st is not None else int(os.environ.get("PMI_RANK", os.environ.get("RANK", "0")))
     with _dump_lock:
         try:
             offset = time.time() - _now()
-            live = groups if groups is not None else (_runtime.live_groups() if st is not None else [])
+            live = groups if groups is not None else _current.live_groups()
             doc = {
                 "rank": rank, "world_size": st.world_size if st is not None else None,
                 "pid": os.getpid(), "host": socket.gethostname(), "reason": reason, "time": time.time(),

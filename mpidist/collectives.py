@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _debug, _recorder as R, _runtime
+from mpidist import _current, _debug, _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import launch, member, root_rank
 from mpidist._tags import monitored_barrier_tag
@@ -114,7 +114,7 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
     global _last, _agreed
     if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call(all_reduce, locals())
-    st = _runtime._state
+    st = _current.state
     if group is None and st is not None:
         g = st.world  # the common case: member(None) without the call
     else:

@@ -6,6 +6,8 @@ communication raise :class:`DistError`. Every message starts with
 """
 from __future__ import annotations
 
+from mpidist import _current
+
 __all__ = ["DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "prefix", "from_mpi"]
 
 
@@ -42,9 +44,7 @@ def _network_classes() -> frozenset:
 
 def prefix(op: str) -> str:
     """``"[rank r/n] op:"`` for the calling process, usable before init."""
-    from mpidist import _runtime  # noqa: PLC0415  (avoid an import cycle)
-
-    state = _runtime.state_or_none()
+    state = _current.state
     if state is None:
         return f"[rank ?/?] {op}:"
     return f"[rank {state.rank}/{state.world_size}] {op}:"

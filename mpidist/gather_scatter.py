@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _recorder as R
-from mpidist._buffers import host_array, mpi_datatype, same_dtype
+from mpidist._buffers import host_array, mpi_datatype, same_dtype, split_sizes
 from mpidist._dispatch import _guarded, launch, member, root_rank, signature
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
@@ -210,32 +210,6 @@ def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str,
 def _given(xs: Any) -> bool:
     """torch's test for an optional list argument: None and an empty list mean 'not given'."""
     return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
-
-
-def _splits(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: int) -> list[int]:
-    """Rows per rank along dim 0 of ``arr``: ``splits``, or an even split when None or empty."""
-    if arr.ndim == 0:
-        raise ValueError(f"{prefix(op)} {name} must have at least one dimension (it is split along "
-                         f"dim 0), got a 0-d array")
-    rows = arr.shape[0]
-    if splits is None or (hasattr(splits, "__len__") and len(splits) == 0):
-        if rows % n:
-            raise ValueError(f"{prefix(op)} {name}.shape[0] = {rows} is not divisible by the group size "
-                             f"{n}; pass {arg} to split it unevenly")
-        return [rows // n] * n
-    if not isinstance(splits, (list, tuple, np.ndarray)):
-        raise TypeError(f"{prefix(op)} {arg} must be a list of ints or None, got {type(splits).__name__}")
-    if len(splits) != n:
-        raise ValueError(f"{prefix(op)} {arg} must hold one size per group member = {n} sizes, "
-                         f"got {len(splits)}")
-    for i, s in enumerate(splits):
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
-            raise TypeError(f"{prefix(op)} {arg}[{i}] must be an int, got {type(s).__name__}")
-        if s < 0:
-            raise ValueError(f"{prefix(op)} {arg}[{i}] must be non-negative, got {s}")
-    if sum(splits) != rows:
-        raise ValueError(f"{prefix(op)} {arg} sums to {sum(splits)}, expected {name}.shape[0] = {rows}")
-    return [int(s) for s in splits]
 
 
 # -- all-gather -----------------------------------------------------------------------------
@@ -657,8 +631,8 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
     inp = host_array(input, op, "input", writable=False)
     same_dtype(out, inp, op, "output", "input")
     n = g.size()
-    out_rows = _splits(output_split_sizes, out, op, "output_split_sizes", "output", n)
-    in_rows = _splits(input_split_sizes, inp, op, "input_split_sizes", "input", n)
+    out_rows = split_sizes(output_split_sizes, out, op, "output_split_sizes", "output", n)
+    in_rows = split_sizes(input_split_sizes, inp, op, "input_split_sizes", "input", n)
     out_row, in_row = math.prod(out.shape[1:]), math.prod(inp.shape[1:])
     return _all_to_allv(g, op, inp.reshape(-1), tuple([r * in_row for r in in_rows]), (out,),
                         tuple([r * out_row for r in out_rows]), async_op, (output,))

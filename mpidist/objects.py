@@ -53,11 +53,10 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._dispatch import launch, member, p2p_call, root_rank, unusable
+from mpidist._dispatch import launch, member, p2p_call, peer_rank, root_rank, unusable
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
-from mpidist.p2p import peer_rank
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
            "send_object_list", "recv_object_list"]

@@ -18,38 +18,16 @@ from mpi4py import MPI
 
 from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
-from mpidist._dispatch import p2p_call, root_rank, unusable
+from mpidist._dispatch import check_tag, p2p_call, peer_rank, unusable
 from mpidist._recorder import begin_p2p, fail
 from mpidist._tags import USER_TAG_MAX
-from mpidist.device.route import batch_takes, check_p2p_tensor, device_call, takes
+from mpidist.device.route import batch_takes, device_call, takes
 from mpidist.errors import DistBackendError, from_mpi, prefix
 from mpidist._group import ProcessGroup
 from mpidist.work import CompletedWork, RequestWork, Work
+from mpidist._p2p_op import P2POp, is_receive
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
-
-
-def _check_tag(tag: Any, op: str, arg: str = "tag") -> int:
-    if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
-        raise TypeError(f"{prefix(op)} {arg} must be an int, got {type(tag).__name__}")
-    if not 0 <= tag <= USER_TAG_MAX:
-        raise ValueError(f"{prefix(op)} {arg} must be in [0, {USER_TAG_MAX}] (tags above are reserved "
-                         f"for mpidist's own messages), got {tag}")
-    return int(tag)
-
-
-def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = None,
-              group_arg: str = "") -> int:
-    """Group rank of the other side, given as global rank ``peer`` (argument ``arg``) or
-    as rank ``group_peer`` in ``g`` (argument ``group_arg``, default ``"group_" + arg``);
-    it must be a member and not the caller."""
-    group_arg = group_arg or f"group_{arg}"
-    rank = root_rank(g, peer, group_peer, op, arg, group_arg)
-    if rank == g.rank():
-        given = f"{arg}={peer}" if group_peer is None else f"{group_arg}={group_peer}"
-        raise ValueError(f"{prefix(op)} {given} is the calling rank itself; "
-                         f"expected another member of the group")
-    return rank
 
 
 # -- receiving: a message of another size is an error, and never silently wrong data ---------
@@ -135,7 +113,7 @@ def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag
     """
     g = _runtime.resolve_group(group)
     arr = host_array(tensor, op, f"{where}tensor", writable=receive)
-    tag = _check_tag(tag, op, f"{where}tag")
+    tag = check_tag(tag, op, f"{where}tag")
     if g.comm is None:
         return None
     if g.engine.aborted:
@@ -280,52 +258,6 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
         raise _mismatch(g, arr, "recv", status, datatype)
 
 
-class P2POp:
-    """One point-to-point operation for :func:`batch_isend_irecv` (``torch.distributed.P2POp``).
-
-    Args:
-        op: :func:`mpidist.isend` or :func:`mpidist.irecv`.
-        tensor: the array to send, or to receive into (writable for irecv).
-        peer: the other side's global rank; or
-        group: the process group (default: all ranks).
-        tag: 0 .. ``mpidist._tags.USER_TAG_MAX``.
-        group_peer: the other side's rank in ``group`` (torch 2.4+). One of ``peer``
-            and ``group_peer``; neither on an irecv means any source (an mpidist
-            extension: torch requires one).
-
-    ``peer`` and ``group_peer`` are kept as given; :func:`batch_isend_irecv` checks them
-    against the group (torch translates one into the other at construction).
-
-    Raises:
-        ValueError: ``op`` is neither isend nor irecv; both ``peer`` and ``group_peer``,
-        or neither on an isend. TypeError / ValueError: a bad array.
-    """
-
-    __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
-
-    def __init__(self, op: Any, tensor: np.ndarray, peer: Optional[int] = None,
-                 group: Optional[ProcessGroup] = None, tag: int = 0, group_peer: Optional[int] = None) -> None:
-        if op is not isend and op is not irecv:
-            raise ValueError(f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got "
-                             f"{getattr(op, '__name__', repr(op))}")
-        if peer is not None and group_peer is not None:
-            raise ValueError(f"{prefix('P2POp')} peer={peer} and group_peer={group_peer} both given; specify one "
-                             f"of them: peer is a global rank, group_peer a rank in the group")
-        if op is isend and peer is None and group_peer is None:
-            raise ValueError(f"{prefix('P2POp')} an isend needs its destination: peer (a global rank) or "
-                             f"group_peer (a rank in the group)")
-        if type(tensor) is not np.ndarray and takes(tensor):
-            check_p2p_tensor(tensor)
-        else:
-            host_array(tensor, "P2POp", "tensor", writable=op is irecv)
-        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
-        self.group_peer = group_peer
-
-    def __repr__(self) -> str:
-        peer = f"peer={self.peer}" if self.group_peer is None else f"group_peer={self.group_peer}"
-        return f"P2POp({self.op.__name__}, {peer}, tag={self.tag}, shape={self.tensor.shape})"
-
-
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
     """Post every op of ``p2p_op_list`` (no wait in between) and return their Works, in order.
 
@@ -337,8 +269,6 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
         ValueError: the list is empty or holds something other than :class:`P2POp`;
             TypeError / ValueError: a bad array, peer or tag (the message names the op's index).
     """
-    if batch_takes(p2p_op_list):  # device arrays: to the router
-        return device_call(batch_isend_irecv, locals())
     op = "batch_isend_irecv"
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise ValueError(f"{prefix(op)} p2p_op_list must be a non-empty list of P2POp, got "
@@ -346,9 +276,11 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
             raise ValueError(f"{prefix(op)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
+    if batch_takes(p2p_op_list):  # device arrays: to the router
+        return device_call(batch_isend_irecv, {"p2p_op_list": p2p_op_list})
     posts = []
     for i, p in enumerate(p2p_op_list):
-        receive = p.op is irecv
+        receive = is_receive(p)
         args = _prepare(op, p.tensor, p.peer, p.group, p.tag, receive, p.group_peer, f"p2p_op_list[{i}].")
         if args is not None:
             posts.append((_post_irecv if receive else _post_isend, args))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from mpidist._buffers import same_dtype
+from mpidist._buffers import same_dtype, split_sizes
 from mpidist._dispatch import group_root
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, overlaps
@@ -13,7 +13,6 @@ from mpidist.device._nccl_util import (
 )
 from mpidist.device._nccl_work import NcclWork
 from mpidist.errors import prefix
-from mpidist.gather_scatter import _splits
 from mpidist._group import ProcessGroup
 
 __all__ = ["all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single"]
@@ -185,8 +184,8 @@ def all_to_all_single(g: ProcessGroup, output: Any, input: Any, output_split_siz
     inp = device_array(input, name, "input", False, shim)
     same_dtype(out, inp, name, "output", "input")
     n, me = g.size(), g.rank()
-    out_rows = _splits(output_split_sizes, out, name, "output_split_sizes", "output", n)
-    in_rows = _splits(input_split_sizes, inp, name, "input_split_sizes", "input", n)
+    out_rows = split_sizes(output_split_sizes, out, name, "output_split_sizes", "output", n)
+    in_rows = split_sizes(input_split_sizes, inp, name, "input_split_sizes", "input", n)
     ins, outs = rows(inp, in_rows), rows(out, out_rows)
     _check_own(name, me, ins[me].size, outs[me].size)
     return collective(g, name, [out, inp], ["output", "input"], _all_to_all_body, (ins, outs, overlaps(inp, out)),

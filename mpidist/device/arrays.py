@@ -10,6 +10,8 @@ every other module asks it instead of knowing an op's arguments.
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -19,7 +21,7 @@ from mpidist.device.runtime import DeviceRuntime, runtime_for
 from mpidist.errors import prefix
 
 __all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "P2P", "SIGNATURES", "primary_name", "leaves",
-           "classify", "replace", "device_label", "mixed_error"]
+           "classify", "replace", "device_label", "mixed_error", "passing_through", "passthrough", "is_receive"]
 
 IN, OUT, INOUT = 1, 2, 3  # bit 1: read by the op, bit 2: written by it
 ONE, LIST, LISTS, P2P = "array", "list", "list of lists", "P2POp list"
@@ -53,6 +55,26 @@ SIGNATURES: dict[str, tuple] = {
 _SUFFIX = {ONE: "", LIST: "[0]", LISTS: "[0][0]", P2P: "[0].tensor"}
 
 
+_local = threading.local()
+
+
+def passing_through() -> bool:
+    """True while the router (:mod:`mpidist.device.route`) runs a host op on device arrays
+    (the CUDA-aware path): :func:`mpidist._buffers.host_array` then accepts them."""
+    return getattr(_local, "through", False)
+
+
+@contextmanager
+def passthrough() -> Iterator[None]:
+    """Mark this thread as running a host op on device arrays for the CUDA-aware path."""
+    before = passing_through()
+    _local.through = True
+    try:
+        yield
+    finally:
+        _local.through = before
+
+
 def primary_name(op: str) -> Optional[str]:
     """How the primary argument of ``op`` is named in messages (``"tensor_list[0]"``)."""
     sig = SIGNATURES.get(op)
@@ -63,10 +85,14 @@ def _is_seq(xs: Any) -> bool:
     return isinstance(xs, (list, tuple))
 
 
-def _p2p_role(p: Any) -> int:
-    from mpidist.p2p import irecv  # noqa: PLC0415  (p2p imports the router: no cycle at load)
+def is_receive(p: Any) -> bool:
+    """True if P2POp ``p`` receives: its op is irecv (P2POp takes only mpidist.isend or
+    mpidist.irecv, so the name tells them apart)."""
+    return getattr(p.op, "__name__", None) == "irecv"
 
-    return OUT if p.op is irecv else IN
+
+def _p2p_role(p: Any) -> int:
+    return OUT if is_receive(p) else IN
 
 
 def leaves(op: str, args: dict) -> Iterator[tuple[str, Any, int]]:

@@ -37,7 +37,6 @@ import numpy as np
 
 from mpidist import _recorder as R
 from mpidist import _runtime
-from mpidist import p2p as host_p2p
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, state
 from mpidist.device._nccl_move import (
@@ -48,8 +47,9 @@ from mpidist.device._nccl_util import p2p_group_body
 from mpidist.device._nccl_work import NcclWork, launch
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
-from mpidist.p2p import P2POp, _check_tag, peer_rank
 from mpidist._reduce_op import ReduceOp
+from mpidist._dispatch import check_tag, peer_rank
+from mpidist._p2p_op import P2POp, is_receive
 
 __all__ = ["run", "NcclWork", "OPS"]
 
@@ -82,7 +82,7 @@ def _p2p(g: ProcessGroup, name: str, tensor: Any, peer: Any, tag: Any, receive: 
     """One ncclSend/ncclRecv on the 2-rank communicator with ``peer`` (a global rank)."""
     shim = _nccl_shim.get()
     d = device_array(tensor, name, "tensor", receive, shim)
-    _check_tag(tag, name)
+    check_tag(tag, name)
     if receive and peer is None:
         raise ValueError(f"{prefix(name)} {arg}=None (any source) is not supported by NCCL; pass the "
                          f"sender's global rank")
@@ -145,10 +145,10 @@ def batch_isend_irecv(g: ProcessGroup, p2p_op_list: Any) -> list:
                              f"the NCCL path batches the ops of one group")
     plan = []
     for i, p in enumerate(p2p_op_list):
-        receive = p.op is host_p2p.irecv
+        receive = is_receive(p)
         where = f"p2p_op_list[{i}]."
         d = device_array(p.tensor, name, f"{where}tensor", receive, shim)
-        _check_tag(p.tag, name, f"{where}tag")
+        check_tag(p.tag, name, f"{where}tag")
         if p.peer is None:
             raise ValueError(f"{prefix(name)} {where}peer=None (any source) is not supported by NCCL; pass the "
                              f"sender's global rank")

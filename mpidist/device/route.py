@@ -9,35 +9,19 @@ arrays and :func:`mpidist._buffers.host_array` accepts them.
 """
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from mpidist._array import is_device_array
+from mpidist import _dispatch, _runtime
+from mpidist._p2p_op import P2POp
 from mpidist.device import arrays as A, detect, paths, staging
+from mpidist.device.arrays import passing_through, passthrough
+from mpidist.errors import prefix
 from mpidist.work import Work
 
-__all__ = ["takes", "first_takes", "device_call", "passthrough", "passing_through", "check_p2p_tensor"]
-
-_local = threading.local()
-
-
-def passing_through() -> bool:
-    """True while the router runs a host op on device arrays (the CUDA-aware path)."""
-    return getattr(_local, "through", False)
-
-
-@contextmanager
-def passthrough() -> Iterator[None]:
-    before = passing_through()
-    _local.through = True
-    try:
-        yield
-    finally:
-        _local.through = before
-
+__all__ = ["takes", "first_takes", "device_call", "passthrough", "passing_through"]
 
 def takes(x: Any) -> bool:
     """True if a call whose primary argument is ``x`` belongs to the router."""
@@ -50,14 +34,8 @@ def first_takes(xs: Any) -> bool:
             and takes(xs[0]))
 
 
-def check_p2p_tensor(tensor: Any) -> None:
-    """P2POp's check of a device ``tensor`` (its host check is host_array)."""
-    A.classify("P2POp", [("tensor", tensor, A.IN)])
-
-
-def _make_p2p(p: Any, tensor: Any) -> Any:
-    from mpidist.p2p import P2POp  # noqa: PLC0415
-
+def _make_p2p(p: P2POp, tensor: Any) -> P2POp:
+    """P2POp ``p`` with ``tensor`` in place of its array."""
     return P2POp(p.op, tensor, p.peer, p.group, p.tag, p.group_peer)
 
 
@@ -72,8 +50,6 @@ def _global_root(op: str, g: Any, args: dict) -> dict:
     """``args`` with the op's root (src/dst) as a global rank and no ``group_src``/
     ``group_dst`` (torch 2.4+): every path then sees one form (NCCL's ops take global
     ranks). Both or neither given: the host op's checks raise (:func:`root_rank`)."""
-    from mpidist._dispatch import root_rank  # noqa: PLC0415
-
     found = _ROOTS.get(op)
     if found is None:
         return args
@@ -82,7 +58,8 @@ def _global_root(op: str, g: Any, args: dict) -> dict:
     rank, group_rank = args.get(arg), args.pop(group_arg, None)
     if rank is None and group_rank is None and default == -1:
         return args  # a receive from any source
-    args[arg] = g.ranks[root_rank(g, rank, group_rank, op, arg, group_arg, None if default == -1 else default)]
+    root = _dispatch.root_rank(g, rank, group_rank, op, arg, group_arg, None if default == -1 else default)
+    args[arg] = g.ranks[root]
     return args
 
 
@@ -115,9 +92,7 @@ def device_call(fn: Callable[..., Any], args: dict) -> Any:
         if g is None:
             return []
     else:
-        from mpidist._dispatch import member  # noqa: PLC0415
-
-        g = member(args.get("group"))
+        g = _dispatch.member(args.get("group"))
         if g is None:
             return _non_member_result(op)
         args = _global_root(op, g, args)
@@ -141,9 +116,6 @@ def device_call(fn: Callable[..., Any], args: dict) -> Any:
 def _batch_group(args: dict) -> tuple[Any, dict]:
     """The group of a batch's ops that the caller is in, and the args with only those ops
     (torch skips ops on other groups). Mixed device backends in one batch: ValueError."""
-    from mpidist import _runtime  # noqa: PLC0415
-    from mpidist.errors import prefix  # noqa: PLC0415
-
     ops = args["p2p_op_list"]
     mine, groups = [], []
     for i, p in enumerate(ops):
@@ -162,14 +134,11 @@ def _batch_group(args: dict) -> tuple[Any, dict]:
 def _global_peer(p: Any, g: Any, i: int) -> Any:
     """P2POp ``p`` (``p2p_op_list[i]``) with its peer as a global rank (torch 2.4+'s
     ``group_peer`` translated), as NCCL's batch expects; ``p`` itself when it has one."""
-    from mpidist._dispatch import root_rank  # noqa: PLC0415
-    from mpidist.p2p import P2POp  # noqa: PLC0415
-
     group_peer = getattr(p, "group_peer", None)
     if group_peer is None:
         return p
     where = f"p2p_op_list[{i}]."
-    rank = root_rank(g, p.peer, group_peer, "batch_isend_irecv", f"{where}peer", f"{where}group_peer")
+    rank = _dispatch.root_rank(g, p.peer, group_peer, "batch_isend_irecv", f"{where}peer", f"{where}group_peer")
     return P2POp(p.op, p.tensor, g.ranks[rank], p.group, p.tag)
 
 
