@@ -38,7 +38,13 @@ run-torch: install
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q -e '.[torch]' '$(TORCH_PIN)'
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
-test: test-serial test-mpi test-slurm
+test: test-layers test-serial test-mpi test-slurm
+
+# The package's layers only look down and no modules import each other in a cycle
+# (tools/layers.py; docs/architecture.md, "Layers"). Needs nothing installed.
+.PHONY: test-layers
+test-layers:
+	$(PYTHON) tools/layers.py mpidist
 
 test-serial: install
 	timeout -k 10 $(TEST_TIMEOUT) $(PYTEST)
