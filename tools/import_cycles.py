@@ -100,17 +100,32 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main(argv: list[str]) -> int:
+def package_graph(root: Path) -> dict[str, set[str]]:
+    """Module name -> the package's modules it imports, for the package directory ``root``."""
+    files = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
+    known = set(files)
+    return {m: imports_of(p, m, root.name, known) for m, p in files.items()}
+
+
+def package_root(argv: list[str], usage: str) -> Path | None:
+    """The package directory named on the command line (default: mpidist), or None after
+    printing why it cannot be used (``usage`` for bad arguments)."""
     if len(argv) > 2:
-        print(__doc__)
-        return 2
+        print(usage)
+        return None
     root = Path(argv[1] if len(argv) == 2 else "mpidist").resolve()
     if not (root / "__init__.py").is_file():
         print(f"{root}: not a package directory (no __init__.py)")
+        return None
+    return root
+
+
+def main(argv: list[str]) -> int:
+    root = package_root(argv, __doc__)
+    if root is None:
         return 2
-    files = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
-    known = set(files)
-    graph = {m: imports_of(p, m, root.name, known) for m, p in files.items()}
+    graph = package_graph(root)
+    files = graph
 
     comps = strongly_connected(graph)
     comp_of = {m: i for i, c in enumerate(comps) for m in c}

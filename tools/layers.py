@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_cycles import imports_of, module_name, strongly_connected  # noqa: E402
+from import_cycles import package_graph, package_root, strongly_connected  # noqa: E402
 
 #: (layer, modules), lowest first: a module's name, or a package's name ending in "." for
 #: the modules under it that no layer names.
@@ -63,9 +63,7 @@ def layer_of(module: str) -> int:
 
 def violations(root: Path) -> list[str]:
     """Every layer violation and import cycle of the package at ``root``, as text lines."""
-    files = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
-    known = set(files)
-    graph = {m: imports_of(p, m, root.name, known) for m, p in files.items()}
+    graph = package_graph(root)
     out = []
     for m in sorted(graph):
         try:
@@ -92,12 +90,8 @@ def violations(root: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 2:
-        print(__doc__)
-        return 2
-    root = Path(argv[1] if len(argv) == 2 else "mpidist").resolve()
-    if not (root / "__init__.py").is_file():
-        print(f"{root}: not a package directory (no __init__.py)")
+    root = package_root(argv, __doc__)
+    if root is None:
         return 2
     found = violations(root)
     for line in found:
