@@ -197,9 +197,15 @@ def job(n: int, code: str, limit: float = 60, **env: str) -> tuple[subprocess.Co
 
 def test_one_rank_with_a_wrong_rank_fails_the_whole_job_at_once():
     """Rank 1 of 2 passes rank=5: both ranks raise the same ValueError (it used to raise on
-    rank 1 only, and rank 0 waited in init forever)."""
-    code = ("import os, mpidist\n"
-            "mpidist.init_process_group(rank=5 if os.environ['PMI_RANK'] == '1' else -1)\n")
+    rank 1 only, and rank 0 waited in init forever). Each rank prints its error in one write:
+    Python's own traceback writes the type and the message separately, and the two ranks'
+    pieces then interleave in mpiexec's stderr."""
+    code = ("import os, sys, mpidist\n"
+            "try:\n"
+            "    mpidist.init_process_group(rank=5 if os.environ['PMI_RANK'] == '1' else -1)\n"
+            "except ValueError as exc:\n"
+            "    sys.stderr.write(f'ValueError: {exc}\\n')\n"
+            "    sys.exit(1)\n")
     out, took = job(2, code, MPIDIST_TIMEOUT="60")
     assert out.returncode != 0
     assert took < 20
