@@ -59,6 +59,22 @@ def bounded_result(future: concurrent.futures.Future, rec: Optional[list]) -> An
             _timed_out(rec)
 
 
+def poll_until(done: Callable[[], bool], recs: Any = (), limit: Optional[float] = None,
+               pause: float = 50e-6, most: float = 50e-6) -> bool:
+    """Call ``done()`` until it is True (True), or ``limit`` seconds passed (False), sleeping
+    ``pause`` between calls, doubled each time up to ``most``; raise the watchdog's DistError
+    once it declares one of ``recs`` timed out (MPIDIST_ABORT_ON_TIMEOUT=0)."""
+    start = time.monotonic()
+    while not done():
+        for rec in recs:
+            _timed_out(rec)
+        if limit is not None and time.monotonic() - start >= limit:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, most)
+    return True
+
+
 def _settle(future: concurrent.futures.Future, error: Optional[BaseException], outputs: tuple) -> None:
     """Complete ``future`` with ``list(outputs)`` or ``error``, unless another thread already did."""
     _put(future, list(outputs) if error is None else None, error)
@@ -111,10 +127,21 @@ class Work:
     DistError (op, group, sequence number, ranks that had not arrived).
 
     ``synchronize()`` and ``get_future_result()`` (torch's) are written once, here, on top
-    of each kind's ``wait()`` and ``get_future()``.
+    of each kind's ``wait()`` and ``get_future()``. So are the parts the kinds share, read
+    from attributes each sets where it has them: ``exception()`` (``_error``),
+    ``source_rank()`` (``_source``), ``result()`` (``_outs``), the watched entry (``_rec``),
+    and, for a Work completed by a call to :meth:`_finished` (``_done``; CompletedWork, the
+    NCCL path's NcclWork), ``is_completed()`` and ``get_future()``: a plain future
+    settled by :meth:`_finished`, or at once if the op was done already.
     """
 
     _result_future: Optional[concurrent.futures.Future] = None  # get_future_result()'s, made on first call
+    _future: Optional[concurrent.futures.Future] = None  # get_future()'s, made on first call
+    _outs: tuple = ()  # the arrays the op wrote
+    _source: Optional[int] = None  # a receive's source rank
+    _error: Optional[BaseException] = None  # the op's error
+    _rec: Optional[list] = None  # the op's flight-recorder entry
+    _done = False  # (set by _finished)
 
     def __init__(self, op: str, where: str) -> None:
         self._op = op
@@ -164,11 +191,11 @@ class Work:
 
     def _watched_recs(self) -> tuple:
         """The flight-recorder entries the watchdog may declare timed out for this op."""
-        return ()
+        return () if self._rec is None else (self._rec,)
 
     def is_completed(self) -> bool:
         """True once the op finished (successfully or not); never blocks."""
-        raise NotImplementedError
+        return self._done
 
     def is_success(self) -> bool:
         """True once the op completed without an error (False while pending)."""
@@ -176,7 +203,7 @@ class Work:
 
     def exception(self) -> Optional[BaseException]:
         """The error the op raised, or None (also while it is pending)."""
-        return None
+        return self._error
 
     def result(self) -> list:
         """The arrays the op wrote, as a list, like torch; waits for the op first."""
@@ -185,14 +212,40 @@ class Work:
 
     def source_rank(self) -> int:
         """The global rank a receive got its message from (recv-type ops only)."""
-        raise ValueError(f"{self._where} source_rank() is only defined for receive operations")
+        if self._source is None:
+            raise ValueError(f"{self._where} source_rank() is only defined for receive operations")
+        return self._source
 
     def get_future(self) -> concurrent.futures.Future:
         """A future completed with ``result()``'s list, or with the op's error."""
-        raise NotImplementedError
+        with _CREATE_LOCK:
+            if self._future is None:
+                self._future = concurrent.futures.Future()
+                if self._done:
+                    _settle(self._future, self._error, self._outs)
+            return self._future
+
+    def _follow(self, source: Callable[[], concurrent.futures.Future],
+                outcome: Callable[[concurrent.futures.Future], tuple]) -> concurrent.futures.Future:
+        """``get_future()`` of a Work whose future follows another: made on the first call, and
+        settled with ``outcome(f)``'s ``(error, outputs)`` once ``source()``'s future ``f`` is done."""
+        with _CREATE_LOCK:
+            if self._future is not None:
+                return self._future
+            fut = self._future = concurrent.futures.Future()
+        source().add_done_callback(lambda f: _settle(fut, *outcome(f)))
+        return fut
+
+    def _finished(self) -> None:
+        """The op ended (``_error`` says how): ``is_completed()`` is True, the future settled."""
+        with _CREATE_LOCK:
+            self._done = True
+            future = self._future
+        if future is not None:
+            _settle(future, self._error, self._outs)
 
     def _outputs(self) -> tuple:
-        return ()
+        return self._outs
 
     def _timeout_error(self, seconds: float) -> DistError:
         return DistError(f"{self._where} Work.wait timed out after {seconds:.3g} s; the op has not completed")
@@ -209,40 +262,24 @@ class CompletedWork(Work):
     ``get_future()`` returns an already-completed future.
     """
 
+    _done = True
+
     def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None,
                  error: Optional[BaseException] = None) -> None:
         super().__init__(op, where)
         self._outs = outputs
         self._source = source
         self._error = error
-        self._future: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
         if self._error is not None:
             raise self._error
         return True
 
-    def is_completed(self) -> bool:
-        return True
-
-    def exception(self) -> Optional[BaseException]:
-        return self._error
-
     def source_rank(self) -> int:
+        """Raises the op's error first (as ``wait()``)."""
         self.wait()
-        if self._source is None:
-            return super().source_rank()
-        return self._source
-
-    def get_future(self) -> concurrent.futures.Future:
-        with _CREATE_LOCK:
-            if self._future is None:
-                self._future = concurrent.futures.Future()
-                _settle(self._future, self._error, self._outs)
-        return self._future
-
-    def _outputs(self) -> tuple:
-        return self._outs
+        return Work.source_rank(self)
 
 
 class _RequestFuture(concurrent.futures.Future):
@@ -292,11 +329,7 @@ class RequestWork(Work):
         self._outs = outputs
         self._finish = finish
         self._status = MPI.Status()
-        self._done = False
-        self._error: Optional[BaseException] = None
-        self._source: Optional[int] = None
         self._lock = threading.Lock()
-        self._future: Optional[_RequestFuture] = None
 
     def _advance(self, mpi_call: Callable[[MPI.Status], bool]) -> None:
         """Test or Wait on the request (lock held); on completion record source or error."""
@@ -336,12 +369,7 @@ class RequestWork(Work):
             if not self._done:
                 self._wait_watched()
             return True
-        deadline = time.monotonic() + limit
-        while not self._poll():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(50e-6)
-        return True
+        return poll_until(self._poll, (), limit)
 
     def _wait_watched(self) -> None:
         """Wait until done while the watchdog watches this request: it aborts the job past
@@ -355,12 +383,11 @@ class RequestWork(Work):
                     if not self._done:
                         self._advance(self._req.Wait)
             else:
-                while not self._poll():
-                    if rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None:
-                        # MPI may still write into the buffer later: keep request and buffer alive
-                        _ABANDONED.append(self)
-                        _timed_out(rec)
-                    time.sleep(50e-6)
+                try:
+                    poll_until(self._poll, (rec,))
+                except DistError:  # MPI may still write into the buffer later: keep request and buffer alive
+                    _ABANDONED.append(self)
+                    raise
         finally:
             if rec is not None:
                 R.watched.pop(id(rec), None)
@@ -382,17 +409,7 @@ class RequestWork(Work):
             raise self._error
         return True
 
-    def exception(self) -> Optional[BaseException]:
-        return self._error
-
-    def source_rank(self) -> int:
-        self.wait()
-        if self._source is None:
-            return super().source_rank()
-        return self._source
-
-    def _watched_recs(self) -> tuple:
-        return () if self._rec is None else (self._rec,)
+    source_rank = CompletedWork.source_rank
 
     def get_future(self) -> concurrent.futures.Future:
         with _CREATE_LOCK:
@@ -407,9 +424,6 @@ class RequestWork(Work):
             elif _thread_multiple():
                 _PROGRESS.watch(self)
         return self._future
-
-    def _outputs(self) -> tuple:
-        return self._outs
 
 
 @lru_cache(maxsize=None)
@@ -510,10 +524,9 @@ class FutureWork(Work):
     def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (),
                  rec: Optional[list] = None) -> None:
         super().__init__(op, where)
-        self._future = future
+        self._ran = future  # the engine's (get_future()'s is derived from it)
         self._outs = outputs
         self._rec = rec  # the flight recorder's entry, watched by the timeout watchdog
-        self._derived: Optional[concurrent.futures.Future] = None
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until done. ``timeout=None``: the group's timeout (init_process_group's,
@@ -521,33 +534,22 @@ class FutureWork(Work):
         MPIDIST_ABORT_ON_TIMEOUT=0 this raises its DistError."""
         limit = _seconds(timeout)
         if limit is None:
-            bounded_result(self._future, self._rec)
+            bounded_result(self._ran, self._rec)
             return True
         try:
-            self._future.result(limit)
+            self._ran.result(limit)
         except concurrent.futures.TimeoutError:
             raise self._timeout_error(limit or 0.0) from None
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._ran.done()
 
     def exception(self) -> Optional[BaseException]:
-        return self._future.exception() if self._future.done() else None
+        return self._ran.exception() if self._ran.done() else None
 
     def get_future(self) -> concurrent.futures.Future:
-        with _CREATE_LOCK:
-            if self._derived is not None:
-                return self._derived
-            derived = self._derived = concurrent.futures.Future()
-        self._future.add_done_callback(lambda f: _settle(derived, f.exception(), self._outs))
-        return derived
-
-    def _watched_recs(self) -> tuple:
-        return () if self._rec is None else (self._rec,)
-
-    def _outputs(self) -> tuple:
-        return self._outs
+        return self._follow(lambda: self._ran, lambda f: (f.exception(), self._outs))
 
 
 class _EngineFuture(concurrent.futures.Future):

@@ -3,7 +3,6 @@ which enqueues an op on its communicator's stream (the stream protocol is descri
 :mod:`mpidist.device._nccl_core`)."""
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -12,7 +11,7 @@ from mpidist import _recorder as R
 from mpidist.device._nccl_core import Dev, NcclComm, nccl_failure
 from mpidist.errors import DistError, prefix
 from mpidist._group import ProcessGroup
-from mpidist.work import _CREATE_LOCK, Work, _seconds, _settle, _timed_out
+from mpidist.work import Work, _seconds, poll_until
 
 __all__ = ["NcclWork", "REAPER", "host_wait_for", "launch", "collective_rec"]
 
@@ -105,6 +104,9 @@ class NcclWork(Work):
     * ``synchronize()``: the caller's current stream waits on the op; the host never blocks
       (torch's ``WorkNCCL::synchronize``), a barrier's Work included.
       ``get_future_result()``: SUCCESS once done, or TIMEOUT (:class:`mpidist.work.Work`).
+
+    The future, ``exception()`` and ``source_rank()`` are the host Work's
+    (:class:`mpidist.work.Work`): the completion thread calls ``_finished()``.
     """
 
     def __init__(self, op: str, where: str, shim: Any, device: int, event: Any, outputs: tuple,
@@ -112,8 +114,6 @@ class NcclWork(Work):
         super().__init__(op, where)
         self._shim, self._device, self._event = shim, device, event
         self._outs, self._recs, self._source, self._host_wait = outputs, recs, source, host_wait
-        self._future: Optional[concurrent.futures.Future] = None
-        self._done = False
 
     def wait(self, timeout: Any = None) -> bool:
         limit = _seconds(timeout)
@@ -137,30 +137,6 @@ class NcclWork(Work):
     def is_completed(self) -> bool:
         return self._done or self._shim.done(self._event)
 
-    def source_rank(self) -> int:
-        if self._source is None:
-            return super().source_rank()
-        return self._source
-
-    def get_future(self) -> concurrent.futures.Future:
-        with _CREATE_LOCK:
-            if self._future is None:
-                self._future = concurrent.futures.Future()
-                if self._done:
-                    _settle(self._future, None, self._outs)
-            return self._future
-
-    def _finished(self) -> None:
-        """Called by the completion thread once the done event happened."""
-        with _CREATE_LOCK:
-            self._done = True
-            future = self._future
-        if future is not None:
-            _settle(future, None, self._outs)
-
-    def _outputs(self) -> tuple:
-        return self._outs
-
 
 def host_wait_for(shim: Any, event: Any, recs: list, limit: Optional[float]) -> bool:
     """Block the host until ``event`` happened (True), or ``limit`` seconds passed (False).
@@ -168,16 +144,7 @@ def host_wait_for(shim: Any, event: Any, recs: list, limit: Optional[float]) -> 
     Raises the watchdog's DistError once it declares one of ``recs`` timed out
     (MPIDIST_ABORT_ON_TIMEOUT=0; by default the watchdog aborts the job instead).
     """
-    start = time.monotonic()
-    pause = 2e-5
-    while not shim.done(event):
-        for rec in recs:
-            _timed_out(rec)
-        if limit is not None and time.monotonic() - start > limit:
-            return False
-        time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
-    return True
+    return poll_until(lambda: shim.done(event), recs, limit, 2e-5, 1e-3)
 
 
 # -- enqueueing an op ----------------------------------------------------------------------------------

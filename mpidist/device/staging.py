@@ -21,7 +21,7 @@ from mpidist.device import arrays as A
 from mpidist.device.detect import Detection
 from mpidist.device.paths import MPI_CUDA_OPS
 from mpidist.device.runtime import DeviceRuntime
-from mpidist.work import Work, _settle
+from mpidist.work import Work
 
 __all__ = ["PinnedPool", "pool_for", "DeviceWork", "call", "warn_once", "POOL_LIMIT"]
 
@@ -132,7 +132,6 @@ class DeviceWork(Work):
         self._finish = finish
         self._outmap = outmap
         self._lock = threading.Lock()
-        self._future: Optional[concurrent.futures.Future] = None
 
     def _complete(self, ok: bool) -> None:
         with self._lock:
@@ -169,21 +168,16 @@ class DeviceWork(Work):
         return tuple(self._outmap.get(id(h), h) for h in self._inner._outputs())
 
     def get_future(self) -> concurrent.futures.Future:
-        with self._lock:
-            if self._future is not None:
-                return self._future
-            fut = self._future = concurrent.futures.Future()
+        return self._follow(self._inner.get_future, self._done_inner)
 
-        def done(f: concurrent.futures.Future) -> None:
-            error = f.exception()
-            try:
-                self._complete(error is None)
-            except BaseException as exc:  # noqa: BLE001  (delivered through the future)
-                error = error or exc
-            _settle(fut, error, self._outputs())
-
-        self._inner.get_future().add_done_callback(done)
-        return fut
+    def _done_inner(self, f: concurrent.futures.Future) -> tuple:
+        """The inner op's future ``f`` is done: finish, and say how (``get_future()``'s outcome)."""
+        error = f.exception()
+        try:
+            self._complete(error is None)
+        except BaseException as exc:  # noqa: BLE001  (delivered through the future)
+            error = error or exc
+        return error, self._outputs()
 
 
 class _Staged:
