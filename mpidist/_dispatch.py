@@ -100,7 +100,11 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     nested = eng.on_runner()
     eager = async_op and (nested or group.size() == 1 or not _runtime.state().thread_multiple)
     queued = not nested and ((async_op and not eager) or not work.ABORT_ON_TIMEOUT or not eng.runs_inline())
-    rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED)
+    # Numbered now only when no other thread can number one of this group's ops meanwhile
+    # (no op queued or running); else under the engine's lock as it is queued or put
+    # before the queued ones (a callback's), so that numbers follow the order ops run in.
+    rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED,
+                  number=not (queued or nested))
     if nested:
         eng.run_before_queued(rec)
     if limit is not None:

@@ -86,16 +86,23 @@ def configure(seconds: float, buffer: int, directory: Optional[str]) -> None:
     _dir = directory
 
 
-def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED) -> list:
+def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED,
+          number: bool = True) -> list:
     """Record a collective issued on group ``g`` and return its entry.
 
     ``state=STARTED`` (it runs now, on this thread) also makes it the group's op in
     flight (``g.engine.current``), which the watchdog watches; an op queued on the
     engine is SCHEDULED and becomes current when the engine starts it.
+    ``number=False``: its sequence number (-1 until then) is given under the engine's
+    lock, where it is queued or where a callback's op is put before the queued ones
+    (:meth:`mpidist.work.Engine.number`).
     """
     eng = g.engine
-    seq = eng.seq
-    eng.seq = seq + 1
+    if number:
+        seq = eng.seq
+        eng.seq = seq + 1
+    else:
+        seq = -1
     t = _now()
     rec = [seq, op, g, shapes, dtype, root, t, t, 0.0, state, timeout, None]
     _append(rec)

@@ -134,8 +134,10 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
         if plan is not None and tensor.nbytes < plan[3]:
             flags = tensor.flags
             eng = g.engine
-            if flags.c_contiguous and flags.writeable and eng.inline and (
-                    eng.pending == 0 or (eng.idle() and not eng.queued())):  # (launch renumbers a callback's op)
+            # only with no op queued or running: otherwise another thread (the engine's, or
+            # a callback's op on it) may be numbering one of the group's ops, which launch does
+            # under the engine's lock
+            if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0:
                 ok = _agreed
                 if not (ok[1] is plan and ok[0] is g and ok[2] == tensor.size):
                     ok = _agree(g, plan, tensor, op)

@@ -158,7 +158,7 @@ def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op
     at once, recorded and checked as launch records and checks it (sequence number, flight
     recorder, watchdog, the members' agreement on the call: ``layout``, ``parts`` as there)."""
     eng = g.engine
-    if async_op or not eng.idle() or eng.queued() or eng.broken is not None:  # (launch renumbers a callback's op)
+    if async_op or not eng.inline or eng.pending or eng.broken is not None:  # (as all_reduce's latency path)
         return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count,
                       layout=layout, parts=parts)
     _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), signature(g, op, count, dtype, root, None, layout),

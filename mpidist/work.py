@@ -678,6 +678,8 @@ class Engine:
                 self._thread = threading.Thread(target=self._loop, name=f"mpidist-{self._name}", daemon=True)
                 self._thread.start()
             self.pending += 1
+            if rec is not None and rec[R.SEQ] < 0:
+                self._number(rec)
             self._items.append((future, fn, args, rec))
             self._cond.notify()
         return future
@@ -712,10 +714,6 @@ class Engine:
         issued from a callback is issued on the runner (and must run there, at once)."""
         return threading.current_thread() is self._runner
 
-    def queued(self) -> bool:
-        """True when ops are queued behind the one running (read without the lock: a hint)."""
-        return bool(self._items)
-
     def run_before_queued(self, rec: list) -> None:
         """``rec``, an op issued on the runner thread (a callback's), runs now, before the ops
         queued at this moment: it takes the sequence number of the first of them and theirs
@@ -730,6 +728,15 @@ class Engine:
                 for entry in queued:
                     entry[R.SEQ] += 1
                 rec[R.SEQ] = first
+                self.seq += 1
+            else:
+                self._number(rec)
+
+    def _number(self, rec: list) -> None:
+        """Give ``rec`` the group's next sequence number (lock held: the op is being queued,
+        or run by a callback, while another thread may be numbering one)."""
+        rec[R.SEQ] = self.seq
+        self.seq += 1
 
     def runs_inline(self) -> bool:
         """True when :meth:`run_sync` would run its op inline: nothing is queued, or this
@@ -743,6 +750,9 @@ class Engine:
         timeout of ``rec``, the op's recorder entry, when MPIDIST_ABORT_ON_TIMEOUT=0).
         """
         if self.runs_inline():
+            if rec is not None and rec[R.SEQ] < 0:  # (queued when launch looked; the queue emptied since)
+                with self._cond:
+                    self._number(rec)
             return fn(*args)
         return bounded_result(self.submit(fn, *args, rec=rec), rec)
 

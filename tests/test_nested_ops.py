@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 
 from conftest import launcher_free_env
 from mpidist import work
+from mpidist._dispatch import launch
 from mpidist.parallel.comm_hooks import PowerSGDState, powerSGD_hook, then
 from test_comm_hooks import grads_after_step, same_on_every_rank
 
@@ -126,4 +128,41 @@ def test_a_callbacks_op_takes_its_place_in_the_sequence_numbers(dist, world):
     key = dist._recorder.group_key(g)  # (unique, where names of earlier groups may repeat)
     seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._recorder.snapshot() if e["group_key"] == key}
     assert seqs == {"all_reduce[4]": 0, "all_reduce[2]": 1, "all_reduce[3]": 2}, seqs
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_op_numbered_while_a_callbacks_op_runs_is_numbered_after_it(dist, world, monkeypatch):
+    """The caller issues an async op while the callback of its previous op runs on the engine
+    and issues an op of its own. Whichever of them is numbered first, the numbers must follow
+    the order they run in (the callback's op runs first: the caller's is queued behind). Here
+    the caller's op is held between being recorded and being queued until the callback has
+    run (its op done): a fresh-clone CI run once hit that window, and the callback's op was
+    numbered after the caller's while it ran before it, on one rank only (a mismatch error)."""
+    rank, size = world
+    g = dist.new_group()
+    gate, ran = threading.Event(), threading.Event()
+    first = launch(dist._runtime.resolve_group(g), "barrier", gate.wait, (10,), True, checked=False)  # on the engine
+
+    def callback(f: concurrent.futures.Future) -> None:
+        dist.all_reduce(np.ones(2), group=g)  # issued on the engine thread
+        ran.set()
+
+    chained = then(first.get_future(), callback)
+    submit = work.Engine.submit
+
+    def held_submit(self, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread() and not ran.is_set():
+            gate.set()  # the engine finishes `first` and runs the callback, while this op waits to be queued
+            assert ran.wait(30)
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(work.Engine, "submit", held_submit)
+    later = dist.all_reduce(np.ones(3), group=g, async_op=True)
+    monkeypatch.setattr(work.Engine, "submit", submit)
+    chained.result(timeout=60)
+    later.wait()
+    key = dist._recorder.group_key(g)
+    seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._recorder.snapshot() if e["group_key"] == key}
+    assert seqs == {"barrierNone": 0, "all_reduce[2]": 1, "all_reduce[3]": 2}, seqs
     dist.destroy_process_group(g)
