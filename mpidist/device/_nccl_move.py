@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from mpidist._buffers import same_dtype, split_sizes
-from mpidist._dispatch import group_root
+from mpidist._dispatch import group_root, root_list
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, overlaps
 from mpidist.device._nccl_util import (
-    Group, arrays, back_to_back, collective, copy_of, given, new_buffer, p2p_group_body, rows, same_shape,
+    Group, arrays, back_to_back, collective, copy_of, new_buffer, p2p_group_body, rows, same_shape,
 )
 from mpidist.device._nccl_work import NcclWork
 from mpidist.errors import prefix
@@ -81,51 +81,37 @@ def gather(g: ProcessGroup, tensor: Any, gather_list: Any = None, dst: int = 0,
            async_op: bool = False) -> Optional[NcclWork]:
     """Every member's ``tensor`` into ``gather_list[group rank]`` on global rank ``dst``
     (grouped send/recv; ``gather_list`` only on ``dst``, as torch)."""
-    name = "gather"
-    shim = _nccl_shim.get()
-    inp = device_array(tensor, name, "tensor", False, shim)
-    root = group_root(g, dst, name, "dst")
-    me = g.rank()
-    if me != root:
-        if given(gather_list):
-            raise ValueError(f"{prefix(name)} gather_list must not be given on a rank other than dst={dst} "
-                             f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
-        return collective(g, name, [inp], ["tensor"], p2p_group_body, ([(root, inp)], []), (tensor,), (),
-                           async_op, inp.shape, dst)
-    if not given(gather_list):
-        raise ValueError(f"{prefix(name)} gather_list must be given on the destination rank dst={dst}: "
-                         f"a list of {g.size()} arrays, got {gather_list!r}")
-    outs = arrays(gather_list, name, "gather_list", g.size(), True, shim, "the group size", inp, "tensor")
-    same_shape(outs[root], inp, name, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
-    recvs = [(r, o) for r, o in enumerate(outs) if r != root]
-    return collective(g, name, [inp, *outs], ["tensor"] + [f"gather_list[{i}]" for i in range(len(outs))],
-                       p2p_group_body, ([], recvs, (outs[root], inp)), (tensor, tuple(gather_list)),
-                       tuple(gather_list), async_op, inp.shape, dst)
+    return _rooted(g, "gather", tensor, gather_list, "dst", dst, async_op)
 
 
 def scatter(g: ProcessGroup, tensor: Any, scatter_list: Any = None, src: int = 0,
             async_op: bool = False) -> Optional[NcclWork]:
     """``scatter_list[i]`` of global rank ``src`` into group rank i's ``tensor`` (grouped
     send/recv; ``scatter_list`` only on ``src``, as torch)."""
-    name = "scatter"
+    return _rooted(g, "scatter", tensor, scatter_list, "src", src, async_op)
+
+
+def _rooted(g: ProcessGroup, name: str, tensor: Any, xs: Any, root_arg: str, at: int,
+            async_op: bool) -> Optional[NcclWork]:
+    """gather (``root_arg`` dst: ``tensor`` to the root's list ``xs``) or scatter (src: the
+    root's ``xs`` to ``tensor``): grouped send/recv, the root's own part a device copy."""
+    gathering, arg = root_arg == "dst", f"{name}_list"
     shim = _nccl_shim.get()
-    out = device_array(tensor, name, "tensor", True, shim)
-    root = group_root(g, src, name, "src")
+    mine = device_array(tensor, name, "tensor", not gathering, shim)
+    root = group_root(g, at, name, root_arg)
+    root_list(xs, g.rank() == root, name, arg, root_arg, at, g.size())
     if g.rank() != root:
-        if given(scatter_list):
-            raise ValueError(f"{prefix(name)} scatter_list must not be given on a rank other than src={src} "
-                             f"(torch: 'must NOT be specified on non-source ranks'); pass None")
-        return collective(g, name, [out], ["tensor"], p2p_group_body, ([], [(root, out)]), (tensor,),
-                           (tensor,), async_op, out.shape, src)
-    if not given(scatter_list):
-        raise ValueError(f"{prefix(name)} scatter_list must be given on the source rank src={src}: "
-                         f"a list of {g.size()} arrays, got {scatter_list!r}")
-    inps = arrays(scatter_list, name, "scatter_list", g.size(), False, shim, "the group size", out, "tensor")
-    same_shape(inps[root], out, name, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
-    sends = [(r, a) for r, a in enumerate(inps) if r != root]
-    return collective(g, name, [out, *inps], ["tensor"] + [f"scatter_list[{i}]" for i in range(len(inps))],
-                       p2p_group_body, (sends, [], None, (out, inps[root])), (tensor, tuple(scatter_list)),
-                       (tensor,), async_op, out.shape, src)
+        part = [(root, mine)]
+        return collective(g, name, [mine], ["tensor"], p2p_group_body, (part, []) if gathering else ([], part),
+                           (tensor,), () if gathering else (tensor,), async_op, mine.shape, at)
+    parts = arrays(xs, name, arg, g.size(), gathering, shim, "the group size", mine, "tensor")
+    same_shape(parts[root], mine, name, f"{arg}[{root}]", "tensor",
+               " (it receives dst's own tensor)" if gathering else " (it is src's own part)")
+    others = [(r, d) for r, d in enumerate(parts) if r != root]
+    bargs = ([], others, (parts[root], mine)) if gathering else (others, [], None, (mine, parts[root]))
+    return collective(g, name, [mine, *parts], ["tensor"] + [f"{arg}[{i}]" for i in range(len(parts))],
+                       p2p_group_body, bargs, (tensor, tuple(xs)), tuple(xs) if gathering else (tensor,), async_op,
+                       mine.shape, at)
 
 
 # -- all-to-all ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import _premul_factor
 
-__all__ = ["version", "arrays", "same_shape", "given", "new_buffer", "copy_of", "scale", "divide", "scaled_input",
+__all__ = ["version", "arrays", "same_shape", "new_buffer", "copy_of", "scale", "divide", "scaled_input",
            "Group", "collective", "back_to_back", "copy", "p2p_group_body", "rows"]
 
 _VERSIONS: dict = {}
@@ -50,11 +50,6 @@ def arrays(xs: Any, name: str, arg: str, n: Optional[int], writable: bool, shim:
 def same_shape(a: Dev, ref: Dev, name: str, arg: str, ref_arg: str, why: str = "") -> None:
     if a.shape != ref.shape:
         raise ValueError(f"{prefix(name)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, got {a.shape}")
-
-
-def given(xs: Any) -> bool:
-    """torch's test for an optional list argument: None and an empty list mean 'not given'."""
-    return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
 
 
 def new_buffer(comm: NcclComm, count: int, dtype: np.dtype) -> tuple[Any, int]:
