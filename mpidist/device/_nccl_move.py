@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from mpidist._buffers import same_dtype, split_sizes
+from mpidist._buffers import split_sizes
 from mpidist._dispatch import group_root, root_list
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, overlaps
 from mpidist.device._nccl_util import (
-    Group, arrays, back_to_back, collective, copy_of, new_buffer, p2p_group_body, rows, same_shape,
+    Group, arrays, back_to_back, collective, copy_of, holds, new_buffer, p2p_group_body, pair, rows, same_shape,
 )
 from mpidist.device._nccl_work import NcclWork
 from mpidist.errors import prefix
@@ -25,14 +25,8 @@ def all_gather_into_tensor(g: ProcessGroup, output_tensor: Any, input_tensor: An
     """ncclAllGather of every member's ``input_tensor`` into ``output_tensor`` (group-rank
     order; ``W * input.size`` elements). In place when ``input_tensor`` is this rank's slot."""
     name = "all_gather_into_tensor"
-    shim = _nccl_shim.get()
-    out = device_array(output_tensor, name, "output_tensor", True, shim)
-    inp = device_array(input_tensor, name, "input_tensor", False, shim)
-    same_dtype(out, inp, name, "output_tensor", "input_tensor")
-    n = g.size()
-    if out.size != inp.size * n:
-        raise ValueError(f"{prefix(name)} output_tensor must hold world_size * input_tensor.size = {n} * "
-                         f"{inp.size} = {n * inp.size} elements, got {out.size} (shape {out.shape})")
+    _, out, inp = pair(name, output_tensor, input_tensor, "output_tensor", "input_tensor")
+    holds(name, out, "output_tensor", inp, "input_tensor", g.size())
     return collective(g, name, [out, inp], ["output_tensor", "input_tensor"], _all_gather_body, (inp, out.ptr),
                        (output_tensor, input_tensor), (output_tensor,), async_op, inp.shape)
 
@@ -66,7 +60,7 @@ def all_gather(g: ProcessGroup, tensor_list: Any, tensor: Any, async_op: bool = 
     name = "all_gather"
     shim = _nccl_shim.get()
     inp = device_array(tensor, name, "tensor", False, shim)
-    outs = arrays(tensor_list, name, "tensor_list", g.size(), True, shim, "the group size", inp, "tensor")
+    outs = arrays(tensor_list, name, "tensor_list", g.size(), True, shim, inp, "tensor")
     me = g.rank()
     same_shape(outs[me], inp, name, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
     if back_to_back(outs) and all(o.size == inp.size for o in outs):
@@ -104,7 +98,7 @@ def _rooted(g: ProcessGroup, name: str, tensor: Any, xs: Any, root_arg: str, at:
         part = [(root, mine)]
         return collective(g, name, [mine], ["tensor"], p2p_group_body, (part, []) if gathering else ([], part),
                            (tensor,), () if gathering else (tensor,), async_op, mine.shape, at)
-    parts = arrays(xs, name, arg, g.size(), gathering, shim, "the group size", mine, "tensor")
+    parts = arrays(xs, name, arg, g.size(), gathering, shim, mine, "tensor")
     same_shape(parts[root], mine, name, f"{arg}[{root}]", "tensor",
                " (it receives dst's own tensor)" if gathering else " (it is src's own part)")
     others = [(r, d) for r, d in enumerate(parts) if r != root]
@@ -149,8 +143,8 @@ def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
     name = "all_to_all"
     shim = _nccl_shim.get()
     n = g.size()
-    ins = arrays(input_tensor_list, name, "input_tensor_list", n, False, shim, "the group size")
-    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, "the group size", ins[0],
+    ins = arrays(input_tensor_list, name, "input_tensor_list", n, False, shim)
+    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, ins[0],
                    "input_tensor_list[0]")
     me = g.rank()
     _check_own(name, me, ins[me].size, outs[me].size)
@@ -165,10 +159,7 @@ def all_to_all_single(g: ProcessGroup, output: Any, input: Any, output_split_siz
     """Rows ``input_split_sizes[i]`` of ``input`` to group rank i; rank i's rows land in
     ``output`` in rank order (equal splits when the sizes are None or empty)."""
     name = "all_to_all_single"
-    shim = _nccl_shim.get()
-    out = device_array(output, name, "output", True, shim)
-    inp = device_array(input, name, "input", False, shim)
-    same_dtype(out, inp, name, "output", "input")
+    _, out, inp = pair(name, output, input)
     n, me = g.size(), g.rank()
     out_rows = split_sizes(output_split_sizes, out, name, "output_split_sizes", "output", n)
     in_rows = split_sizes(input_split_sizes, inp, name, "input_split_sizes", "input", n)

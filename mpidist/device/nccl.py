@@ -56,23 +56,20 @@ __all__ = ["run", "NcclWork", "OPS"]
 
 # -- the seeds' multi-GPU forms: one array per list ---------------------------------------------------
 
-def _one(xs: Any, name: str, arg: str) -> Any:
-    """The only element of a ``*_multigpu`` list: one process drives one GPU on this path."""
+def _one(xs: Any, name: str, arg: str, index_arg: str = "", index: Any = 0) -> Any:
+    """The only element of a ``*_multigpu`` list: one process drives one GPU on this path.
+    ``index_arg``: the op's index into the list (``index``, its value), an int and 0."""
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{prefix(name)} {arg} must be a list of device arrays, got {type(xs).__name__}")
     if len(xs) != 1:
         raise ValueError(f"{prefix(name)} {arg} must hold exactly one array on the NCCL path (one GPU per "
                          f"process; torch removed the multi-GPU forms), got {len(xs)}")
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        raise TypeError(f"{prefix(name)} {index_arg} must be an int, got {type(index).__name__}")
+    if index != 0:
+        raise ValueError(f"{prefix(name)} {index_arg}={index} is out of range: the NCCL path takes one array per "
+                         f"list, so {index_arg} must be 0")
     return xs[0]
-
-
-def _index(value: Any, name: str, arg: str) -> None:
-    """A ``*_multigpu`` list index: an int, and 0 (the list holds one array)."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"{prefix(name)} {arg} must be an int, got {type(value).__name__}")
-    if value != 0:
-        raise ValueError(f"{prefix(name)} {arg}={value} is out of range: the NCCL path takes one array per "
-                         f"list, so {arg} must be 0")
 
 
 # -- point-to-point -----------------------------------------------------------------------------------
@@ -173,17 +170,13 @@ def all_reduce_multigpu(g: ProcessGroup, tensor_list: Any, op: Any = ReduceOp.SU
 def reduce_multigpu(g: ProcessGroup, tensor_list: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False,
                     dst_tensor: int = 0) -> Optional[NcclWork]:
     name = "reduce_multigpu"
-    tensor = _one(tensor_list, name, "tensor_list")
-    _index(dst_tensor, name, "dst_tensor")
-    return reduce(g, tensor, dst, op, async_op, name=name)
+    return reduce(g, _one(tensor_list, name, "tensor_list", "dst_tensor", dst_tensor), dst, op, async_op, name=name)
 
 
 def broadcast_multigpu(g: ProcessGroup, tensor_list: Any, src: int, async_op: bool = False,
                        src_tensor: int = 0) -> Optional[NcclWork]:
     name = "broadcast_multigpu"
-    tensor = _one(tensor_list, name, "tensor_list")
-    _index(src_tensor, name, "src_tensor")
-    return broadcast(g, tensor, src, async_op, name=name)
+    return broadcast(g, _one(tensor_list, name, "tensor_list", "src_tensor", src_tensor), src, async_op, name=name)
 
 
 def all_gather_multigpu(g: ProcessGroup, output_tensor_lists: Any, input_tensor_list: Any,
