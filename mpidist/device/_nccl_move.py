@@ -133,10 +133,6 @@ def _all_to_all_body(comm: NcclComm, ins: list, outs: list, stage: bool) -> Any:
     return temp
 
 
-def _overlap_any(xs: Sequence[Dev], ys: Sequence[Dev]) -> bool:
-    return any(overlaps(a, b) for a in xs for b in ys)
-
-
 def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
                async_op: bool = False) -> Optional[NcclWork]:
     """``input_tensor_list[i]`` to group rank i, rank i's into ``output_tensor_list[i]``."""
@@ -144,12 +140,12 @@ def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
     shim = _nccl_shim.get()
     n = g.size()
     ins = arrays(input_tensor_list, name, "input_tensor_list", n, False, shim)
-    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, ins[0],
-                   "input_tensor_list[0]")
+    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, ins[0], "input_tensor_list[0]")
     me = g.rank()
     _check_own(name, me, ins[me].size, outs[me].size)
     args = [f"input_tensor_list[{i}]" for i in range(n)] + [f"output_tensor_list[{i}]" for i in range(n)]
-    return collective(g, name, ins + outs, args, _all_to_all_body, (ins, outs, _overlap_any(ins, outs)),
+    stage = any(overlaps(a, b) for a in ins for b in outs)
+    return collective(g, name, ins + outs, args, _all_to_all_body, (ins, outs, stage),
                        (tuple(input_tensor_list), tuple(output_tensor_list)), tuple(output_tensor_list), async_op,
                        [d.shape for d in ins])
 

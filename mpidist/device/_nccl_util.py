@@ -16,7 +16,8 @@ from mpidist._group import ProcessGroup
 from mpidist._reduce_op import _premul_factor
 
 __all__ = ["version", "pair", "holds", "arrays", "same_shape", "new_buffer", "copy_of", "scale", "divide",
-           "scaled_input", "Group", "collective", "back_to_back", "copy", "p2p_group_body", "rows"]
+           "scaled_input", "Group", "collective", "back_to_back", "copy", "send_recv", "p2p_group_body",
+           "rows"]
 
 _VERSIONS: dict = {}
 
@@ -159,6 +160,12 @@ def copy(comm: NcclComm, dst: Dev, src: Dev) -> Any:
     return None
 
 
+def send_recv(comm: NcclComm, d: Dev, peer: int, receive: bool = False) -> None:
+    """ncclSend of ``d`` to ``peer`` (a rank of ``comm``), or ncclRecv into it, on the stream."""
+    kind, mult = mover(d.dtype)
+    (comm.nccl.recv if receive else comm.nccl.send)(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
+
+
 def p2p_group_body(comm: NcclComm, sends: Sequence[tuple[int, Dev]], recvs: Sequence[tuple[int, Dev]],
                     before: Optional[tuple[Dev, Dev]] = None, after: Optional[tuple[Dev, Dev]] = None) -> Any:
     """Grouped ncclSend/ncclRecv ((group rank, array) pairs), with a device copy (dst, src)
@@ -167,11 +174,9 @@ def p2p_group_body(comm: NcclComm, sends: Sequence[tuple[int, Dev]], recvs: Sequ
     temps = [copy(comm, *before)] if before is not None else []
     with Group(comm.shim):
         for peer, d in sends:
-            kind, mult = mover(d.dtype)
-            comm.nccl.send(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
+            send_recv(comm, d, peer)
         for peer, d in recvs:
-            kind, mult = mover(d.dtype)
-            comm.nccl.recv(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
+            send_recv(comm, d, peer, True)
     if after is not None:
         temps.append(copy(comm, *after))
     return temps

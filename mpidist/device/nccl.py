@@ -38,12 +38,12 @@ import numpy as np
 from mpidist import _recorder as R
 from mpidist import _runtime
 from mpidist.device import _nccl_shim
-from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, state
+from mpidist.device._nccl_core import device_array, state
 from mpidist.device._nccl_move import (
     all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter,
 )
 from mpidist.device._nccl_reduce import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
-from mpidist.device._nccl_util import p2p_group_body
+from mpidist.device._nccl_util import p2p_group_body, send_recv
 from mpidist.device._nccl_work import NcclWork, launch
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -88,19 +88,8 @@ def _p2p(g: ProcessGroup, name: str, tensor: Any, peer: Any, tag: Any, receive: 
     rec = R.begin_p2p(g, name, d.shape, d.dtype, int(peer))
     side = 1 - comm.rank
     handle = (name, (tensor,) if receive else (), [rec], int(peer) if receive else None)
-    works = launch(comm, g, name, _recv_body if receive else _send_body, (d, side), (tensor,), async_op, [handle],
-                   devs=[d])
+    works = launch(comm, g, name, send_recv, (d, side, receive), (tensor,), async_op, [handle], devs=[d])
     return works[0] if works else None
-
-
-def _send_body(comm: NcclComm, d: Dev, peer: int) -> None:
-    kind, mult = mover(d.dtype)
-    comm.nccl.send(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
-
-
-def _recv_body(comm: NcclComm, d: Dev, peer: int) -> None:
-    kind, mult = mover(d.dtype)
-    comm.nccl.recv(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
 
 
 def send(g: ProcessGroup, tensor: Any, dst: int, tag: int = 0) -> None:
