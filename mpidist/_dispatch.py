@@ -17,7 +17,8 @@ from mpidist._group import ProcessGroup
 from mpidist._reduce_op import ReduceOp
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root", "root_rank", "peer_rank", "check_tag", "p2p_call", "unusable", "signature"]
+__all__ = ["launch", "member", "group_root", "root_rank", "root_list", "peer_rank", "check_tag", "p2p_call", "unusable",
+           "signature"]
 
 _state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
 
@@ -218,6 +219,20 @@ def root_rank(g: ProcessGroup, rank: Any, group_rank: Any, op: str, arg: str, gr
         raise ValueError(f"{prefix(op)} {group_arg}={group_rank} is out of range for group {g.group_name!r} of "
                          f"size {len(g.ranks)}; expected 0 <= {group_arg} < {len(g.ranks)}")
     return int(group_rank)
+
+
+def root_list(xs: Any, here: bool, op: str, arg: str, root_arg: str, root: int, n: int) -> None:
+    """torch's rule for gather_list / scatter_list (``arg``): given on the root only (global
+    rank ``root``, argument ``root_arg``: dst or src; ``here``: this rank is the root). None
+    and an empty list mean 'not given'."""
+    role = "destination" if root_arg == "dst" else "source"
+    given = xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
+    if given and not here:
+        raise ValueError(f"{prefix(op)} {arg} must not be given on a rank other than {root_arg}={root} "
+                         f"(torch: 'must NOT be specified on non-{role} ranks'); pass None")
+    if here and not given:
+        raise ValueError(f"{prefix(op)} {arg} must be given on the {role} rank {root_arg}={root}: "
+                         f"a list of {n} arrays, got {xs!r}")
 
 
 def check_tag(tag: Any, op: str, arg: str = "tag") -> int:

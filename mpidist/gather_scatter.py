@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from mpidist import _recorder as R
 from mpidist._buffers import host_array, mpi_datatype, same_dtype, split_sizes
-from mpidist._dispatch import _guarded, launch, member, root_rank, signature
+from mpidist._dispatch import _guarded, launch, member, root_list, root_rank, signature
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -205,11 +205,6 @@ def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str,
     if a.shape != ref.shape:
         raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, "
                          f"got {a.shape}")
-
-
-def _given(xs: Any) -> bool:
-    """torch's test for an optional list argument: None and an empty list mean 'not given'."""
-    return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
 
 
 # -- all-gather -----------------------------------------------------------------------------
@@ -434,15 +429,10 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
     root = root_rank(g, dst, group_dst, op, "dst", "group_dst", default=0)
     dst = g.ranks[root]
     dt = mpi_datatype(inp.dtype)
+    root_list(gather_list, g.rank() == root, op, "gather_list", "dst", dst, g.size())
     if g.rank() != root:
-        if _given(gather_list):
-            raise ValueError(f"{prefix(op)} gather_list must not be given on a rank other than dst={dst} "
-                             f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
         return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
                     parts=("gather", inp.size, None))
-    if not _given(gather_list):
-        raise ValueError(f"{prefix(op)} gather_list must be given on the destination rank dst={dst}: "
-                         f"a list of {g.size()} arrays, got {gather_list!r}")
     outs = _array_list(gather_list, op, "gather_list", g.size(), True, "the group size",
                        dtype_of=(inp, "tensor"))
     if outs[root].shape != inp.shape:
@@ -495,15 +485,10 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
     root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
     src = g.ranks[root]
     dt = mpi_datatype(out.dtype)
+    root_list(scatter_list, g.rank() == root, op, "scatter_list", "src", src, g.size())
     if g.rank() != root:
-        if _given(scatter_list):
-            raise ValueError(f"{prefix(op)} scatter_list must not be given on a rank other than src={src} "
-                             f"(torch: 'must NOT be specified on non-source ranks'); pass None")
         return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
                     src, parts=("scatter", out.size, None))
-    if not _given(scatter_list):
-        raise ValueError(f"{prefix(op)} scatter_list must be given on the source rank src={src}: "
-                         f"a list of {g.size()} arrays, got {scatter_list!r}")
     inps = _array_list(scatter_list, op, "scatter_list", g.size(), False, "the group size",
                        dtype_of=(out, "tensor"))
     if inps[root].shape != out.shape:

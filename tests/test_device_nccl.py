@@ -734,6 +734,50 @@ def test_bad_arrays(dist, shim):
             nccl.run(op, g, args)
 
 
+def test_shared_checks_keep_each_ops_wording(dist, shim):
+    """The checks the NCCL ops share (the (output, input) pair, the world-size block check,
+    array lists, the root-only list of gather/scatter, the *_multigpu index) word each op's
+    error as before."""
+    g, members, me = world(dist)
+    n, root = len(members), members[0]
+    cases = [
+        ("reduce_scatter_tensor", {"output": dev(np.zeros(1)), "input": dev(np.zeros(n + 1))}, ValueError,
+         f"input must hold world_size * output.size = {n} * 1 = {n} elements, got {n + 1} (shape ({n + 1},))"),
+        ("reduce_scatter_tensor", {"output": dev(np.zeros(1)), "input": dev(np.zeros(n, np.float32))}, TypeError,
+         "input dtype float32 does not match output dtype float64"),
+        ("all_to_all_single", {"output": dev(np.zeros(n)), "input": dev(np.zeros(n, np.int32))}, TypeError,
+         "input dtype int32 does not match output dtype float64"),
+        ("reduce_scatter", {"output": dev(np.zeros(2)), "input_list": dev(np.zeros(2))}, TypeError,
+         "input_list must be a list of device arrays, got FakeDeviceArray"),
+        ("reduce_scatter", {"output": dev(np.zeros(2)), "input_list": [dev(np.zeros(2))] * (n + 1)}, ValueError,
+         f"input_list must hold one array per group rank: expected {n}, got {n + 1}"),
+        ("all_to_all", {"output_tensor_list": [dev(np.zeros(1))] * n,
+                        "input_tensor_list": [dev(np.zeros(1))] * (n + 1)}, ValueError,
+         f"input_tensor_list must hold the group size = {n} arrays, got {n + 1}"),
+        ("broadcast_multigpu", {"tensor_list": [dev(np.zeros(2))], "src": 0, "src_tensor": True}, TypeError,
+         "src_tensor must be an int, got bool"),
+        ("broadcast_multigpu", {"tensor_list": [dev(np.zeros(2))] * 2, "src": 0, "src_tensor": 1}, ValueError,
+         "tensor_list must hold exactly one array on the NCCL path (one GPU per process; torch removed the "
+         "multi-GPU forms), got 2"),
+    ]
+    if me == root:
+        cases += [
+            ("gather", {"tensor": dev(np.zeros(2)), "gather_list": [], "dst": root}, ValueError,
+             f"gather_list must be given on the destination rank dst={root}: a list of {n} arrays, got []"),
+            ("scatter", {"tensor": dev(np.zeros(2)), "scatter_list": None, "src": root}, ValueError,
+             f"scatter_list must be given on the source rank src={root}: a list of {n} arrays, got None"),
+            ("scatter", {"tensor": dev(np.zeros(2)), "scatter_list": [dev(np.zeros(3))] * n, "src": root},
+             ValueError, f"scatter_list[{me}] must have the shape of tensor, (2,) (it is src's own part), got (3,)"),
+        ]
+    else:
+        cases.append(("scatter", {"tensor": dev(np.zeros(2)), "scatter_list": [dev(np.zeros(2))] * n, "src": root},
+                      ValueError, f"scatter_list must not be given on a rank other than src={root} (torch: 'must "
+                      f"NOT be specified on non-source ranks'); pass None"))
+    for op, args, kind, message in cases:
+        with pytest.raises(kind, match=PREFIX + re.escape(f"{op}: {message}") + "$"):
+            nccl.run(op, g, args)
+
+
 def test_arrays_must_sit_on_the_communicators_device(dist, shim):
     g, _, _ = world(dist)
     nccl.run("all_reduce", g, {"tensor": dev(np.ones(2))})

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from mpidist._buffers import same_dtype, split_sizes
-from mpidist._dispatch import group_root
+from mpidist._buffers import split_sizes
+from mpidist._dispatch import group_root, root_list
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, overlaps
 from mpidist.device._nccl_util import (
-    Group, arrays, back_to_back, collective, copy_of, given, new_buffer, p2p_group_body, rows, same_shape,
+    Group, arrays, back_to_back, collective, copy_of, holds, new_buffer, p2p_group_body, pair, rows, same_shape,
 )
 from mpidist.device._nccl_work import NcclWork
 from mpidist.errors import prefix
@@ -25,14 +25,8 @@ def all_gather_into_tensor(g: ProcessGroup, output_tensor: Any, input_tensor: An
     """ncclAllGather of every member's ``input_tensor`` into ``output_tensor`` (group-rank
     order; ``W * input.size`` elements). In place when ``input_tensor`` is this rank's slot."""
     name = "all_gather_into_tensor"
-    shim = _nccl_shim.get()
-    out = device_array(output_tensor, name, "output_tensor", True, shim)
-    inp = device_array(input_tensor, name, "input_tensor", False, shim)
-    same_dtype(out, inp, name, "output_tensor", "input_tensor")
-    n = g.size()
-    if out.size != inp.size * n:
-        raise ValueError(f"{prefix(name)} output_tensor must hold world_size * input_tensor.size = {n} * "
-                         f"{inp.size} = {n * inp.size} elements, got {out.size} (shape {out.shape})")
+    _, out, inp = pair(name, output_tensor, input_tensor, "output_tensor", "input_tensor")
+    holds(name, out, "output_tensor", inp, "input_tensor", g.size())
     return collective(g, name, [out, inp], ["output_tensor", "input_tensor"], _all_gather_body, (inp, out.ptr),
                        (output_tensor, input_tensor), (output_tensor,), async_op, inp.shape)
 
@@ -66,7 +60,7 @@ def all_gather(g: ProcessGroup, tensor_list: Any, tensor: Any, async_op: bool = 
     name = "all_gather"
     shim = _nccl_shim.get()
     inp = device_array(tensor, name, "tensor", False, shim)
-    outs = arrays(tensor_list, name, "tensor_list", g.size(), True, shim, "the group size", inp, "tensor")
+    outs = arrays(tensor_list, name, "tensor_list", g.size(), True, shim, inp, "tensor")
     me = g.rank()
     same_shape(outs[me], inp, name, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
     if back_to_back(outs) and all(o.size == inp.size for o in outs):
@@ -81,51 +75,37 @@ def gather(g: ProcessGroup, tensor: Any, gather_list: Any = None, dst: int = 0,
            async_op: bool = False) -> Optional[NcclWork]:
     """Every member's ``tensor`` into ``gather_list[group rank]`` on global rank ``dst``
     (grouped send/recv; ``gather_list`` only on ``dst``, as torch)."""
-    name = "gather"
-    shim = _nccl_shim.get()
-    inp = device_array(tensor, name, "tensor", False, shim)
-    root = group_root(g, dst, name, "dst")
-    me = g.rank()
-    if me != root:
-        if given(gather_list):
-            raise ValueError(f"{prefix(name)} gather_list must not be given on a rank other than dst={dst} "
-                             f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
-        return collective(g, name, [inp], ["tensor"], p2p_group_body, ([(root, inp)], []), (tensor,), (),
-                           async_op, inp.shape, dst)
-    if not given(gather_list):
-        raise ValueError(f"{prefix(name)} gather_list must be given on the destination rank dst={dst}: "
-                         f"a list of {g.size()} arrays, got {gather_list!r}")
-    outs = arrays(gather_list, name, "gather_list", g.size(), True, shim, "the group size", inp, "tensor")
-    same_shape(outs[root], inp, name, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
-    recvs = [(r, o) for r, o in enumerate(outs) if r != root]
-    return collective(g, name, [inp, *outs], ["tensor"] + [f"gather_list[{i}]" for i in range(len(outs))],
-                       p2p_group_body, ([], recvs, (outs[root], inp)), (tensor, tuple(gather_list)),
-                       tuple(gather_list), async_op, inp.shape, dst)
+    return _rooted(g, "gather", tensor, gather_list, "dst", dst, async_op)
 
 
 def scatter(g: ProcessGroup, tensor: Any, scatter_list: Any = None, src: int = 0,
             async_op: bool = False) -> Optional[NcclWork]:
     """``scatter_list[i]`` of global rank ``src`` into group rank i's ``tensor`` (grouped
     send/recv; ``scatter_list`` only on ``src``, as torch)."""
-    name = "scatter"
+    return _rooted(g, "scatter", tensor, scatter_list, "src", src, async_op)
+
+
+def _rooted(g: ProcessGroup, name: str, tensor: Any, xs: Any, root_arg: str, at: int,
+            async_op: bool) -> Optional[NcclWork]:
+    """gather (``root_arg`` dst: ``tensor`` to the root's list ``xs``) or scatter (src: the
+    root's ``xs`` to ``tensor``): grouped send/recv, the root's own part a device copy."""
+    gathering, arg = root_arg == "dst", f"{name}_list"
     shim = _nccl_shim.get()
-    out = device_array(tensor, name, "tensor", True, shim)
-    root = group_root(g, src, name, "src")
+    mine = device_array(tensor, name, "tensor", not gathering, shim)
+    root = group_root(g, at, name, root_arg)
+    root_list(xs, g.rank() == root, name, arg, root_arg, at, g.size())
     if g.rank() != root:
-        if given(scatter_list):
-            raise ValueError(f"{prefix(name)} scatter_list must not be given on a rank other than src={src} "
-                             f"(torch: 'must NOT be specified on non-source ranks'); pass None")
-        return collective(g, name, [out], ["tensor"], p2p_group_body, ([], [(root, out)]), (tensor,),
-                           (tensor,), async_op, out.shape, src)
-    if not given(scatter_list):
-        raise ValueError(f"{prefix(name)} scatter_list must be given on the source rank src={src}: "
-                         f"a list of {g.size()} arrays, got {scatter_list!r}")
-    inps = arrays(scatter_list, name, "scatter_list", g.size(), False, shim, "the group size", out, "tensor")
-    same_shape(inps[root], out, name, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
-    sends = [(r, a) for r, a in enumerate(inps) if r != root]
-    return collective(g, name, [out, *inps], ["tensor"] + [f"scatter_list[{i}]" for i in range(len(inps))],
-                       p2p_group_body, (sends, [], None, (out, inps[root])), (tensor, tuple(scatter_list)),
-                       (tensor,), async_op, out.shape, src)
+        part = [(root, mine)]
+        return collective(g, name, [mine], ["tensor"], p2p_group_body, (part, []) if gathering else ([], part),
+                           (tensor,), () if gathering else (tensor,), async_op, mine.shape, at)
+    parts = arrays(xs, name, arg, g.size(), gathering, shim, mine, "tensor")
+    same_shape(parts[root], mine, name, f"{arg}[{root}]", "tensor",
+               " (it receives dst's own tensor)" if gathering else " (it is src's own part)")
+    others = [(r, d) for r, d in enumerate(parts) if r != root]
+    bargs = ([], others, (parts[root], mine)) if gathering else (others, [], None, (mine, parts[root]))
+    return collective(g, name, [mine, *parts], ["tensor"] + [f"{arg}[{i}]" for i in range(len(parts))],
+                       p2p_group_body, bargs, (tensor, tuple(xs)), tuple(xs) if gathering else (tensor,), async_op,
+                       mine.shape, at)
 
 
 # -- all-to-all ------------------------------------------------------------------------------------
@@ -153,23 +133,19 @@ def _all_to_all_body(comm: NcclComm, ins: list, outs: list, stage: bool) -> Any:
     return temp
 
 
-def _overlap_any(xs: Sequence[Dev], ys: Sequence[Dev]) -> bool:
-    return any(overlaps(a, b) for a in xs for b in ys)
-
-
 def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
                async_op: bool = False) -> Optional[NcclWork]:
     """``input_tensor_list[i]`` to group rank i, rank i's into ``output_tensor_list[i]``."""
     name = "all_to_all"
     shim = _nccl_shim.get()
     n = g.size()
-    ins = arrays(input_tensor_list, name, "input_tensor_list", n, False, shim, "the group size")
-    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, "the group size", ins[0],
-                   "input_tensor_list[0]")
+    ins = arrays(input_tensor_list, name, "input_tensor_list", n, False, shim)
+    outs = arrays(output_tensor_list, name, "output_tensor_list", n, True, shim, ins[0], "input_tensor_list[0]")
     me = g.rank()
     _check_own(name, me, ins[me].size, outs[me].size)
     args = [f"input_tensor_list[{i}]" for i in range(n)] + [f"output_tensor_list[{i}]" for i in range(n)]
-    return collective(g, name, ins + outs, args, _all_to_all_body, (ins, outs, _overlap_any(ins, outs)),
+    stage = any(overlaps(a, b) for a in ins for b in outs)
+    return collective(g, name, ins + outs, args, _all_to_all_body, (ins, outs, stage),
                        (tuple(input_tensor_list), tuple(output_tensor_list)), tuple(output_tensor_list), async_op,
                        [d.shape for d in ins])
 
@@ -179,10 +155,7 @@ def all_to_all_single(g: ProcessGroup, output: Any, input: Any, output_split_siz
     """Rows ``input_split_sizes[i]`` of ``input`` to group rank i; rank i's rows land in
     ``output`` in rank order (equal splits when the sizes are None or empty)."""
     name = "all_to_all_single"
-    shim = _nccl_shim.get()
-    out = device_array(output, name, "output", True, shim)
-    inp = device_array(input, name, "input", False, shim)
-    same_dtype(out, inp, name, "output", "input")
+    _, out, inp = pair(name, output, input)
     n, me = g.size(), g.rank()
     out_rows = split_sizes(output_split_sizes, out, name, "output_split_sizes", "output", n)
     in_rows = split_sizes(input_split_sizes, inp, name, "input_split_sizes", "input", n)

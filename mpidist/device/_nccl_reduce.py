@@ -6,14 +6,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mpidist._buffers import same_dtype
 from mpidist._dispatch import group_root
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, Plan, device_array, mover, overlaps, reduction, state
 from mpidist.device._nccl_util import (
-    arrays, back_to_back, collective, divide, new_buffer, rows, scale, scaled_input, version,
+    arrays, back_to_back, collective, divide, holds, new_buffer, pair, rows, scale, scaled_input, version,
 )
-from mpidist.device._nccl_work import NcclWork, collective_rec, launch
+from mpidist.device._nccl_work import NcclWork
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import ReduceOp
@@ -95,19 +94,15 @@ def barrier(g: ProcessGroup, async_op: bool = False, device_ids: Optional[list] 
     """
     name = "barrier"
     st = state(g)
-    device = None
-    if device_ids is not None:
-        if (not isinstance(device_ids, (list, tuple)) or len(device_ids) != 1
-                or not isinstance(device_ids[0], (int, np.integer)) or isinstance(device_ids[0], bool)):
-            raise ValueError(f"{prefix(name)} device_ids must be None or a list of one int (this process's "
-                             f"GPU) on the NCCL path, got {device_ids!r}")
-        device = int(device_ids[0])
-    if device is None:
+    if device_ids is None:
         device = st.device if st.device is not None else _nccl_shim.get().current_device()
-    comm = st.collective(name, [], [], device)
-    rec = collective_rec(g, name, None, None)
-    works = launch(comm, g, name, _barrier_body, (), (), async_op, [(name, (), [rec], None)], host_wait=True)
-    return works[0] if works else None
+    elif (not isinstance(device_ids, (list, tuple)) or len(device_ids) != 1
+            or not isinstance(device_ids[0], (int, np.integer)) or isinstance(device_ids[0], bool)):
+        raise ValueError(f"{prefix(name)} device_ids must be None or a list of one int (this process's "
+                         f"GPU) on the NCCL path, got {device_ids!r}")
+    else:
+        device = int(device_ids[0])
+    return collective(g, name, [], [], _barrier_body, (), (), (), async_op, None, device=device, host_wait=True)
 
 
 # -- reduce_scatter ----------------------------------------------------------------------------------
@@ -135,14 +130,9 @@ def reduce_scatter_tensor(g: ProcessGroup, output: Any, input: Any, op: Any = Re
     """ncclReduceScatter: block r of ``input`` (``W * output.size`` elements), reduced over
     the members, into group rank r's ``output``. In place when ``output`` is this rank's block."""
     name = "reduce_scatter_tensor"
-    shim = _nccl_shim.get()
-    out = device_array(output, name, "output", True, shim)
-    inp = device_array(input, name, "input", False, shim)
-    same_dtype(out, inp, name, "output", "input")
+    shim, out, inp = pair(name, output, input)
     n = g.size()
-    if inp.size != out.size * n:
-        raise ValueError(f"{prefix(name)} input must hold world_size * output.size = {n} * {out.size} = "
-                         f"{n * out.size} elements, got {inp.size} (shape {inp.shape})")
+    holds(name, inp, "input", out, "output", n)
     plan = reduction(op, out.dtype, name, version(shim))
     in_place = out.ptr == inp.ptr + g.rank() * out.nbytes
     direct = plan.premul is None and (in_place or not overlaps(out, inp))
@@ -159,13 +149,7 @@ def reduce_scatter(g: ProcessGroup, output: Any, input_list: Any, op: Any = Redu
     shim = _nccl_shim.get()
     out = device_array(output, name, "output", True, shim)
     n = g.size()
-    if not isinstance(input_list, (list, tuple)):
-        raise TypeError(f"{prefix(name)} input_list must be a list of device arrays, got "
-                        f"{type(input_list).__name__}")
-    if len(input_list) != n:
-        raise ValueError(f"{prefix(name)} input_list must hold one array per group rank: expected {n}, "
-                         f"got {len(input_list)}")
-    ins = arrays(input_list, name, "input_list", n, False, shim, "the group size", out, "output")
+    ins = arrays(input_list, name, "input_list", n, False, shim, out, "output", per_rank=True)
     for i, d in enumerate(ins):
         if d.shape != out.shape:
             raise ValueError(f"{prefix(name)} input_list[{i}] has shape {d.shape}, expected the shape of output "

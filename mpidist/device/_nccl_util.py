@@ -8,14 +8,16 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mpidist._buffers import same_dtype
+from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, Plan, device_array, mover, overlaps, state
 from mpidist.device._nccl_work import NcclWork, collective_rec, launch
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import _premul_factor
 
-__all__ = ["version", "arrays", "same_shape", "given", "new_buffer", "copy_of", "scale", "divide", "scaled_input",
-           "Group", "collective", "back_to_back", "copy", "p2p_group_body", "rows"]
+__all__ = ["version", "pair", "holds", "arrays", "same_shape", "new_buffer", "copy_of", "scale", "divide",
+           "scaled_input", "Group", "collective", "back_to_back", "copy", "send_recv", "p2p_group_body",
+           "rows"]
 
 _VERSIONS: dict = {}
 
@@ -30,14 +32,32 @@ def version(shim: Any) -> int:
 
 # -- small pieces ---------------------------------------------------------------------------------
 
-def arrays(xs: Any, name: str, arg: str, n: Optional[int], writable: bool, shim: Any, expected: str = "",
-           ref: Optional[Dev] = None, ref_arg: str = "") -> list[Dev]:
-    """Validate a list of ``n`` device arrays (any length >= 1 if None) of ``ref``'s dtype
-    (default: the first element's)."""
+def pair(name: str, output: Any, input: Any, out_arg: str = "output",  # noqa: A002
+         in_arg: str = "input") -> tuple[Any, Dev, Dev]:
+    """The shim and an op's ``output`` (writable) and ``input`` device arrays, of one dtype."""
+    shim = _nccl_shim.get()
+    out = device_array(output, name, out_arg, True, shim)
+    inp = device_array(input, name, in_arg, False, shim)
+    same_dtype(out, inp, name, out_arg, in_arg)
+    return shim, out, inp
+
+
+def holds(name: str, whole: Dev, whole_arg: str, part: Dev, part_arg: str, n: int) -> None:
+    """``whole`` has ``n`` times ``part``'s elements (one block per group rank)."""
+    if whole.size != part.size * n:
+        raise ValueError(f"{prefix(name)} {whole_arg} must hold world_size * {part_arg}.size = {n} * {part.size} = "
+                         f"{n * part.size} elements, got {whole.size} (shape {whole.shape})")
+
+
+def arrays(xs: Any, name: str, arg: str, n: int, writable: bool, shim: Any, ref: Optional[Dev] = None,
+           ref_arg: str = "", per_rank: bool = False) -> list[Dev]:
+    """Validate a list of ``n`` device arrays of ``ref``'s dtype (default: the first
+    element's); ``per_rank`` words a wrong length as reduce_scatter does."""
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{prefix(name)} {arg} must be a list of device arrays, got {type(xs).__name__}")
-    if n is not None and len(xs) != n:
-        raise ValueError(f"{prefix(name)} {arg} must hold {expected} = {n} arrays, got {len(xs)}")
+    if len(xs) != n:
+        what = f"one array per group rank: expected {n}" if per_rank else f"the group size = {n} arrays"
+        raise ValueError(f"{prefix(name)} {arg} must hold {what}, got {len(xs)}")
     if not xs:
         raise ValueError(f"{prefix(name)} {arg} must hold at least one array, got an empty list")
     devs = [device_array(x, name, f"{arg}[{i}]", writable, shim) for i, x in enumerate(xs)]
@@ -50,11 +70,6 @@ def arrays(xs: Any, name: str, arg: str, n: Optional[int], writable: bool, shim:
 def same_shape(a: Dev, ref: Dev, name: str, arg: str, ref_arg: str, why: str = "") -> None:
     if a.shape != ref.shape:
         raise ValueError(f"{prefix(name)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, got {a.shape}")
-
-
-def given(xs: Any) -> bool:
-    """torch's test for an optional list argument: None and an empty list mean 'not given'."""
-    return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
 
 
 def new_buffer(comm: NcclComm, count: int, dtype: np.dtype) -> tuple[Any, int]:
@@ -117,11 +132,13 @@ class Group:
 
 
 def collective(g: ProcessGroup, name: str, devs: Sequence[Dev], args: Sequence[str], body: Any, bargs: tuple,
-                refs: tuple, outputs: tuple, async_op: bool, shapes: Any, root: int = -1) -> Optional[NcclWork]:
-    """Get the group's communicator (device-checking ``devs``), record, and launch ``body``."""
-    comm = state(g).collective(name, devs, args)
-    rec = collective_rec(g, name, shapes, devs[0].dtype, root)
-    works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)], devs=devs)
+               refs: tuple, outputs: tuple, async_op: bool, shapes: Any, root: int = -1, device: Optional[int] = None,
+               host_wait: bool = False) -> Optional[NcclWork]:
+    """Get the group's communicator (device-checking ``devs``; ``device``: the one to make it
+    on, barrier), record, and launch ``body`` (``host_wait``: see launch)."""
+    comm = state(g).collective(name, devs, args, device)
+    rec = collective_rec(g, name, shapes, devs[0].dtype if devs else None, root)
+    works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)], host_wait, devs)
     return works[0] if works else None
 
 
@@ -143,6 +160,12 @@ def copy(comm: NcclComm, dst: Dev, src: Dev) -> Any:
     return None
 
 
+def send_recv(comm: NcclComm, d: Dev, peer: int, receive: bool = False) -> None:
+    """ncclSend of ``d`` to ``peer`` (a rank of ``comm``), or ncclRecv into it, on the stream."""
+    kind, mult = mover(d.dtype)
+    (comm.nccl.recv if receive else comm.nccl.send)(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
+
+
 def p2p_group_body(comm: NcclComm, sends: Sequence[tuple[int, Dev]], recvs: Sequence[tuple[int, Dev]],
                     before: Optional[tuple[Dev, Dev]] = None, after: Optional[tuple[Dev, Dev]] = None) -> Any:
     """Grouped ncclSend/ncclRecv ((group rank, array) pairs), with a device copy (dst, src)
@@ -151,11 +174,9 @@ def p2p_group_body(comm: NcclComm, sends: Sequence[tuple[int, Dev]], recvs: Sequ
     temps = [copy(comm, *before)] if before is not None else []
     with Group(comm.shim):
         for peer, d in sends:
-            kind, mult = mover(d.dtype)
-            comm.nccl.send(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
+            send_recv(comm, d, peer)
         for peer, d in recvs:
-            kind, mult = mover(d.dtype)
-            comm.nccl.recv(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
+            send_recv(comm, d, peer, True)
     if after is not None:
         temps.append(copy(comm, *after))
     return temps

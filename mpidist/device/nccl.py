@@ -38,12 +38,12 @@ import numpy as np
 from mpidist import _recorder as R
 from mpidist import _runtime
 from mpidist.device import _nccl_shim
-from mpidist.device._nccl_core import Dev, NcclComm, device_array, mover, state
+from mpidist.device._nccl_core import device_array, state
 from mpidist.device._nccl_move import (
     all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, gather, scatter,
 )
 from mpidist.device._nccl_reduce import all_reduce, barrier, broadcast, reduce, reduce_scatter, reduce_scatter_tensor
-from mpidist.device._nccl_util import p2p_group_body
+from mpidist.device._nccl_util import p2p_group_body, send_recv
 from mpidist.device._nccl_work import NcclWork, launch
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -56,23 +56,20 @@ __all__ = ["run", "NcclWork", "OPS"]
 
 # -- the seeds' multi-GPU forms: one array per list ---------------------------------------------------
 
-def _one(xs: Any, name: str, arg: str) -> Any:
-    """The only element of a ``*_multigpu`` list: one process drives one GPU on this path."""
+def _one(xs: Any, name: str, arg: str, index_arg: str = "", index: Any = 0) -> Any:
+    """The only element of a ``*_multigpu`` list: one process drives one GPU on this path.
+    ``index_arg``: the op's index into the list (``index``, its value), an int and 0."""
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{prefix(name)} {arg} must be a list of device arrays, got {type(xs).__name__}")
     if len(xs) != 1:
         raise ValueError(f"{prefix(name)} {arg} must hold exactly one array on the NCCL path (one GPU per "
                          f"process; torch removed the multi-GPU forms), got {len(xs)}")
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        raise TypeError(f"{prefix(name)} {index_arg} must be an int, got {type(index).__name__}")
+    if index != 0:
+        raise ValueError(f"{prefix(name)} {index_arg}={index} is out of range: the NCCL path takes one array per "
+                         f"list, so {index_arg} must be 0")
     return xs[0]
-
-
-def _index(value: Any, name: str, arg: str) -> None:
-    """A ``*_multigpu`` list index: an int, and 0 (the list holds one array)."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"{prefix(name)} {arg} must be an int, got {type(value).__name__}")
-    if value != 0:
-        raise ValueError(f"{prefix(name)} {arg}={value} is out of range: the NCCL path takes one array per "
-                         f"list, so {arg} must be 0")
 
 
 # -- point-to-point -----------------------------------------------------------------------------------
@@ -91,19 +88,8 @@ def _p2p(g: ProcessGroup, name: str, tensor: Any, peer: Any, tag: Any, receive: 
     rec = R.begin_p2p(g, name, d.shape, d.dtype, int(peer))
     side = 1 - comm.rank
     handle = (name, (tensor,) if receive else (), [rec], int(peer) if receive else None)
-    works = launch(comm, g, name, _recv_body if receive else _send_body, (d, side), (tensor,), async_op, [handle],
-                   devs=[d])
+    works = launch(comm, g, name, send_recv, (d, side, receive), (tensor,), async_op, [handle], devs=[d])
     return works[0] if works else None
-
-
-def _send_body(comm: NcclComm, d: Dev, peer: int) -> None:
-    kind, mult = mover(d.dtype)
-    comm.nccl.send(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
-
-
-def _recv_body(comm: NcclComm, d: Dev, peer: int) -> None:
-    kind, mult = mover(d.dtype)
-    comm.nccl.recv(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
 
 
 def send(g: ProcessGroup, tensor: Any, dst: int, tag: int = 0) -> None:
@@ -173,17 +159,13 @@ def all_reduce_multigpu(g: ProcessGroup, tensor_list: Any, op: Any = ReduceOp.SU
 def reduce_multigpu(g: ProcessGroup, tensor_list: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False,
                     dst_tensor: int = 0) -> Optional[NcclWork]:
     name = "reduce_multigpu"
-    tensor = _one(tensor_list, name, "tensor_list")
-    _index(dst_tensor, name, "dst_tensor")
-    return reduce(g, tensor, dst, op, async_op, name=name)
+    return reduce(g, _one(tensor_list, name, "tensor_list", "dst_tensor", dst_tensor), dst, op, async_op, name=name)
 
 
 def broadcast_multigpu(g: ProcessGroup, tensor_list: Any, src: int, async_op: bool = False,
                        src_tensor: int = 0) -> Optional[NcclWork]:
     name = "broadcast_multigpu"
-    tensor = _one(tensor_list, name, "tensor_list")
-    _index(src_tensor, name, "src_tensor")
-    return broadcast(g, tensor, src, async_op, name=name)
+    return broadcast(g, _one(tensor_list, name, "tensor_list", "src_tensor", src_tensor), src, async_op, name=name)
 
 
 def all_gather_multigpu(g: ProcessGroup, output_tensor_lists: Any, input_tensor_list: Any,
