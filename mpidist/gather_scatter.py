@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _recorder as R
-from mpidist._buffers import host_array, mpi_datatype, same_dtype, split_sizes
+from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
 from mpidist._dispatch import _guarded, launch, member, root_rank, signature
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
@@ -212,6 +212,25 @@ def _given(xs: Any) -> bool:
     return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
 
 
+def _root_list(xs: Any, g: ProcessGroup, root: int, tensor: np.ndarray, op: str, arg: str, root_arg: str,
+               role: str, writable: bool, why: str) -> Optional[list[np.ndarray]]:
+    """gather's/scatter's list ``arg``: on group rank ``root``, group-size arrays of ``tensor``'s
+    dtype (:func:`_array_list`), entry ``root`` of its shape; elsewhere None. ValueError when
+    it is missing on the ``role`` rank or given on another one."""
+    if g.rank() != root:
+        if _given(xs):
+            raise ValueError(f"{prefix(op)} {arg} must not be given on a rank other than {root_arg}="
+                             f"{g.ranks[root]} (torch: 'must NOT be specified on non-{role} ranks'); pass None")
+        return None
+    if not _given(xs):
+        raise ValueError(f"{prefix(op)} {arg} must be given on the {role} rank {root_arg}={g.ranks[root]}: "
+                         f"a list of {g.size()} arrays, got {xs!r}")
+    arrs = _array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
+    if arrs[root].shape != tensor.shape:
+        _same_shape(arrs[root], tensor, op, f"{arg}[{root}]", "tensor", why)
+    return arrs
+
+
 # -- all-gather -----------------------------------------------------------------------------
 
 def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.ndarray],
@@ -306,11 +325,7 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     op = "all_gather_into_tensor"
     out = host_array(output_tensor, op, "output_tensor", writable=True)
     inp = host_array(input_tensor, op, "input_tensor", writable=False)
-    same_dtype(out, inp, op, "output_tensor", "input_tensor")
-    if out.size != inp.size * g.size():
-        raise ValueError(f"{prefix(op)} output_tensor must hold world_size * input_tensor.size = "
-                         f"{g.size()} * {inp.size} = {g.size() * inp.size} elements, got {out.size} "
-                         f"(shape {out.shape})")
+    group_blocks(out, inp, g.size(), op, "output_tensor", "input_tensor", gather=True)
     dt = mpi_datatype(inp.dtype)
     send = _send_part(inp, out, g.rank() * inp.size, dt)
     return _run(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype,
@@ -434,19 +449,11 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
     root = root_rank(g, dst, group_dst, op, "dst", "group_dst", default=0)
     dst = g.ranks[root]
     dt = mpi_datatype(inp.dtype)
-    if g.rank() != root:
-        if _given(gather_list):
-            raise ValueError(f"{prefix(op)} gather_list must not be given on a rank other than dst={dst} "
-                             f"(torch: 'must NOT be specified on non-destination ranks'); pass None")
+    outs = _root_list(gather_list, g, root, inp, op, "gather_list", "dst", "destination", True,
+                      " (it receives dst's own tensor)")
+    if outs is None:
         return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
                     parts=("gather", inp.size, None))
-    if not _given(gather_list):
-        raise ValueError(f"{prefix(op)} gather_list must be given on the destination rank dst={dst}: "
-                         f"a list of {g.size()} arrays, got {gather_list!r}")
-    outs = _array_list(gather_list, op, "gather_list", g.size(), True, "the group size",
-                       dtype_of=(inp, "tensor"))
-    if outs[root].shape != inp.shape:
-        _same_shape(outs[root], inp, op, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
     counts = tuple([o.size for o in outs])
     displs, total, _ = _layout(counts)
     buf, staged = _recv_buffer(outs, total)
@@ -495,19 +502,11 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
     root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
     src = g.ranks[root]
     dt = mpi_datatype(out.dtype)
-    if g.rank() != root:
-        if _given(scatter_list):
-            raise ValueError(f"{prefix(op)} scatter_list must not be given on a rank other than src={src} "
-                             f"(torch: 'must NOT be specified on non-source ranks'); pass None")
+    inps = _root_list(scatter_list, g, root, out, op, "scatter_list", "src", "source", False,
+                      " (it is src's own part)")
+    if inps is None:
         return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
                     src, parts=("scatter", out.size, None))
-    if not _given(scatter_list):
-        raise ValueError(f"{prefix(op)} scatter_list must be given on the source rank src={src}: "
-                         f"a list of {g.size()} arrays, got {scatter_list!r}")
-    inps = _array_list(scatter_list, op, "scatter_list", g.size(), False, "the group size",
-                       dtype_of=(out, "tensor"))
-    if inps[root].shape != out.shape:
-        _same_shape(inps[root], out, op, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
     counts = tuple([a.size for a in inps])
     displs = _layout(counts)[0]
     send = _pack(inps)

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from mpidist._buffers import host_array, mpi_datatype, same_dtype
+from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype
 from mpidist._dispatch import launch, member, root_rank
 from mpidist.collectives import Op, all_reduce_body
 from mpidist.device.route import device_call, first_takes, takes
@@ -208,10 +208,7 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
     name = "reduce_scatter_tensor"
     out = host_array(output, name, "output", writable=True)
     inp = host_array(input, name, "input", writable=False)
-    same_dtype(out, inp, name, "output", "input")
-    if inp.size != out.size * g.size():
-        raise ValueError(f"{prefix(name)} input must hold world_size * output.size = {g.size()} * "
-                         f"{out.size} = {g.size() * out.size} elements, got {inp.size} (shape {inp.shape})")
+    group_blocks(out, inp, g.size(), name, "output", "input", gather=False)
     op = check_op_dtype(op, out.dtype, prefix(name))
     return launch(g, name, _reduce_scatter_tensor, (g, out, inp, op), async_op, (output,), shapes=inp.shape,
                   dtype=out.dtype, count=out.size, redop=op)
