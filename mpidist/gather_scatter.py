@@ -371,27 +371,36 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
         return None
     op = "all_gather_multigpu"
     inps = _array_list(input_tensor_list, op, "input_tensor_list", None, False)
-    n_dev, me = len(inps), g.rank()
-    if not isinstance(output_tensor_lists, (list, tuple)):
-        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
-                        f"got {type(output_tensor_lists).__name__}")
-    if len(output_tensor_lists) != n_dev:
-        raise ValueError(f"{prefix(op)} output_tensor_lists must hold len(input_tensor_list) = {n_dev} "
-                         f"lists, got {len(output_tensor_lists)}")
-    lists = [_array_list(lst, op, f"output_tensor_lists[{i}]", g.size() * n_dev, True,
-                         "group size * len(input_tensor_list)", dtype_of=(inps[0], "input_tensor_list[0]"))
-             for i, lst in enumerate(output_tensor_lists)]
+    n_dev = len(inps)
+    lists = output_lists(output_tensor_lists, op, inps, n_dev, "len(input_tensor_list)", g.size() * n_dev,
+                         "group size * len(input_tensor_list)", (0, g.rank() * n_dev))
     first = lists[0]
-    for j, inp in enumerate(inps):
-        s = me * n_dev + j
-        _same_shape(first[s], inp, op, f"output_tensor_lists[0][{s}]", f"input_tensor_list[{j}]",
-                    " (it receives that input)")
     for i, lst in enumerate(lists[1:], 1):
         for s, (a, ref) in enumerate(zip(lst, first)):
             _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
     copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
     results = tuple(a for lst in output_tensor_lists for a in lst)
     return gather_slots(g, op, inps, first, async_op, results, copies)
+
+
+def output_lists(xss: Any, op: str, inps: list, n: int, expected: str, row_n: int, row_expected: str,
+                 own: tuple[int, int]) -> list[list[np.ndarray]]:
+    """``output_tensor_lists``: ``n`` lists (``expected`` says why) of ``row_n`` writable arrays of
+    the inputs' dtype (:func:`_array_list`), list ``own[0]`` having input j's shape at ``own[1] + j``.
+    TypeError for a non-list, ValueError for a wrong length or shape."""
+    if not isinstance(xss, (list, tuple)):
+        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
+                        f"got {type(xss).__name__}")
+    if len(xss) != n:
+        raise ValueError(f"{prefix(op)} output_tensor_lists must hold {expected} = {n} lists, got {len(xss)}")
+    rows = [_array_list(lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected,
+                        dtype_of=(inps[0], "input_tensor_list[0]")) for i, lst in enumerate(xss)]
+    i, start = own
+    for j, inp in enumerate(inps):
+        if rows[i][start + j].shape != inp.shape:
+            _same_shape(rows[i][start + j], inp, op, f"output_tensor_lists[{i}][{start + j}]",
+                        f"input_tensor_list[{j}]", " (it receives that input)")
+    return rows
 
 
 def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Sequence[np.ndarray],
