@@ -156,9 +156,8 @@ def same_dtype(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_
 
 
 def group_blocks(out: Any, inp: Any, n: int, op: str, out_arg: str, in_arg: str, gather: bool) -> None:
-    """Raise TypeError unless ``out`` and ``inp`` share a dtype (as :func:`same_dtype`), and
-    ValueError unless the whole one (``out`` when ``gather``, else ``inp``) holds ``n`` times
-    the other's elements: one block per group rank."""
+    """TypeError unless ``out`` and ``inp`` share a dtype; ValueError unless the whole one (``out``
+    when ``gather``, else ``inp``) holds ``n`` times the other's elements (one block per rank)."""
     same_dtype(out, inp, op, out_arg, in_arg)
     whole, w_arg, part, p_arg = (out, out_arg, inp, in_arg) if gather else (inp, in_arg, out, out_arg)
     if whole.size != part.size * n:

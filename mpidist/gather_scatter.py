@@ -212,23 +212,24 @@ def _given(xs: Any) -> bool:
     return xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
 
 
-def _root_list(xs: Any, g: ProcessGroup, root: int, tensor: np.ndarray, op: str, arg: str, root_arg: str,
-               role: str, writable: bool, why: str) -> Optional[list[np.ndarray]]:
-    """gather's/scatter's list ``arg``: on group rank ``root``, group-size arrays of ``tensor``'s
-    dtype (:func:`_array_list`), entry ``root`` of its shape; elsewhere None. ValueError when
-    it is missing on the ``role`` rank or given on another one."""
+def _root_list(xs: Any, g: ProcessGroup, rank: Any, group_rank: Any, tensor: np.ndarray, op: str, arg: str,
+               root_arg: str, role: str, writable: bool, why: str) -> tuple[int, Optional[list[np.ndarray]]]:
+    """gather's/scatter's root (:func:`root_rank`: ``root_arg`` or group_``root_arg``, default 0)
+    and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype (:func:`_array_list`),
+    entry root of its shape; elsewhere None. ValueError when missing on the root or given elsewhere."""
+    root = root_rank(g, rank, group_rank, op, root_arg, f"group_{root_arg}", default=0)
     if g.rank() != root:
         if _given(xs):
             raise ValueError(f"{prefix(op)} {arg} must not be given on a rank other than {root_arg}="
                              f"{g.ranks[root]} (torch: 'must NOT be specified on non-{role} ranks'); pass None")
-        return None
+        return root, None
     if not _given(xs):
         raise ValueError(f"{prefix(op)} {arg} must be given on the {role} rank {root_arg}={g.ranks[root]}: "
                          f"a list of {g.size()} arrays, got {xs!r}")
     arrs = _array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
     if arrs[root].shape != tensor.shape:
         _same_shape(arrs[root], tensor, op, f"{arg}[{root}]", "tensor", why)
-    return arrs
+    return root, arrs
 
 
 # -- all-gather -----------------------------------------------------------------------------
@@ -455,11 +456,9 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         return None
     op = "gather"
     inp = host_array(tensor, op, "tensor", writable=False)
-    root = root_rank(g, dst, group_dst, op, "dst", "group_dst", default=0)
-    dst = g.ranks[root]
-    dt = mpi_datatype(inp.dtype)
-    outs = _root_list(gather_list, g, root, inp, op, "gather_list", "dst", "destination", True,
-                      " (it receives dst's own tensor)")
+    root, outs = _root_list(gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", "destination", True,
+                            " (it receives dst's own tensor)")
+    dst, dt = g.ranks[root], mpi_datatype(inp.dtype)
     if outs is None:
         return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
                     parts=("gather", inp.size, None))
@@ -508,11 +507,9 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         return None
     op = "scatter"
     out = host_array(tensor, op, "tensor", writable=True)
-    root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
-    src = g.ranks[root]
-    dt = mpi_datatype(out.dtype)
-    inps = _root_list(scatter_list, g, root, out, op, "scatter_list", "src", "source", False,
-                      " (it is src's own part)")
+    root, inps = _root_list(scatter_list, g, src, group_src, out, op, "scatter_list", "src", "source", False,
+                            " (it is src's own part)")
+    src, dt = g.ranks[root], mpi_datatype(out.dtype)
     if inps is None:
         return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
                     src, parts=("scatter", out.size, None))
