@@ -32,13 +32,6 @@ __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_
            "reduce_multigpu", "make_premul_sum", "supports_complex"]
 
 
-def _same_shape(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_arg: str) -> None:
-    same_dtype(ref, other, op, ref_arg, other_arg)
-    if other.shape != ref.shape:
-        raise ValueError(f"{prefix(op)} {other_arg} has shape {other.shape}, expected the shape of "
-                         f"{ref_arg} {ref.shape}")
-
-
 def _array_list(arrays: Any, op: str, arg: str, *, writable: bool, length: Optional[int] = None,
                 ref: Optional[np.ndarray] = None, ref_arg: str = "", distinct: bool = False) -> list:
     """Validate a list of arrays: a list/tuple (of ``length`` if given), each a host array
@@ -55,7 +48,9 @@ def _array_list(arrays: Any, op: str, arg: str, *, writable: bool, length: Optio
     if ref is None:
         ref, ref_arg = out[0], f"{arg}[0]"
     for i, x in enumerate(out):
-        _same_shape(ref, x, op, ref_arg, f"{arg}[{i}]")
+        same_dtype(ref, x, op, ref_arg, f"{arg}[{i}]")
+        if x.shape != ref.shape:
+            raise ValueError(f"{prefix(op)} {arg}[{i}] has shape {x.shape}, expected the shape of {ref_arg} {ref.shape}")
     if distinct and len({id(x) for x in out}) != len(out):
         raise ValueError(f"{prefix(op)} {arg} holds the same array more than once; expected distinct "
                          f"arrays (one per device)")
