@@ -23,8 +23,8 @@ from mpi4py import MPI
 from mpidist._array import is_device_array
 from mpidist.errors import prefix
 
-__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "value_kind", "dtype_of",
-           "split_sizes"]
+__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "group_blocks", "value_kind",
+           "dtype_of", "split_sizes"]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
 # (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
@@ -153,6 +153,16 @@ def same_dtype(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_
     if ref.dtype != other.dtype:
         raise TypeError(f"{prefix(op)} {other_arg} dtype {other.dtype} does not match {ref_arg} "
                         f"dtype {ref.dtype}")
+
+
+def group_blocks(out: Any, inp: Any, n: int, op: str, out_arg: str, in_arg: str, gather: bool) -> None:
+    """TypeError unless ``out`` and ``inp`` share a dtype; ValueError unless the whole one (``out``
+    when ``gather``, else ``inp``) holds ``n`` times the other's elements (one block per rank)."""
+    same_dtype(out, inp, op, out_arg, in_arg)
+    whole, w_arg, part, p_arg = (out, out_arg, inp, in_arg) if gather else (inp, in_arg, out, out_arg)
+    if whole.size != part.size * n:
+        raise ValueError(f"{prefix(op)} {w_arg} must hold world_size * {p_arg}.size = {n} * {part.size} = "
+                         f"{n * part.size} elements, got {whole.size} (shape {whole.shape})")
 
 
 def split_sizes(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: int) -> list[int]:

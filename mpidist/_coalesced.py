@@ -16,7 +16,7 @@ from mpidist._reduce_op import ReduceOp, check_op_dtype
 from mpidist.collectives import Op, all_reduce_body
 from mpidist.device.route import device_call, first_takes
 from mpidist.errors import prefix
-from mpidist.gather_scatter import _array_list, _same_shape, gather_slots
+from mpidist.gather_scatter import _array_list, gather_slots, output_lists
 from mpidist.work import Work
 
 __all__ = ["all_reduce_coalesced", "all_gather_coalesced"]
@@ -105,19 +105,7 @@ def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], in
         return None
     name = "all_gather_coalesced"
     inps = _array_list(input_tensor_list, name, "input_tensor_list", None, False)
-    if not isinstance(output_tensor_lists, (list, tuple)):
-        raise TypeError(f"{prefix(name)} output_tensor_lists must be a list of lists of numpy arrays, got "
-                        f"{type(output_tensor_lists).__name__}")
-    if len(output_tensor_lists) != g.size():
-        raise ValueError(f"{prefix(name)} output_tensor_lists must hold one list per group rank = {g.size()} lists, "
-                         f"got {len(output_tensor_lists)}")
-    rows = [_array_list(lst, name, f"output_tensor_lists[{k}]", len(inps), True, "len(input_tensor_list)",
-                        dtype_of=(inps[0], "input_tensor_list[0]"))
-            for k, lst in enumerate(output_tensor_lists)]
-    me = g.rank()
-    for j, inp in enumerate(inps):
-        if rows[me][j].shape != inp.shape:
-            _same_shape(rows[me][j], inp, name, f"output_tensor_lists[{me}][{j}]", f"input_tensor_list[{j}]",
-                        " (it receives that input)")
+    rows = output_lists(output_tensor_lists, name, inps, g.size(), "one list per group rank", len(inps),
+                        "len(input_tensor_list)", (g.rank(), 0))
     results = tuple(a for lst in output_tensor_lists for a in lst)
     return gather_slots(g, name, inps, [a for row in rows for a in row], async_op, results)

@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _recorder as R
-from mpidist._buffers import host_array, mpi_datatype, same_dtype, split_sizes
+from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
 from mpidist._dispatch import _guarded, launch, member, root_list, root_rank, signature
 from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
@@ -207,6 +207,22 @@ def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str,
                          f"got {a.shape}")
 
 
+def _root_list(xs: Any, g: ProcessGroup, rank: Any, group_rank: Any, tensor: np.ndarray, op: str, arg: str,
+               root_arg: str, writable: bool, why: str) -> tuple[int, Optional[list[np.ndarray]]]:
+    """gather's/scatter's root (:func:`root_rank`: ``root_arg`` or group_``root_arg``, default 0)
+    and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype (:func:`_array_list`),
+    entry root of its shape; elsewhere None. ValueError when missing on the root or given elsewhere
+    (:func:`mpidist._dispatch.root_list`)."""
+    root = root_rank(g, rank, group_rank, op, root_arg, f"group_{root_arg}", default=0)
+    root_list(xs, g.rank() == root, op, arg, root_arg, g.ranks[root], g.size())
+    if g.rank() != root:
+        return root, None
+    arrs = _array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
+    if arrs[root].shape != tensor.shape:
+        _same_shape(arrs[root], tensor, op, f"{arg}[{root}]", "tensor", why)
+    return root, arrs
+
+
 # -- all-gather -----------------------------------------------------------------------------
 
 def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.ndarray],
@@ -301,11 +317,7 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     op = "all_gather_into_tensor"
     out = host_array(output_tensor, op, "output_tensor", writable=True)
     inp = host_array(input_tensor, op, "input_tensor", writable=False)
-    same_dtype(out, inp, op, "output_tensor", "input_tensor")
-    if out.size != inp.size * g.size():
-        raise ValueError(f"{prefix(op)} output_tensor must hold world_size * input_tensor.size = "
-                         f"{g.size()} * {inp.size} = {g.size() * inp.size} elements, got {out.size} "
-                         f"(shape {out.shape})")
+    group_blocks(out, inp, g.size(), op, "output_tensor", "input_tensor", gather=True)
     dt = mpi_datatype(inp.dtype)
     send = _send_part(inp, out, g.rank() * inp.size, dt)
     return _run(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype,
@@ -351,27 +363,36 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
         return None
     op = "all_gather_multigpu"
     inps = _array_list(input_tensor_list, op, "input_tensor_list", None, False)
-    n_dev, me = len(inps), g.rank()
-    if not isinstance(output_tensor_lists, (list, tuple)):
-        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
-                        f"got {type(output_tensor_lists).__name__}")
-    if len(output_tensor_lists) != n_dev:
-        raise ValueError(f"{prefix(op)} output_tensor_lists must hold len(input_tensor_list) = {n_dev} "
-                         f"lists, got {len(output_tensor_lists)}")
-    lists = [_array_list(lst, op, f"output_tensor_lists[{i}]", g.size() * n_dev, True,
-                         "group size * len(input_tensor_list)", dtype_of=(inps[0], "input_tensor_list[0]"))
-             for i, lst in enumerate(output_tensor_lists)]
+    n_dev = len(inps)
+    lists = output_lists(output_tensor_lists, op, inps, n_dev, "len(input_tensor_list)", g.size() * n_dev,
+                         "group size * len(input_tensor_list)", (0, g.rank() * n_dev))
     first = lists[0]
-    for j, inp in enumerate(inps):
-        s = me * n_dev + j
-        _same_shape(first[s], inp, op, f"output_tensor_lists[0][{s}]", f"input_tensor_list[{j}]",
-                    " (it receives that input)")
     for i, lst in enumerate(lists[1:], 1):
         for s, (a, ref) in enumerate(zip(lst, first)):
             _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
     copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
     results = tuple(a for lst in output_tensor_lists for a in lst)
     return gather_slots(g, op, inps, first, async_op, results, copies)
+
+
+def output_lists(xss: Any, op: str, inps: list, n: int, expected: str, row_n: int, row_expected: str,
+                 own: tuple[int, int]) -> list[list[np.ndarray]]:
+    """``output_tensor_lists``: ``n`` lists (``expected`` says why) of ``row_n`` writable arrays of
+    the inputs' dtype (:func:`_array_list`), list ``own[0]`` having input j's shape at ``own[1] + j``.
+    TypeError for a non-list, ValueError for a wrong length or shape."""
+    if not isinstance(xss, (list, tuple)):
+        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
+                        f"got {type(xss).__name__}")
+    if len(xss) != n:
+        raise ValueError(f"{prefix(op)} output_tensor_lists must hold {expected} = {n} lists, got {len(xss)}")
+    rows = [_array_list(lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected,
+                        dtype_of=(inps[0], "input_tensor_list[0]")) for i, lst in enumerate(xss)]
+    i, start = own
+    for j, inp in enumerate(inps):
+        if rows[i][start + j].shape != inp.shape:
+            _same_shape(rows[i][start + j], inp, op, f"output_tensor_lists[{i}][{start + j}]",
+                        f"input_tensor_list[{j}]", " (it receives that input)")
+    return rows
 
 
 def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Sequence[np.ndarray],
@@ -426,17 +447,12 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
         return None
     op = "gather"
     inp = host_array(tensor, op, "tensor", writable=False)
-    root = root_rank(g, dst, group_dst, op, "dst", "group_dst", default=0)
-    dst = g.ranks[root]
-    dt = mpi_datatype(inp.dtype)
-    root_list(gather_list, g.rank() == root, op, "gather_list", "dst", dst, g.size())
-    if g.rank() != root:
+    root, outs = _root_list(gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True,
+                            " (it receives dst's own tensor)")
+    dst, dt = g.ranks[root], mpi_datatype(inp.dtype)
+    if outs is None:
         return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
                     parts=("gather", inp.size, None))
-    outs = _array_list(gather_list, op, "gather_list", g.size(), True, "the group size",
-                       dtype_of=(inp, "tensor"))
-    if outs[root].shape != inp.shape:
-        _same_shape(outs[root], inp, op, f"gather_list[{root}]", "tensor", " (it receives dst's own tensor)")
     counts = tuple([o.size for o in outs])
     displs, total, _ = _layout(counts)
     buf, staged = _recv_buffer(outs, total)
@@ -482,17 +498,12 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
         return None
     op = "scatter"
     out = host_array(tensor, op, "tensor", writable=True)
-    root = root_rank(g, src, group_src, op, "src", "group_src", default=0)
-    src = g.ranks[root]
-    dt = mpi_datatype(out.dtype)
-    root_list(scatter_list, g.rank() == root, op, "scatter_list", "src", src, g.size())
-    if g.rank() != root:
+    root, inps = _root_list(scatter_list, g, src, group_src, out, op, "scatter_list", "src", False,
+                            " (it is src's own part)")
+    src, dt = g.ranks[root], mpi_datatype(out.dtype)
+    if inps is None:
         return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
                     src, parts=("scatter", out.size, None))
-    inps = _array_list(scatter_list, op, "scatter_list", g.size(), False, "the group size",
-                       dtype_of=(out, "tensor"))
-    if inps[root].shape != out.shape:
-        _same_shape(inps[root], out, op, f"scatter_list[{root}]", "tensor", " (it is src's own part)")
     counts = tuple([a.size for a in inps])
     displs = _layout(counts)[0]
     send = _pack(inps)

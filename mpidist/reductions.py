@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from mpidist._buffers import host_array, mpi_datatype, same_dtype
+from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype
 from mpidist._dispatch import launch, member, root_rank
 from mpidist.collectives import Op, all_reduce_body
 from mpidist.device.route import device_call, first_takes, takes
@@ -30,13 +30,6 @@ from mpidist.work import Work
 
 __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
            "reduce_multigpu", "make_premul_sum", "supports_complex"]
-
-
-def _same_shape(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_arg: str) -> None:
-    same_dtype(ref, other, op, ref_arg, other_arg)
-    if other.shape != ref.shape:
-        raise ValueError(f"{prefix(op)} {other_arg} has shape {other.shape}, expected the shape of "
-                         f"{ref_arg} {ref.shape}")
 
 
 def _array_list(arrays: Any, op: str, arg: str, *, writable: bool, length: Optional[int] = None,
@@ -55,7 +48,9 @@ def _array_list(arrays: Any, op: str, arg: str, *, writable: bool, length: Optio
     if ref is None:
         ref, ref_arg = out[0], f"{arg}[0]"
     for i, x in enumerate(out):
-        _same_shape(ref, x, op, ref_arg, f"{arg}[{i}]")
+        same_dtype(ref, x, op, ref_arg, f"{arg}[{i}]")
+        if x.shape != ref.shape:
+            raise ValueError(f"{prefix(op)} {arg}[{i}] has shape {x.shape}, expected the shape of {ref_arg} {ref.shape}")
     if distinct and len({id(x) for x in out}) != len(out):
         raise ValueError(f"{prefix(op)} {arg} holds the same array more than once; expected distinct "
                          f"arrays (one per device)")
@@ -208,10 +203,7 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
     name = "reduce_scatter_tensor"
     out = host_array(output, name, "output", writable=True)
     inp = host_array(input, name, "input", writable=False)
-    same_dtype(out, inp, name, "output", "input")
-    if inp.size != out.size * g.size():
-        raise ValueError(f"{prefix(name)} input must hold world_size * output.size = {g.size()} * "
-                         f"{out.size} = {g.size() * out.size} elements, got {inp.size} (shape {inp.shape})")
+    group_blocks(out, inp, g.size(), name, "output", "input", gather=False)
     op = check_op_dtype(op, out.dtype, prefix(name))
     return launch(g, name, _reduce_scatter_tensor, (g, out, inp, op), async_op, (output,), shapes=inp.shape,
                   dtype=out.dtype, count=out.size, redop=op)
