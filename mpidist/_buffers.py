@@ -23,7 +23,7 @@ from mpi4py import MPI
 from mpidist._array import is_device_array
 from mpidist.errors import prefix
 
-__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "group_blocks", "value_kind",
+__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "group_blocks", "holds", "value_kind",
            "dtype_of", "split_sizes"]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
@@ -159,9 +159,17 @@ def group_blocks(out: Any, inp: Any, n: int, op: str, out_arg: str, in_arg: str,
     """TypeError unless ``out`` and ``inp`` share a dtype; ValueError unless the whole one (``out``
     when ``gather``, else ``inp``) holds ``n`` times the other's elements (one block per rank)."""
     same_dtype(out, inp, op, out_arg, in_arg)
-    whole, w_arg, part, p_arg = (out, out_arg, inp, in_arg) if gather else (inp, in_arg, out, out_arg)
+    if gather:
+        holds(op, out, out_arg, inp, in_arg, n)
+    else:
+        holds(op, inp, in_arg, out, out_arg, n)
+
+
+def holds(op: str, whole: Any, whole_arg: str, part: Any, part_arg: str, n: int) -> None:
+    """ValueError unless ``whole`` has ``n`` times ``part``'s elements (one block per group
+    rank); both have ``.size`` and ``.shape`` (host arrays, or the NCCL path's descriptions)."""
     if whole.size != part.size * n:
-        raise ValueError(f"{prefix(op)} {w_arg} must hold world_size * {p_arg}.size = {n} * {part.size} = "
+        raise ValueError(f"{prefix(op)} {whole_arg} must hold world_size * {part_arg}.size = {n} * {part.size} = "
                          f"{n * part.size} elements, got {whole.size} (shape {whole.shape})")
 
 

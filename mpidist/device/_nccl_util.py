@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mpidist._buffers import same_dtype
+from mpidist._buffers import holds, same_dtype
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import Dev, NcclComm, Plan, device_array, mover, overlaps, state
 from mpidist.device._nccl_work import NcclWork, collective_rec, launch
@@ -40,13 +40,6 @@ def pair(name: str, output: Any, input: Any, out_arg: str = "output",  # noqa: A
     inp = device_array(input, name, in_arg, False, shim)
     same_dtype(out, inp, name, out_arg, in_arg)
     return shim, out, inp
-
-
-def holds(name: str, whole: Dev, whole_arg: str, part: Dev, part_arg: str, n: int) -> None:
-    """``whole`` has ``n`` times ``part``'s elements (one block per group rank)."""
-    if whole.size != part.size * n:
-        raise ValueError(f"{prefix(name)} {whole_arg} must hold world_size * {part_arg}.size = {n} * {part.size} = "
-                         f"{n * part.size} elements, got {whole.size} (shape {whole.shape})")
 
 
 def arrays(xs: Any, name: str, arg: str, n: int, writable: bool, shim: Any, ref: Optional[Dev] = None,
