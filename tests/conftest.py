@@ -38,8 +38,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 def launcher_free_env(**extra: str) -> dict:
-    """os.environ without the MPI launcher's variables, for a child that starts its own job."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    """os.environ without the MPI launcher's variables, for a child that starts its own job.
+
+    Also without PYTHONUNBUFFERED: unbuffered, a child's ``print`` writes its text and the
+    newline (and each argument) separately, and so does Python's traceback (the exception's
+    type, then its message), so in a job's merged output one rank's pieces land between
+    another's and a line the test looks for is split (two fresh-clone CI runs failed so).
+    Buffered (stderr line-buffered, stdout flushed by the programs that need it at once),
+    each line goes out in one write."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_LAUNCHER_PREFIXES) and k != "PYTHONUNBUFFERED"}
     env.update(extra)
     return env
 
