@@ -59,20 +59,21 @@ RESUME_KEYS = ("dataset", "seed", "batch_size", "lr", "momentum", "hidden")
 _AUTO = ""  # --resume without a path: --out/checkpoint.npz if it exists
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mpidist.examples.train_digits", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("out/digits"), help="output directory (default: out/digits)")
+def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> argparse.ArgumentParser:
+    """The options both main jobs take (module ``prog``, its docstring ``doc``: this one and
+    mpidist.examples.train_torch): output
+    directory ``out``, data, epochs (default ``epochs``), batch size, learning rate, momentum,
+    seed, threads per rank (``threads``: which library's), resume, progress bar."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path(out), help=f"output directory (default: {out})")
     p.add_argument("--data", type=Path, default=None, help="directory with MNIST IDX files (default: sklearn digits)")
-    p.add_argument("--algorithm", choices=["mpi", "ring"], default="mpi", help="gradient all-reduce algorithm")
-    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--hidden", type=int, default=128, help="width of the two hidden layers")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0,
-                   help="BLAS threads per rank (default: cores on the node / ranks on the node)")
+                   help=f"{threads} threads per rank (default: cores on the node / ranks on the node)")
     p.add_argument("--resume", nargs="?", const=_AUTO, default=None, metavar="CKPT",
                    help="continue from checkpoint CKPT (without CKPT: OUT/checkpoint.npz, or start afresh "
                         "if there is none, as a requeued job wants)")
@@ -81,13 +82,29 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      help="show a progress bar even when stdout is not a terminal (e.g. mpiexec in a terminal)")
     bar.add_argument("--no-progress", action="store_true",
                      help="no progress bar (the default when stdout is not a terminal, as in a batch job's log)")
+    return p
+
+
+def checked_arguments(p: argparse.ArgumentParser, argv: Optional[Sequence[str]], sizes: tuple) -> argparse.Namespace:
+    """``p``'s parse of ``argv``; exits with the usage error for a size in ``sizes`` (and
+    epochs, batch size) below 1, a learning rate <= 0, or negative threads."""
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "hidden"):
+    for name in ("epochs", "batch_size") + sizes:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr <= 0:
         p.error(f"--lr must be > 0, got {args.lr}")
+    if args.threads < 0:
+        p.error(f"--threads must be >= 0, got {args.threads}")
     return args
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = job_arguments("mpidist.examples.train_digits", __doc__, "out/digits", 30, "BLAS")
+    p.add_argument("--algorithm", choices=["mpi", "ring"], default="mpi", help="gradient all-reduce algorithm")
+    p.add_argument("--hidden", type=int, default=128, help="width of the two hidden layers")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    return checked_arguments(p, argv, ("hidden",))
 
 
 class StopFlag:

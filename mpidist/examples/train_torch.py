@@ -55,12 +55,13 @@ from torch.utils.data.distributed import DistributedSampler
 
 from mpidist.checkpoint import load_checkpoint
 from mpidist.examples.train_digits import (
-    _AUTO,
     StopFlag,
     _from_json_bytes,
     _json_bytes,
+    checked_arguments,
     diverged,
     divergence_record,
+    job_arguments,
     load_data,
     progress_bar,
     resume_path,
@@ -73,36 +74,12 @@ BACKENDS = ("mpidist", "gloo")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mpidist.examples.train_torch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("out/torch"), help="output directory (default: out/torch)")
-    p.add_argument("--data", type=Path, default=None, help="directory with MNIST IDX files (default: sklearn digits)")
+    p = job_arguments("mpidist.examples.train_torch", __doc__, "out/torch", 20, "torch")
     p.add_argument("--backend", choices=BACKENDS, default="mpidist",
                    help="torch.distributed backend (default: mpidist; gloo: one node only, for comparison)")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--channels", type=int, default=16, help="channels of the first convolution (twice that in the second)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads per rank (default: cores on the node / ranks on the node)")
-    p.add_argument("--resume", nargs="?", const=_AUTO, default=None, metavar="CKPT",
-                   help="continue from checkpoint CKPT (without CKPT: OUT/checkpoint.npz, or start afresh "
-                        "if there is none, as a requeued job wants)")
-    bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true",
-                     help="show a progress bar even when stdout is not a terminal (e.g. mpiexec in a terminal)")
-    bar.add_argument("--no-progress", action="store_true",
-                     help="no progress bar (the default when stdout is not a terminal, as in a batch job's log)")
-    args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "channels"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.lr <= 0:
-        p.error(f"--lr must be > 0, got {args.lr}")
-    if args.threads < 0:
-        p.error(f"--threads must be >= 0, got {args.threads}")
-    return args
+    p.add_argument("--channels", type=int, default=16,
+                   help="channels of the first convolution (twice that in the second)")
+    return checked_arguments(p, argv, ("channels",))
 
 
 class TorchStopFlag(StopFlag):
