@@ -137,7 +137,7 @@ def test_an_op_numbered_while_a_callbacks_op_runs_is_numbered_after_it(dist, wor
     and issues an op of its own. Whichever of them is numbered first, the numbers must follow
     the order they run in (the callback's op runs first: the caller's is queued behind). Here
     the caller's op is held between being recorded and being queued until the callback has
-    run (its op done): a fresh-clone CI run once hit that window, and the callback's op was
+    run (its op done): a full mpiexec -n 2 run of the suite once hit that window, and the callback's op was
     numbered after the caller's while it ran before it, on one rank only (a mismatch error)."""
     rank, size = world
     g = dist.new_group()
