@@ -267,17 +267,18 @@ def resume_path(args: argparse.Namespace) -> Optional[Path]:
     return path
 
 
-def restore(path: Path, model: Sequential, optimizer: SGD, config: dict, world: int,
-            rank: int) -> tuple[int, int, np.ndarray, list[dict]]:
-    """Load ``path`` into model and optimizer; return (epoch, step, this rank's loss totals, history).
+def resumed(path: Path, config: dict, keys: Sequence[str], world: int, rank: int) -> tuple[dict, int, int,
+                                                                                           np.ndarray, list[dict]]:
+    """The checkpoint at ``path`` with (epoch, step, this rank's loss totals, history), for
+    either main job: its config must match ``config`` in ``keys`` (the job's RESUME_KEYS).
 
     Raises:
-        ValueError: the checkpoint's config differs in a RESUME_KEYS entry, or it stopped
+        ValueError: the checkpoint's config differs in one of ``keys``, or it stopped
             mid-epoch on a different number of ranks.
     """
     ckpt = load_checkpoint(path)
     saved = _from_json_bytes(ckpt["config"])
-    differ = {k: (saved.get(k), config[k]) for k in RESUME_KEYS if saved.get(k) != config[k]}
+    differ = {k: (saved.get(k), config[k]) for k in keys if saved.get(k) != config[k]}
     if differ:
         raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint was written with other "
                          f"settings (checkpoint, now): {differ}")
@@ -285,10 +286,18 @@ def restore(path: Path, model: Sequential, optimizer: SGD, config: dict, world: 
     if step and len(totals) != world:
         raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint stopped in the middle of "
                          f"epoch {epoch + 1} on {len(totals)} ranks; resume it on {len(totals)} ranks")
+    mine = totals[rank].copy() if step else np.zeros(2)
+    return ckpt, epoch, step, mine, _from_json_bytes(ckpt["history"])
+
+
+def restore(path: Path, model: Sequential, optimizer: SGD, config: dict, world: int,
+            rank: int) -> tuple[int, int, np.ndarray, list[dict]]:
+    """Load ``path`` into model and optimizer; return (epoch, step, this rank's loss totals,
+    history). ValueError as :func:`resumed`."""
+    ckpt, epoch, step, mine, history = resumed(path, config, RESUME_KEYS, world, rank)
     model.load_state_dict({k[6:]: v for k, v in ckpt.items() if k.startswith("model.")})
     optimizer.load_state_dict({k[10:]: v for k, v in ckpt.items() if k.startswith("optimizer.")})
-    mine = totals[rank].copy() if step else np.zeros(2)
-    return epoch, step, mine, _from_json_bytes(ckpt["history"])
+    return epoch, step, mine, history
 
 
 def write_outputs(args: argparse.Namespace, state: Optional[dict[str, np.ndarray]], history: list[dict],

@@ -53,10 +53,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from mpidist.checkpoint import load_checkpoint
 from mpidist.examples.train_digits import (
     StopFlag,
-    _from_json_bytes,
     _json_bytes,
     checked_arguments,
     diverged,
@@ -64,6 +62,7 @@ from mpidist.examples.train_digits import (
     job_arguments,
     load_data,
     progress_bar,
+    resumed,
     resume_path,
     write_outputs,
 )
@@ -195,22 +194,9 @@ def training_state(model: nn.Module, optimizer: torch.optim.SGD, epoch: int, ste
 
 def restore(path: Path, model: nn.Module, optimizer: torch.optim.SGD, config: dict, world: int,
             rank: int) -> tuple[int, int, np.ndarray, list[dict]]:
-    """Load ``path`` into model and optimizer; return (epoch, step, this rank's loss totals, history).
-
-    Raises:
-        ValueError: the checkpoint's config differs in a RESUME_KEYS entry, or it stopped
-            mid-epoch on a different number of ranks.
-    """
-    ckpt = load_checkpoint(path)
-    saved = _from_json_bytes(ckpt["config"])
-    differ = {k: (saved.get(k), config[k]) for k in RESUME_KEYS if saved.get(k) != config[k]}
-    if differ:
-        raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint was written with other "
-                         f"settings (checkpoint, now): {differ}")
-    epoch, step, totals = int(ckpt["epoch"]), int(ckpt["step"]), ckpt["loss_totals"]
-    if step and len(totals) != world:
-        raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint stopped in the middle of "
-                         f"epoch {epoch + 1} on {len(totals)} ranks; resume it on {len(totals)} ranks")
+    """Load ``path`` into model and optimizer; return (epoch, step, this rank's loss totals,
+    history). ValueError as :func:`mpidist.examples.train_digits.resumed`."""
+    ckpt, epoch, step, mine, history = resumed(path, config, RESUME_KEYS, world, rank)
     model.load_state_dict({k[6:]: torch.from_numpy(v) for k, v in ckpt.items() if k.startswith("model.")})
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in ckpt.items():
@@ -218,8 +204,7 @@ def restore(path: Path, model: nn.Module, optimizer: torch.optim.SGD, config: di
             i, key = k[10:].split(".", 1)
             per_param.setdefault(int(i), {})[key] = torch.from_numpy(v)
     optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
-    mine = totals[rank].copy() if step else np.zeros(2)
-    return epoch, step, mine, _from_json_bytes(ckpt["history"])
+    return epoch, step, mine, history
 
 
 def prime_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
