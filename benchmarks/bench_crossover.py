@@ -8,7 +8,7 @@ all variants interleaved in one job so that drift in the machine's state hits th
 
 * float32 SUM (dtypes MPI reduces itself): ``mpidist.all_reduce(x, algorithm=A)`` for
   A = ``"mpi"``, ``"ring"``, ``"shm"``, and ``None`` (``auto``: the choice all_reduce makes
-  by default, with the thresholds then in mpidist.collectives);
+  by default, with the thresholds then in mpidist._mpi.collectives);
 * float16 SUM (dtypes MPI cannot reduce, which go through the ring unless shared memory
   is chosen): ``"ring"``, ``"shm"`` and ``None``.
 
@@ -23,7 +23,7 @@ must get them exactly (``#wrong`` = 0).
 Crossover: the range of sizes ``[lo, hi)`` where shm is faster than the alternative, as the
 run of consecutive measured sizes with the most wins minus losses (so one noisy point moves
 nothing; ``hi`` open when it reaches the largest size). Those are the numbers
-``SHM_OVER_MPI`` / ``SHM_OVER_RING`` in mpidist/collectives.py quote.
+``SHM_OVER_MPI`` / ``SHM_OVER_RING`` in mpidist/_mpi/collectives.py quote.
 
 Output (rank 0): ``allreduce_crossover.csv`` in ``--out`` keeps the rows of every rank
 count measured (this run replaces those of N), and ``allreduce_crossover.md`` is rebuilt
@@ -50,7 +50,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidist
-from mpidist import collectives
+from mpidist._mpi import collectives
 
 # (name, dtype, algorithm)
 VARIANTS = [("mpi", np.float32, "mpi"), ("ring", np.float32, "ring"), ("shm", np.float32, "shm"),
@@ -176,7 +176,7 @@ def write(out: Path, new_rows: list[dict], n: int, header: list[str]) -> tuple[P
             w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS})
     doc = ["# all_reduce crossover: MPI_Allreduce vs the ring vs shared memory", "",
            "Made by `benchmarks/bench_crossover.py` (its docstring: method); the thresholds of "
-           "all_reduce's automatic choice (`SHM_OVER_MPI`, `SHM_OVER_RING` in mpidist/collectives.py) "
+           "all_reduce's automatic choice (`SHM_OVER_MPI`, `SHM_OVER_RING` in mpidist/_mpi/collectives.py) "
            "quote this file. Times are per call, the fastest of the measurements (see the script's docstring); `auto` is "
            "`algorithm=None` with the thresholds in effect when it ran; `auto/fastest` near 1 means "
            "the choice was right.", ""]

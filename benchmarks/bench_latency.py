@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _recorder as R, collectives as C  # noqa: E402
+from mpidist import _recorder as R  # noqa: E402
+from mpidist._mpi import collectives as C  # noqa: E402
 from mpidist._reduce_op import ReduceOp  # noqa: E402
 
 

@@ -1,8 +1,8 @@
 """Array adapters: turn what the caller passed into a buffer MPI can use, or say why not.
 
 Host arrays, except on the CUDA-aware path: a device array reaches :func:`host_array`
-only when the router (:mod:`mpidist.device.route`) runs a host op on it for a
-CUDA-aware MPI; anywhere else it is refused with a clear error, before any pointer can
+only when the CUDA-aware backend (:mod:`mpidist.device.cuda_aware`) runs the MPI
+backend's body on it; anywhere else it is refused with a clear error, before any pointer can
 reach an MPI that is not CUDA-aware (which would dereference it and segfault).
 
 Dtypes: every numpy bool, integer, float and complex type, plus the types of

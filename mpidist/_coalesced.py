@@ -1,8 +1,10 @@
 """torch's coalesced collectives, all_reduce_coalesced and all_gather_coalesced: several
-arrays in one collective, built on the existing ops' bodies (one MPI collective and one
-Work per call). torch 2.13 says they "will be deprecated" (FutureWarning): the public
-``mpidist.all_reduce_coalesced`` / ``mpidist.all_gather_coalesced`` warn as torch's do
-(:mod:`mpidist._deprecated`); these implementations do not.
+arrays in one collective (one MPI collective and one Work per call). torch 2.13 says they
+"will be deprecated" (FutureWarning): the public ``mpidist.all_reduce_coalesced`` /
+``mpidist.all_gather_coalesced`` warn as torch's do (:mod:`mpidist._deprecated`); these do
+not. A call on host arrays goes to the MPI backend's body of the same name
+(:mod:`mpidist._mpi.coalesced`); one on device arrays to the router
+(:mod:`mpidist.device.route`).
 """
 from __future__ import annotations
 
@@ -10,30 +12,14 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mpidist._dispatch import launch, member
 from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp, check_op_dtype
-from mpidist.collectives import Op, all_reduce_body
+from mpidist._mpi import coalesced as H
+from mpidist._mpi.collectives import Op
+from mpidist._reduce_op import ReduceOp
 from mpidist.device.route import device_call, first_takes
-from mpidist.errors import prefix
-from mpidist.gather_scatter import _array_list, gather_slots, output_lists
 from mpidist.work import Work
 
 __all__ = ["all_reduce_coalesced", "all_gather_coalesced"]
-
-
-def _all_reduce_packed(g: ProcessGroup, arrays: list, op: Op) -> None:
-    """all_reduce of several arrays as one: packed into one buffer, reduced by
-    all_reduce's body (so with its algorithm choice for the total size), unpacked."""
-    if len(arrays) == 1:
-        all_reduce_body(g, arrays[0], op)
-        return
-    flat = np.concatenate([a.reshape(-1) for a in arrays])
-    all_reduce_body(g, flat, op)
-    start = 0
-    for a in arrays:
-        a.reshape(-1)[...] = flat[start:start + a.size]
-        start += a.size
 
 
 def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
@@ -62,16 +48,8 @@ def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[Pr
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
     if first_takes(tensors):  # device arrays: to the router
-        return device_call(all_reduce_coalesced, locals())
-    g = member(group)
-    if g is None:
-        return None
-    name = "all_reduce_coalesced"
-    arrays = _array_list(tensors, name, "tensors", None, True)
-    op = check_op_dtype(op, arrays[0].dtype, prefix(name))
-    return launch(g, name, _all_reduce_packed, (g, arrays, op), async_op, tuple(tensors),
-                  shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=sum(a.size for a in arrays),
-                  redop=op)
+        return device_call("all_reduce_coalesced", locals())
+    return H.all_reduce_coalesced(tensors, op, group, async_op)
 
 
 def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], input_tensor_list: Sequence[np.ndarray],
@@ -99,13 +77,5 @@ def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], in
         from the inputs', read-only or non-contiguous outputs.
     """
     if first_takes(input_tensor_list):  # device arrays: to the router
-        return device_call(all_gather_coalesced, locals())
-    g = member(group)
-    if g is None:
-        return None
-    name = "all_gather_coalesced"
-    inps = _array_list(input_tensor_list, name, "input_tensor_list", None, False)
-    rows = output_lists(output_tensor_lists, name, inps, g.size(), "one list per group rank", len(inps),
-                        "len(input_tensor_list)", (g.rank(), 0))
-    results = tuple(a for lst in output_tensor_lists for a in lst)
-    return gather_slots(g, name, inps, [a for row in rows for a in row], async_op, results)
+        return device_call("all_gather_coalesced", locals())
+    return H.all_gather_coalesced(output_tensor_lists, input_tensor_list, group, async_op)

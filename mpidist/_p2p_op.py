@@ -1,7 +1,7 @@
 """P2POp, the description of one point-to-point operation for batch_isend_irecv.
 
 Its own module, below the public point-to-point functions and the device paths that both
-take it (:mod:`mpidist.p2p`, :mod:`mpidist.device.nccl`, :mod:`mpidist.device.route`):
+take it (:mod:`mpidist._mpi.p2p`, :mod:`mpidist.device.nccl`, :mod:`mpidist.device.route`):
 ``P2POp.op`` is :func:`mpidist.isend` or :func:`mpidist.irecv`, told apart by
 :func:`is_receive`.
 """
@@ -17,7 +17,7 @@ from mpidist._group import ProcessGroup
 from mpidist.device.arrays import IN, classify, is_receive, passing_through
 from mpidist.errors import prefix
 
-__all__ = ["P2POp", "is_receive"]
+__all__ = ["P2POp", "is_receive", "with_tensor"]
 
 #: the functions a P2POp may name, by (module, name): mpidist.isend and mpidist.irecv. By
 #: name, not identity: this module sits below mpidist.p2p, which defines them and imports it.
@@ -72,3 +72,8 @@ class P2POp:
     def __repr__(self) -> str:
         peer = f"peer={self.peer}" if self.group_peer is None else f"group_peer={self.group_peer}"
         return f"P2POp({self.op.__name__}, {peer}, tag={self.tag}, shape={self.tensor.shape})"
+
+
+def with_tensor(p: P2POp, tensor: Any) -> P2POp:
+    """P2POp ``p`` with ``tensor`` in place of its array (the device backends' host copies or views)."""
+    return P2POp(p.op, tensor, p.peer, p.group, p.tag, p.group_peer)

@@ -1,20 +1,5 @@
 """Data-movement collectives: all_gather, gather, scatter, all-to-all (torch.distributed semantics).
 
-Every function here moves arrays without reducing them. Lists of arrays travel in one
-vector collective (MPI_Allgatherv, MPI_Gatherv, MPI_Scatterv, MPI_Alltoallv): the
-counts are the arrays' element counts and the displacements their running sums
-(:func:`_layout`, cached per layout). all_gather uses MPI_Allgather with one count
-when every rank's count is the same: its output list gives every rank's count, the
-same on every member, so all members choose the same collective. gather, scatter and
-the all-to-alls stay on the v-forms, because there a rank sees only its own counts
-(a non-root in gather or scatter, or one row of the all-to-all matrix) and cannot
-know that the others chose the plain form too (mixing the two would hang). When the arrays of a list already lie back to back in memory, in
-list order (e.g. ``list(out)`` for a stacked ``out``), MPI reads or writes them in
-place (:func:`_block`); otherwise mpidist packs them into, or unpacks them from, one
-contiguous staging buffer. Where a rank's own input lies in its own output slot MPI
-runs with ``MPI_IN_PLACE``; any other overlap between input and output is resolved
-by sending a copy of the input.
-
 Shared rules, as in torch.distributed: src/dst are global ranks even with a group; a
 rank not in ``group`` returns None and leaves every buffer alone; sync calls return
 None and ``async_op=True`` returns a :class:`Work` whose ``result()`` lists the arrays
@@ -22,235 +7,25 @@ written on this rank. All arrays of one call must share one dtype. Sizes that de
 on other ranks (rank i's slot must match rank i's input) cannot be checked locally;
 as in torch they are the caller's contract: a receive slot too small for what
 arrives raises ValueError (MPI_ERR_TRUNCATE), one too large is left partly unwritten.
+A call on host arrays goes to the MPI backend's body of the same name
+(:mod:`mpidist._mpi.gather_scatter`, which says how lists travel in one vector collective);
+one on device arrays to the router (:mod:`mpidist.device.route`).
 """
 from __future__ import annotations
 
-import math
-from functools import lru_cache
-from itertools import accumulate
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional
 
 import numpy as np
-from mpi4py import MPI
 
-from mpidist import _recorder as R
-from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
-from mpidist._dispatch import _guarded, launch, member, root_list, root_rank, signature
-from mpidist.device.route import device_call, first_takes, takes
-from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
+from mpidist._mpi import gather_scatter as H
+from mpidist.device.route import device_call, first_takes, takes
 from mpidist.work import Work
 
 __all__ = [
     "all_gather", "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "all_to_all",
     "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
 ]
-
-
-# -- buffer layout --------------------------------------------------------------------------
-
-@lru_cache(maxsize=256)
-def _layout(counts: tuple[int, ...]) -> tuple[list[int], int, bool]:
-    """Displacements (running sums of ``counts``, starting at 0), the total, and whether every
-    count is the same (then the plain collective replaces the v-form), for a v-collective.
-
-    Cached by ``counts`` (a tuple): a program repeats the same few layouts. Callers must
-    not modify the returned list.
-    """
-    displs = [0, *accumulate(counts)]
-    return displs[:-1], displs[-1], counts.count(counts[0]) == len(counts)
-
-
-_get_address = MPI.Get_address
-
-
-def _address(a: np.ndarray) -> int:
-    """Address of ``a``'s first element (MPI_Get_address: ~10x cheaper than ``__array_interface__``)."""
-    try:
-        return _get_address(a)
-    except (BufferError, TypeError, ValueError):  # a dtype the buffer protocol cannot export
-        return a.__array_interface__["data"][0]
-
-
-def _block(arrays: Sequence[np.ndarray], writable: bool) -> Optional[np.ndarray]:
-    """A flat array over the memory of ``arrays`` if they lie back to back in list order, else None.
-
-    No copy: the result aliases the arrays (which must be C-contiguous, of one dtype).
-    """
-    first = arrays[0]
-    start = end = _address(first)
-    for a in arrays:
-        if _address(a) != end:
-            return None
-        end += a.nbytes
-    if end == start:
-        return np.empty(0, first.dtype)
-    base = first.base
-    if (type(base) is np.ndarray and base.nbytes == end - start and base.dtype == first.dtype
-            and base.flags.c_contiguous and _address(base) == start):
-        # e.g. list(out.reshape(n, k)): the rows' common base is the block (a writable
-        # view's base is writable too)
-        return base.reshape(-1)
-    return np.frombuffer(MPI.buffer.fromaddress(start, end - start, readonly=not writable), first.dtype)
-
-
-def _pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """``arrays`` as one flat array: a view when they are one block, else a concatenated copy."""
-    block = _block(arrays, writable=False)
-    return block if block is not None else np.concatenate([a.reshape(-1) for a in arrays])
-
-
-def _recv_buffer(outs: Sequence[np.ndarray], total: int) -> tuple[np.ndarray, bool]:
-    """Where MPI writes ``outs``: their own memory when they are one block, else a staging buffer.
-
-    Returns (buffer, staged).
-    """
-    block = _block(outs, writable=True)
-    if block is not None:
-        return block, False
-    return np.empty(total, outs[0].dtype), True
-
-
-def _own_slot(own: np.ndarray, buf: np.ndarray, displ: int) -> Optional[bool]:
-    """How ``own`` relates to ``buf``: None if disjoint, True if it is exactly the slot at ``displ``."""
-    if not np.may_share_memory(own, buf):
-        return None
-    return _address(own) == _address(buf) + displ * buf.itemsize and own.size <= buf.size - displ
-
-
-def _send_part(inp: np.ndarray, buf: np.ndarray, displ: int, dt: MPI.Datatype) -> Any:
-    """The send argument for this rank's part ``inp`` of a gather into ``buf``.
-
-    MPI_IN_PLACE when ``inp`` already sits in its slot, a copy when it overlaps ``buf``
-    elsewhere (MPI forbids aliased send and receive buffers), else ``inp`` itself.
-    """
-    slot = _own_slot(inp, buf, displ)
-    if slot is None:
-        return [inp, dt]
-    return MPI.IN_PLACE if slot else [inp.copy(), dt]
-
-
-def _communicate(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[np.ndarray],
-                 displs: Sequence[int], copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> None:
-    """Run the MPI ``call``; then unpack ``staging`` into ``outs`` and make the ``copies`` (dst, src)."""
-    call(*args)
-    if staging is not None:
-        for out, d in zip(outs, displs):
-            out.reshape(-1)[...] = staging[d:d + out.size]
-    for dst, src in copies:
-        dst.reshape(-1)[...] = src.reshape(-1)
-
-
-def _body(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[np.ndarray],
-          displs: Sequence[int], copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> tuple[Callable, tuple]:
-    """(fn, args) running the MPI ``call`` as :func:`_communicate` does; the bare call when
-    there is nothing to unpack or copy afterwards (one Python frame less per op)."""
-    if staging is None and not copies:
-        return call, args
-    return _communicate, (call, args, staging, outs, displs, copies)
-
-
-def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool, outputs: tuple,
-         shapes: Any, dtype: Any, root: int = -1, count: int = -1, layout: Optional[tuple] = None,
-         parts: Optional[tuple] = None) -> Optional[Work]:
-    """:func:`mpidist._dispatch.launch`, with the sync latency path of ``all_reduce``: when the
-    group's engine is idle (nothing queued, not DETAIL, no bounded wait) ``fn`` runs here
-    at once, recorded and checked as launch records and checks it (sequence number, flight
-    recorder, watchdog, the members' agreement on the call: ``layout``, ``parts`` as there)."""
-    eng = g.engine
-    if async_op or not eng.inline or eng.pending or eng.broken is not None:  # (as all_reduce's latency path)
-        return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count,
-                      layout=layout, parts=parts)
-    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), signature(g, op, count, dtype, root, None, layout),
-             parts)(*args)
-    return None
-
-
-# -- argument checks ------------------------------------------------------------------------
-
-def _array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, expected: str = "",
-                dtype_of: Optional[tuple[np.ndarray, str]] = None) -> list[np.ndarray]:
-    """Validate a list of ``n`` arrays (any length >= 1 if ``n`` is None) of one dtype.
-
-    ``expected`` explains ``n`` in the message; ``dtype_of`` = (array, its argument name)
-    whose dtype every element must have (default: the first element's).
-    """
-    if (type(xs) is list or type(xs) is tuple) and xs and (n is None or len(xs) == n):
-        # fast path: one cheap test per element; anything unusual takes the full checks below,
-        # which raise the same errors in the same order
-        ref_dtype = (dtype_of[0] if dtype_of is not None
-                     else host_array(xs[0], op, f"{arg}[0]", writable=writable)).dtype
-        for x in xs:
-            if type(x) is not np.ndarray or x.dtype != ref_dtype:
-                break
-            flags = x.flags
-            if not flags.c_contiguous or (writable and not flags.writeable):
-                break
-        else:
-            return list(xs)
-    if not isinstance(xs, (list, tuple)):
-        raise TypeError(f"{prefix(op)} {arg} must be a list of numpy arrays, got {type(xs).__name__}")
-    if n is not None and len(xs) != n:
-        raise ValueError(f"{prefix(op)} {arg} must hold {expected} = {n} arrays, got {len(xs)}")
-    if n is None and not xs:
-        raise ValueError(f"{prefix(op)} {arg} must hold at least one array, got an empty list")
-    arrs = [host_array(x, op, f"{arg}[{i}]", writable=writable) for i, x in enumerate(xs)]
-    ref, ref_arg = dtype_of if dtype_of is not None else (arrs[0], f"{arg}[0]")
-    for i, a in enumerate(arrs):
-        same_dtype(ref, a, op, ref_arg, f"{arg}[{i}]")
-    return arrs
-
-
-def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str, why: str = "") -> None:
-    if a.shape != ref.shape:
-        raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, "
-                         f"got {a.shape}")
-
-
-def _root_list(xs: Any, g: ProcessGroup, rank: Any, group_rank: Any, tensor: np.ndarray, op: str, arg: str,
-               root_arg: str, writable: bool, why: str) -> tuple[int, Optional[list[np.ndarray]]]:
-    """gather's/scatter's root (:func:`root_rank`: ``root_arg`` or group_``root_arg``, default 0)
-    and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype (:func:`_array_list`),
-    entry root of its shape; elsewhere None. ValueError when missing on the root or given elsewhere
-    (:func:`mpidist._dispatch.root_list`)."""
-    root = root_rank(g, rank, group_rank, op, root_arg, f"group_{root_arg}", default=0)
-    root_list(xs, g.rank() == root, op, arg, root_arg, g.ranks[root], g.size())
-    if g.rank() != root:
-        return root, None
-    arrs = _array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
-    if arrs[root].shape != tensor.shape:
-        _same_shape(arrs[root], tensor, op, f"{arg}[{root}]", "tensor", why)
-    return root, arrs
-
-
-# -- all-gather -----------------------------------------------------------------------------
-
-def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.ndarray],
-                 rank_counts: tuple[int, ...], async_op: bool, results: tuple,
-                 copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
-                 slot_sizes: Optional[tuple[int, ...]] = None) -> Optional[Work]:
-    """MPI_Allgatherv of each rank's flat ``inp`` (rank k sends ``rank_counts[k]`` elements) into
-    the slots ``outs`` (in rank order; several consecutive slots, of ``slot_sizes`` elements,
-    may belong to one rank; default: one slot per rank).
-
-    When every rank sends the same count, MPI_Allgather with that one count instead: the
-    counts are the caller's contract, the same on every member, so every member makes
-    the same choice.
-    """
-    rank_displs, total, equal = _layout(rank_counts)
-    slot_displs = rank_displs if slot_sizes is None else _layout(slot_sizes)[0]
-    dt = mpi_datatype(outs[0].dtype)
-    buf, staged = _recv_buffer(outs, total)
-    send = _send_part(inp, buf, rank_displs[g.rank()], dt)
-    if equal:
-        call, args = g.comm.Allgather, (send, [buf, rank_counts[0], dt])
-    else:
-        call, args = g.comm.Allgatherv, (send, [buf, rank_counts, rank_displs, dt])
-    fn, fn_args = _body(call, args, buf if staged else None, outs, slot_displs, copies)
-    # every member passes the same list of sizes (else the ranks' slots disagree); equal
-    # counts are given by the total
-    layout = slot_sizes if slot_sizes is not None else None if equal else rank_counts
-    return _run(g, op, fn, fn_args, async_op, results, inp.shape, inp.dtype, count=total, layout=layout)
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
@@ -280,18 +55,8 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
     Source: torch.distributed.all_gather; MPI-4.1 §6.7 (MPI_Allgatherv).
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
-        return device_call(all_gather, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "all_gather"
-    inp = host_array(tensor, op, "tensor", writable=False)
-    outs = _array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
-                       dtype_of=(inp, "tensor"))
-    me = g.rank()
-    if outs[me].shape != inp.shape:  # (checked first: the argument's name is formatted only on error)
-        _same_shape(outs[me], inp, op, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
-    return _all_gatherv(g, op, inp, outs, tuple([o.size for o in outs]), async_op, tuple(tensor_list))
+        return device_call("all_gather", locals())
+    return H.all_gather(tensor_list, tensor, group, async_op)
 
 
 def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
@@ -310,105 +75,9 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     Source: torch.distributed.all_gather_into_tensor; MPI-4.1 §6.7 (MPI_Allgather).
     """
     if type(output_tensor) is not np.ndarray and takes(output_tensor):  # device arrays: to the router
-        return device_call(all_gather_into_tensor, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "all_gather_into_tensor"
-    out = host_array(output_tensor, op, "output_tensor", writable=True)
-    inp = host_array(input_tensor, op, "input_tensor", writable=False)
-    group_blocks(out, inp, g.size(), op, "output_tensor", "input_tensor", gather=True)
-    dt = mpi_datatype(inp.dtype)
-    send = _send_part(inp, out, g.rank() * inp.size, dt)
-    return _run(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype,
-                count=out.size)
+        return device_call("all_gather_into_tensor", locals())
+    return H.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
-
-def all_gather_single(output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None,
-                      async_op: bool = False) -> Optional[Work]:
-    """torch 2.13's name for :func:`all_gather_into_tensor`, which torch 2.13 deprecates
-    (``mpidist.all_gather_into_tensor`` warns as torch's does; this module's does not):
-    the same arguments, semantics and errors."""
-    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
-
-
-def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
-                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
-    """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
-
-    Host-only reading of torch's (removed) ``all_gather_multigpu``: the process holds one
-    input per "device", ``input_tensor_list[j]``, and one output list per device,
-    ``output_tensor_lists[j]``; every device receives every device's input. With
-    ``W`` the group size, each ``output_tensor_lists[i]`` holds ``W * L`` arrays and
-    ``input_tensor_list[j]`` of group rank ``k`` lands in
-    ``output_tensor_lists[i][k * L + j]`` for every ``i`` (devices are numbered rank-major,
-    as NCCL numbered them; torch's docstring printed ``k * world_size + j``, which is
-    the same only when ``L == W``). ``len(input_tensor_list)`` must be the same on
-    every rank. All arrays share one dtype; slot ``s`` of every output list has the
-    same shape, and slot ``my_rank * L + j`` has ``input_tensor_list[j]``'s shape.
-    Every output array changes on every member; the inputs do not.
-
-    One MPI_Allgatherv fills ``output_tensor_lists[0]``; the other lists are copies.
-
-    Raises:
-        TypeError: a non-list or non-array, dtypes differ. ValueError: wrong list lengths,
-        shapes as above, non-contiguous or read-only outputs.
-
-    Source: torch.distributed.all_gather_multigpu (torch <= 2.1 docs); MPI-4.1 §6.7.
-    """
-    if first_takes(input_tensor_list):  # device arrays: to the router
-        return device_call(all_gather_multigpu, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "all_gather_multigpu"
-    inps = _array_list(input_tensor_list, op, "input_tensor_list", None, False)
-    n_dev = len(inps)
-    lists = output_lists(output_tensor_lists, op, inps, n_dev, "len(input_tensor_list)", g.size() * n_dev,
-                         "group size * len(input_tensor_list)", (0, g.rank() * n_dev))
-    first = lists[0]
-    for i, lst in enumerate(lists[1:], 1):
-        for s, (a, ref) in enumerate(zip(lst, first)):
-            _same_shape(a, ref, op, f"output_tensor_lists[{i}][{s}]", f"output_tensor_lists[0][{s}]")
-    copies = [(a, ref) for lst in lists[1:] for a, ref in zip(lst, first)]
-    results = tuple(a for lst in output_tensor_lists for a in lst)
-    return gather_slots(g, op, inps, first, async_op, results, copies)
-
-
-def output_lists(xss: Any, op: str, inps: list, n: int, expected: str, row_n: int, row_expected: str,
-                 own: tuple[int, int]) -> list[list[np.ndarray]]:
-    """``output_tensor_lists``: ``n`` lists (``expected`` says why) of ``row_n`` writable arrays of
-    the inputs' dtype (:func:`_array_list`), list ``own[0]`` having input j's shape at ``own[1] + j``.
-    TypeError for a non-list, ValueError for a wrong length or shape."""
-    if not isinstance(xss, (list, tuple)):
-        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
-                        f"got {type(xss).__name__}")
-    if len(xss) != n:
-        raise ValueError(f"{prefix(op)} output_tensor_lists must hold {expected} = {n} lists, got {len(xss)}")
-    rows = [_array_list(lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected,
-                        dtype_of=(inps[0], "input_tensor_list[0]")) for i, lst in enumerate(xss)]
-    i, start = own
-    for j, inp in enumerate(inps):
-        if rows[i][start + j].shape != inp.shape:
-            _same_shape(rows[i][start + j], inp, op, f"output_tensor_lists[{i}][{start + j}]",
-                        f"input_tensor_list[{j}]", " (it receives that input)")
-    return rows
-
-
-def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Sequence[np.ndarray],
-                 async_op: bool, results: tuple, copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()
-                 ) -> Optional[Work]:
-    """All-gather of ``L = len(inps)`` arrays per rank: input ``j`` of group rank ``k`` lands
-    in ``slots[k * L + j]``, by one MPI_Allgather(v) of each rank's packed inputs; then the
-    ``copies`` (dst, src). Validated arrays only. Not public (not in ``__all__``): the body
-    of all_gather_multigpu and all_gather_coalesced."""
-    n = len(inps)
-    sizes = tuple([a.size for a in slots])
-    rank_counts = tuple([sum(sizes[k * n:(k + 1) * n]) for k in range(g.size())])
-    return _all_gatherv(g, op, _pack(inps), slots, rank_counts, async_op, results, copies, sizes)
-
-
-# -- gather, scatter ------------------------------------------------------------------------
 
 def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: Optional[int] = None,
            group: Optional[ProcessGroup] = None, async_op: bool = False,
@@ -441,25 +110,8 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
     Source: torch.distributed.gather; MPI-4.1 §6.5 (MPI_Gatherv).
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
-        return device_call(gather, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "gather"
-    inp = host_array(tensor, op, "tensor", writable=False)
-    root, outs = _root_list(gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True,
-                            " (it receives dst's own tensor)")
-    dst, dt = g.ranks[root], mpi_datatype(inp.dtype)
-    if outs is None:
-        return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
-                    parts=("gather", inp.size, None))
-    counts = tuple([o.size for o in outs])
-    displs, total, _ = _layout(counts)
-    buf, staged = _recv_buffer(outs, total)
-    args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
-    fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)
-    return _run(g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst,
-                parts=("gather", inp.size, counts))
+        return device_call("gather", locals())
+    return H.gather(tensor, gather_list, dst, group, async_op, group_dst)
 
 
 def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: Optional[int] = None,
@@ -492,55 +144,8 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
     Source: torch.distributed.scatter; MPI-4.1 §6.6 (MPI_Scatterv).
     """
     if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
-        return device_call(scatter, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "scatter"
-    out = host_array(tensor, op, "tensor", writable=True)
-    root, inps = _root_list(scatter_list, g, src, group_src, out, op, "scatter_list", "src", False,
-                            " (it is src's own part)")
-    src, dt = g.ranks[root], mpi_datatype(out.dtype)
-    if inps is None:
-        return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
-                    src, parts=("scatter", out.size, None))
-    counts = tuple([a.size for a in inps])
-    displs = _layout(counts)[0]
-    send = _pack(inps)
-    slot = _own_slot(out, send, displs[root])
-    if slot is False:
-        send = np.concatenate([a.reshape(-1) for a in inps])
-    recv = MPI.IN_PLACE if slot else [out, dt]
-    return _run(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,),
-                out.shape, out.dtype, src, parts=("scatter", out.size, counts))
-
-
-# -- all-to-all -----------------------------------------------------------------------------
-
-def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[int, ...],
-                 outs: Sequence[np.ndarray], recv_counts: tuple[int, ...], async_op: bool,
-                 results: tuple) -> Optional[Work]:
-    """MPI_Alltoallv from the flat ``send`` (``send_counts`` per rank) into ``outs`` (one array
-    holding every rank's part, or one array per rank, ``recv_counts`` elements each).
-
-    Always the v-form, even when this rank's counts are all equal: whether every rank's
-    are is not known here, and members must call the same MPI collective.
-    """
-    me = g.rank()
-    if send_counts[me] != recv_counts[me]:
-        raise ValueError(f"{prefix(op)} this rank sends itself {send_counts[me]} elements but expects "
-                         f"{recv_counts[me]} from itself; the part for rank {me} of the input and of "
-                         f"the output must have the same size")
-    send_displs = _layout(send_counts)[0]
-    recv_displs, total, _ = _layout(recv_counts)
-    buf, staged = (outs[0], False) if len(outs) == 1 else _recv_buffer(outs, total)
-    if np.may_share_memory(send, buf):
-        send = send.copy()
-    dt = mpi_datatype(buf.dtype)
-    args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
-    fn, fn_args = _body(g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs)
-    return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype,
-                parts=("pairs", send_counts, recv_counts))
+        return device_call("scatter", locals())
+    return H.scatter(tensor, scatter_list, src, group, async_op, group_src)
 
 
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
@@ -572,16 +177,8 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
     Source: torch.distributed.all_to_all; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
     if first_takes(input_tensor_list):  # device arrays: to the router
-        return device_call(all_to_all, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "all_to_all"
-    inps = _array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
-    outs = _array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
-                       dtype_of=(inps[0], "input_tensor_list[0]"))
-    return _all_to_allv(g, op, _pack(inps), tuple([a.size for a in inps]), outs, tuple([o.size for o in outs]),
-                        async_op, tuple(output_tensor_list))
+        return device_call("all_to_all", locals())
+    return H.all_to_all(output_tensor_list, input_tensor_list, group, async_op)
 
 
 def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]] = None,
@@ -618,23 +215,9 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
     Source: torch.distributed.all_to_all_single; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
     if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
-        return device_call(all_to_all_single, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "all_to_all_single"
-    out = host_array(output, op, "output", writable=True)
-    inp = host_array(input, op, "input", writable=False)
-    same_dtype(out, inp, op, "output", "input")
-    n = g.size()
-    out_rows = split_sizes(output_split_sizes, out, op, "output_split_sizes", "output", n)
-    in_rows = split_sizes(input_split_sizes, inp, op, "input_split_sizes", "input", n)
-    out_row, in_row = math.prod(out.shape[1:]), math.prod(inp.shape[1:])
-    return _all_to_allv(g, op, inp.reshape(-1), tuple([r * in_row for r in in_rows]), (out,),
-                        tuple([r * out_row for r in out_rows]), async_op, (output,))
+        return device_call("all_to_all_single", locals())
+    return H.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
-
-# -- broadcast, several "devices" per process -----------------------------------------------
 
 def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
                        group: Optional[ProcessGroup] = None, async_op: bool = False, src_tensor: int = 0,
@@ -660,25 +243,42 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
     Source: torch.distributed.broadcast_multigpu (torch <= 2.1 docs); MPI-4.1 §6.4 (MPI_Bcast).
     """
     if first_takes(tensor_list):  # device arrays: to the router
-        return device_call(broadcast_multigpu, locals())
-    g = member(group)
-    if g is None:
-        return None
-    op = "broadcast_multigpu"
-    arrs = _array_list(tensor_list, op, "tensor_list", None, True)
-    root = root_rank(g, src, group_src, op, "src", "group_src")
-    src = g.ranks[root]
-    if not isinstance(src_tensor, (int, np.integer)) or isinstance(src_tensor, bool):
-        raise TypeError(f"{prefix(op)} src_tensor must be an int, got {type(src_tensor).__name__}")
-    if not 0 <= src_tensor < len(arrs):
-        raise ValueError(f"{prefix(op)} src_tensor must index tensor_list, in [0, {len(arrs)}), "
-                         f"got {src_tensor}")
-    for i, a in enumerate(arrs):
-        if a.size != arrs[0].size:
-            raise ValueError(f"{prefix(op)} tensor_list[{i}] must have as many elements as "
-                             f"tensor_list[0], {arrs[0].size}, got {a.size} (shape {a.shape})")
-    lead = arrs[src_tensor] if g.rank() == root else arrs[0]
-    copies = [(a, lead) for a in arrs if a is not lead]
-    fn, fn_args = _body(g.comm.Bcast, ([lead, mpi_datatype(lead.dtype)], root), None, (), (), copies)
-    return _run(g, op, fn, fn_args, async_op, tuple(tensor_list), [a.shape for a in arrs], lead.dtype, src,
-                lead.size)
+        return device_call("broadcast_multigpu", locals())
+    return H.broadcast_multigpu(tensor_list, src, group, async_op, src_tensor, group_src)
+
+
+def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
+                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
+
+    Host-only reading of torch's (removed) ``all_gather_multigpu``: the process holds one
+    input per "device", ``input_tensor_list[j]``, and one output list per device,
+    ``output_tensor_lists[j]``; every device receives every device's input. With
+    ``W`` the group size, each ``output_tensor_lists[i]`` holds ``W * L`` arrays and
+    ``input_tensor_list[j]`` of group rank ``k`` lands in
+    ``output_tensor_lists[i][k * L + j]`` for every ``i`` (devices are numbered rank-major,
+    as NCCL numbered them; torch's docstring printed ``k * world_size + j``, which is
+    the same only when ``L == W``). ``len(input_tensor_list)`` must be the same on
+    every rank. All arrays share one dtype; slot ``s`` of every output list has the
+    same shape, and slot ``my_rank * L + j`` has ``input_tensor_list[j]``'s shape.
+    Every output array changes on every member; the inputs do not.
+
+    One MPI_Allgatherv fills ``output_tensor_lists[0]``; the other lists are copies.
+
+    Raises:
+        TypeError: a non-list or non-array, dtypes differ. ValueError: wrong list lengths,
+        shapes as above, non-contiguous or read-only outputs.
+
+    Source: torch.distributed.all_gather_multigpu (torch <= 2.1 docs); MPI-4.1 §6.7.
+    """
+    if first_takes(input_tensor_list):  # device arrays: to the router
+        return device_call("all_gather_multigpu", locals())
+    return H.all_gather_multigpu(output_tensor_lists, input_tensor_list, group, async_op)
+
+
+def all_gather_single(output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """torch 2.13's name for :func:`all_gather_into_tensor`, which torch 2.13 deprecates
+    (``mpidist.all_gather_into_tensor`` warns as torch's does; this module's does not):
+    the same arguments, semantics and errors."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)

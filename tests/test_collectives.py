@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist import ReduceOp, collectives
+from mpidist import ReduceOp
+from mpidist._mpi import collectives
 from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import DEFAULT_SLOT_BYTES
 

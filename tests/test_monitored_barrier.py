@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mpidist import DistError
-from mpidist.collectives import _mb_drain, monitored_barrier
+from mpidist._mpi.collectives import _mb_drain
+from mpidist.collectives import monitored_barrier
 
 pytestmark = pytest.mark.mpi
 

@@ -174,7 +174,7 @@ def test_trace_without_divergence_and_without_dumps(tmp_path):
 def test_the_all_reduce_latency_path_records_what_launch_records(dist, world):
     """all_reduce builds its recorder entry inline on the 8-byte path (no function call):
     it must hold what _recorder.begin/end make for the same op through _dispatch.launch."""
-    from mpidist import collectives
+    from mpidist._mpi import collectives
 
     g = dist._runtime.resolve_group(None)
     x = np.ones(2, dtype=np.float32)

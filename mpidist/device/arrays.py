@@ -20,8 +20,8 @@ from mpidist._array import is_device_array
 from mpidist.device.runtime import DeviceRuntime, runtime_for
 from mpidist.errors import prefix
 
-__all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "P2P", "SIGNATURES", "primary_name", "leaves",
-           "classify", "replace", "device_label", "mixed_error", "passing_through", "passthrough", "is_receive"]
+__all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "P2P", "SIGNATURES", "primary_name", "leaves", "classify",
+           "runtime_of", "replace", "device_label", "mixed_error", "passing_through", "passthrough", "is_receive"]
 
 IN, OUT, INOUT = 1, 2, 3  # bit 1: read by the op, bit 2: written by it
 ONE, LIST, LISTS, P2P = "array", "list", "list of lists", "P2POp list"
@@ -59,14 +59,14 @@ _local = threading.local()
 
 
 def passing_through() -> bool:
-    """True while the router (:mod:`mpidist.device.route`) runs a host op on device arrays
-    (the CUDA-aware path): :func:`mpidist._buffers.host_array` then accepts them."""
+    """True while the CUDA-aware backend (:mod:`mpidist.device.cuda_aware`) runs the MPI
+    backend's body on device arrays: :func:`mpidist._buffers.host_array` then accepts them."""
     return getattr(_local, "through", False)
 
 
 @contextmanager
 def passthrough() -> Iterator[None]:
-    """Mark this thread as running a host op on device arrays for the CUDA-aware path."""
+    """Mark this thread as running the MPI backend's body on device arrays (the CUDA-aware path)."""
     before = passing_through()
     _local.through = True
     try:
@@ -136,6 +136,12 @@ def mixed_error(op: str, dev_name: str, dev: Any, host_name: str) -> TypeError:
     return TypeError(f"{prefix(op)} {dev_name} is a device ({device_label(dev)}) array but {host_name} is a "
                      f"host numpy array; every array of one call must be on the same side: move them with "
                      f"cupy.asarray(...) or cupy.asnumpy(...) first")
+
+
+def runtime_of(op: str, args: dict) -> DeviceRuntime:
+    """The runtime of the first device array of a call that :func:`classify` accepted."""
+    name, x, _ = next(f for f in leaves(op, args) if is_device_array(f[1]))
+    return runtime_for(x, op, name)
 
 
 def classify(op: str, found: list) -> tuple[DeviceRuntime, int]:

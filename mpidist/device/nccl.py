@@ -199,3 +199,4 @@ def run(op: str, g: ProcessGroup, args: dict) -> Any:
     if fn is None:
         raise ValueError(f"{prefix(op)} has no NCCL implementation; expected one of {sorted(OPS)}")
     return fn(g, **args)
+

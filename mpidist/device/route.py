@@ -1,25 +1,29 @@
 """The router: a public op whose primary array argument is a device array hands the
-whole call here (``return device_call(all_reduce, locals())``), and this sends it down
-one of the paths of :mod:`mpidist.device.paths`.
+whole call here (``return device_call("all_reduce", locals())``), and this resolves the
+group and the root once, picks the backend of the path of :mod:`mpidist.device.paths`
+(NCCL, MPI on device memory, or host staging: :class:`mpidist._comm_backend.CommBackend`)
+and runs the call there. Every backend lives below this module: the router never calls
+a public function back.
 
-The entry line of each op is ``if type(x) is not np.ndarray and takes(x):`` — a host
-call pays one type comparison. ``takes`` is False inside the router's own call of the
-host op on the CUDA-aware path (:func:`passthrough`), where the host op receives cupy
-arrays and :func:`mpidist._buffers.host_array` accepts them.
+The entry line of each public op is ``if type(x) is not np.ndarray and takes(x):``, so a
+host call pays one type comparison. ``takes`` is False while a backend runs the MPI
+backend's body on device arrays (the CUDA-aware path, :func:`passthrough`), where
+:func:`mpidist._buffers.host_array` accepts them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from mpidist._array import is_device_array
 from mpidist import _dispatch, _runtime
 from mpidist._p2p_op import P2POp
-from mpidist.device import arrays as A, detect, paths, staging
+from mpidist.device import arrays as A, detect, paths
 from mpidist.device.arrays import passing_through, passthrough
+from mpidist.device.cuda_aware import CUDA_AWARE
+from mpidist.device.staging import STAGING
 from mpidist.errors import prefix
-from mpidist.work import Work
 
 __all__ = ["takes", "first_takes", "device_call", "passthrough", "passing_through"]
 
@@ -32,11 +36,6 @@ def first_takes(xs: Any) -> bool:
     """:func:`takes` for the first entry of a list argument (False for anything else)."""
     return (isinstance(xs, (list, tuple)) and len(xs) > 0 and type(xs[0]) is not np.ndarray
             and takes(xs[0]))
-
-
-def _make_p2p(p: P2POp, tensor: Any) -> P2POp:
-    """P2POp ``p`` with ``tensor`` in place of its array."""
-    return P2POp(p.op, tensor, p.peer, p.group, p.tag, p.group_peer)
 
 
 #: op -> (its root argument, the global rank meant when neither it nor ``group_<arg>`` is
@@ -73,19 +72,18 @@ def _non_member_result(op: str) -> Any:
     return -1 if op == "recv" else None
 
 
-def device_call(fn: Callable[..., Any], args: dict) -> Any:
-    """Run public op ``fn`` (called with ``args``, its arguments by name, the primary one a
-    device array) on the path the group and the MPI allow.
+def device_call(op: str, args: dict) -> Any:
+    """Run public op ``op`` (called with ``args``, its arguments by name, the primary one a
+    device array) on the backend the group and the MPI allow.
 
-    Returns what ``fn`` returns (None, a Work, recv's source rank, a list of Works);
-    a Work of the staging or CUDA-aware path is a :class:`~staging.DeviceWork`.
+    Returns what the public op returns (None, a Work, recv's source rank, a list of
+    Works); a Work of the staging or CUDA-aware path is a :class:`~staging.DeviceWork`.
 
     Raises:
         TypeError: host and device arrays mixed (also in lists); no CuPy.
         ValueError: device arrays on different devices or non-contiguous; whatever the
-            host op or NCCL raise for the call.
+            MPI backend's body or NCCL raise for the call.
     """
-    op = fn.__name__
     args = dict(args)
     if op == "batch_isend_irecv":
         g, args = _batch_group(args)
@@ -96,21 +94,19 @@ def device_call(fn: Callable[..., Any], args: dict) -> Any:
         if g is None:
             return _non_member_result(op)
         args = _global_root(op, g, args)
+        del args["group"]
     found = list(A.leaves(op, args))
     rt, _ = A.classify(op, found)
     backend = paths.device_backend(g.backend)
     if backend == "nccl":
-        from mpidist.device import nccl  # noqa: PLC0415  (another module's; loads cupy's NCCL)
+        from mpidist.device import nccl  # noqa: PLC0415  (loads cupy's NCCL on first use)
 
-        return nccl.run(op, g, {k: v for k, v in args.items() if k != "group"})
+        return nccl.run(op, g, args)
     found_dev = [f for f in found if is_device_array(f[1])]
     redop, dtype = _redop_dtype(op, args, rt, found_dev)
     found_ok = paths.mpi_cuda_ok(op, dtype, redop, args.get("algorithm"), A.overlapping(rt, found_dev))
-    aware = detect.detection()
-    path = paths.choose(True, backend, aware.aware, found_ok)
-    if path == paths.MPI_CUDA:
-        return _mpi_cuda(fn, op, args, rt)
-    return staging.call(fn, op, args, rt, _make_p2p, aware)
+    path = paths.choose(True, backend, detect.detection().aware, found_ok)
+    return (CUDA_AWARE if path == paths.MPI_CUDA else STAGING).run(op, g, args)
 
 
 def _batch_group(args: dict) -> tuple[Any, dict]:
@@ -140,33 +136,6 @@ def _global_peer(p: Any, g: Any, i: int) -> Any:
     where = f"p2p_op_list[{i}]."
     rank = _dispatch.root_rank(g, p.peer, group_peer, "batch_isend_irecv", f"{where}peer", f"{where}group_peer")
     return P2POp(p.op, p.tensor, g.ranks[rank], p.group, p.tag)
-
-
-def _mpi_cuda(fn: Callable[..., Any], op: str, args: dict, rt: Any) -> Any:
-    """The CUDA-aware path: each device array's stream synchronized, then the host op
-    on zero-copy compute views (cupy arrays) that MPI reads and writes directly."""
-    views: dict[int, tuple] = {}
-
-    def convert(x: Any, role: int) -> Any:
-        if isinstance(x, np.ndarray) or not is_device_array(x):
-            return x
-        entry = views.get(id(x))
-        if entry is None:
-            rt.synchronize(x)
-            entry = views[id(x)] = (x, rt.compute_view(x))
-        return entry[1]
-
-    if op == "all_reduce" and args.get("algorithm") is None:
-        args = dict(args, algorithm="mpi")  # host-only algorithms (shared memory) are not for device memory
-    with passthrough():
-        new_args = A.replace(op, args, convert, _make_p2p)
-        result = fn(**new_args)
-    outmap = {id(view): x for x, view in views.values()}
-    if isinstance(result, list):
-        return [staging.DeviceWork(w, None, outmap) for w in result]
-    if isinstance(result, Work):
-        return staging.DeviceWork(result, None, outmap)
-    return result
 
 
 def batch_takes(p2p_op_list: Any) -> bool:

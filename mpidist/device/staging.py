@@ -1,5 +1,5 @@
-"""Host staging: device arrays copied to reused pinned host buffers, the host op, and
-the results copied back; and :class:`DeviceWork`, the Work of an async device call.
+"""Host staging: device arrays copied to reused pinned host buffers, the MPI
+backend's body (:mod:`mpidist._mpi`), and the results copied back (:data:`STAGING`); and :class:`DeviceWork`, the Work of an async device call.
 
 The pool hands each array of a call its own buffer (sizes rounded up to a power of
 two, at least 4 KiB, so buffers are reused across nearby sizes). A buffer goes back
@@ -17,13 +17,16 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from mpidist._group import ProcessGroup
+from mpidist._mpi import MPI
+from mpidist._p2p_op import with_tensor
 from mpidist.device import arrays as A
-from mpidist.device.detect import Detection
+from mpidist.device.detect import Detection, detection
 from mpidist.device.paths import MPI_CUDA_OPS
 from mpidist.device.runtime import DeviceRuntime
 from mpidist.work import Work
 
-__all__ = ["PinnedPool", "pool_for", "DeviceWork", "call", "warn_once", "POOL_LIMIT"]
+__all__ = ["PinnedPool", "pool_for", "DeviceWork", "Staging", "STAGING", "warn_once", "POOL_LIMIT"]
 
 #: Bytes of free pinned buffers a pool keeps for reuse (1 GiB).
 POOL_LIMIT = 1 << 30
@@ -232,25 +235,30 @@ class _Staged:
                     self.pool.release(buf)
 
 
-def call(fn: Callable[..., Any], op: str, args: dict, rt: DeviceRuntime, make_p2p: Callable[..., Any],
-         cuda: Detection) -> Any:
-    """Run the host op ``fn`` on host copies of the device arrays of ``args``; copy the
-    written ones back at once (sync) or when the returned Work completes (async).
-    ``cuda``: the CUDA-awareness decision, for the warning (:func:`warn_once`)."""
-    warn_once(cuda, op)
-    staged = _Staged(rt)
-    try:
-        host_args = A.replace(op, args, staged.convert, make_p2p)
-        result = fn(**host_args)
-    except BaseException:
-        staged.finish(False)
-        raise
-    if op == "batch_isend_irecv":
-        ops = args["p2p_op_list"]
-        staged.left = len(result)
-        outmap = staged.outmap()
-        return [DeviceWork(w, lambda ok, x=p.tensor: staged.finish(ok, x), outmap) for w, p in zip(result, ops)]
-    if isinstance(result, Work):
-        return DeviceWork(result, staged.finish, staged.outmap())
-    staged.finish(True)
-    return result
+class Staging:
+    """Host staging: the MPI backend's body on host copies of the call's device arrays; the
+    written ones are copied back at once (sync) or when the returned Work completes
+    (async). Warns once per process (:func:`warn_once`)."""
+
+
+    def run(self, op: str, g: ProcessGroup, args: dict) -> Any:
+        runtime = A.runtime_of(op, args)
+        warn_once(detection(), op)
+        staged = _Staged(runtime)
+        try:
+            result = MPI.run(op, g, A.replace(op, args, staged.convert, with_tensor))
+        except BaseException:
+            staged.finish(False)
+            raise
+        if op == "batch_isend_irecv":
+            ops = args["p2p_op_list"]
+            staged.left = len(result)
+            outmap = staged.outmap()
+            return [DeviceWork(w, lambda ok, x=p.tensor: staged.finish(ok, x), outmap) for w, p in zip(result, ops)]
+        if isinstance(result, Work):
+            return DeviceWork(result, staged.finish, staged.outmap())
+        staged.finish(True)
+        return result
+
+
+STAGING = Staging()
