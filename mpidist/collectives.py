@@ -76,6 +76,6 @@ def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Pro
     Raises:
         ValueError: both or neither of ``src``/``group_src``; a source that is not a member.
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("broadcast", locals())
     return H.broadcast(tensor, src, group, async_op, group_src)

@@ -26,6 +26,7 @@ __all__ = [
     "all_gather", "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "all_to_all",
     "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
 ]
+_ndarray = np.ndarray  # a module global: one dict lookup less on every host call
 
 
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
@@ -54,7 +55,7 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
 
     Source: torch.distributed.all_gather; MPI-4.1 §6.7 (MPI_Allgatherv).
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("all_gather", locals())
     return H.all_gather(tensor_list, tensor, group, async_op)
 
@@ -74,7 +75,7 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
 
     Source: torch.distributed.all_gather_into_tensor; MPI-4.1 §6.7 (MPI_Allgather).
     """
-    if type(output_tensor) is not np.ndarray and takes(output_tensor):  # device arrays: to the router
+    if type(output_tensor) is not _ndarray and takes(output_tensor):  # device arrays: to the router
         return device_call("all_gather_into_tensor", locals())
     return H.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
@@ -109,7 +110,7 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
 
     Source: torch.distributed.gather; MPI-4.1 §6.5 (MPI_Gatherv).
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("gather", locals())
     return H.gather(tensor, gather_list, dst, group, async_op, group_dst)
 
@@ -143,7 +144,7 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
 
     Source: torch.distributed.scatter; MPI-4.1 §6.6 (MPI_Scatterv).
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("scatter", locals())
     return H.scatter(tensor, scatter_list, src, group, async_op, group_src)
 
@@ -214,7 +215,7 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
     Source: torch.distributed.all_to_all_single; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
-    if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
+    if type(output) is not _ndarray and takes(output):  # device arrays: to the router
         return device_call("all_to_all_single", locals())
     return H.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 

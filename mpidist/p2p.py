@@ -23,6 +23,7 @@ from mpidist.errors import prefix
 from mpidist.work import Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
+_ndarray = np.ndarray  # a module global: one dict lookup less on every host call
 
 
 def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
@@ -32,7 +33,7 @@ def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessG
     ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
     exactly one of ``dst`` and ``group_dst``. Errors as :func:`isend`.
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("send", locals())
     return H.send(tensor, dst, group, tag, group_dst)
 
@@ -47,7 +48,7 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
     first (MPI_Mprobe, then MPI_Mrecv of that very message): one of another size raises
     ValueError, is consumed, and ``tensor`` is left unchanged.
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("recv", locals())
     return H.recv(tensor, src, group, tag, group_src)
 
@@ -65,7 +66,7 @@ def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[Process
         TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller);
         both or neither of ``dst``/``group_dst``.
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("isend", locals())
     return H.isend(tensor, dst, group, tag, group_dst)
 
@@ -84,7 +85,7 @@ def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Process
     undefined (MPI may have written part of the message), as with MPI_Irecv. Returns None
     on a non-member.
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("irecv", locals())
     return H.irecv(tensor, src, group, tag, group_src)
 

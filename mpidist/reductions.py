@@ -24,6 +24,7 @@ from mpidist.work import Work
 
 __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
            "reduce_multigpu", "make_premul_sum", "supports_complex"]
+_ndarray = np.ndarray  # a module global: one dict lookup less on every host call
 
 
 def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
@@ -53,7 +54,7 @@ def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
 
     Source: torch.distributed.reduce; MPI-4.1 §6.9.1 (MPI_Reduce, MPI_IN_PLACE at root).
     """
-    if type(tensor) is not np.ndarray and takes(tensor):  # device arrays: to the router
+    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
         return device_call("reduce", locals())
     return H.reduce(tensor, dst, op, group, async_op, group_dst)
 
@@ -77,7 +78,7 @@ def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op 
 
     Source: torch.distributed.reduce_scatter; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
-    if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
+    if type(output) is not _ndarray and takes(output):  # device arrays: to the router
         return device_call("reduce_scatter", locals())
     return H.reduce_scatter(output, input_list, op, group, async_op)
 
@@ -101,7 +102,7 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
 
     Source: torch.distributed.reduce_scatter_tensor; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
-    if type(output) is not np.ndarray and takes(output):  # device arrays: to the router
+    if type(output) is not _ndarray and takes(output):  # device arrays: to the router
         return device_call("reduce_scatter_tensor", locals())
     return H.reduce_scatter_tensor(output, input, op, group, async_op)
 
