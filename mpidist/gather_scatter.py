@@ -26,6 +26,7 @@ __all__ = [
     "all_gather", "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "all_to_all",
     "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
 ]
+
 _ndarray = np.ndarray  # a module global: one dict lookup less on every host call
 
 

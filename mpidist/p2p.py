@@ -23,6 +23,7 @@ from mpidist.errors import prefix
 from mpidist.work import Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
+
 _ndarray = np.ndarray  # a module global: one dict lookup less on every host call
 
 

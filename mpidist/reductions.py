@@ -24,6 +24,7 @@ from mpidist.work import Work
 
 __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
            "reduce_multigpu", "make_premul_sum", "supports_complex"]
+
 _ndarray = np.ndarray  # a module global: one dict lookup less on every host call
 
 
