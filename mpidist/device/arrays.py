@@ -98,7 +98,7 @@ def _p2p_role(p: Any) -> int:
 def leaves(op: str, args: dict) -> Iterator[tuple[str, Any, int]]:
     """Every array-like argument of a call: (name in messages, object, role). None
     entries (an absent gather_list) and non-sequences where a list belongs are skipped:
-    the host op's own validation reports those."""
+    the MPI backend's own validation reports those."""
     for name, role, kind in SIGNATURES[op]:
         value = args.get(name)
         if value is None:

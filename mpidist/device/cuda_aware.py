@@ -3,7 +3,7 @@ backend's bodies (:mod:`mpidist._mpi`), for the ops and dtypes of
 :func:`mpidist.device.paths.mpi_cuda_ok`."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from mpidist._group import ProcessGroup
 from mpidist._mpi import MPI
 from mpidist._p2p_op import with_tensor
 from mpidist.device import arrays as A
+from mpidist.device.runtime import DeviceRuntime
 from mpidist.device.staging import DeviceWork
 from mpidist.work import Work
 
@@ -24,8 +25,10 @@ class CudaAwareMpi:
     is a :class:`~mpidist.device.staging.DeviceWork` whose ``result()`` gives the caller's arrays."""
 
 
-    def run(self, op: str, g: ProcessGroup, args: dict) -> Any:
-        runtime = A.runtime_of(op, args)
+    def run(self, op: str, g: ProcessGroup, args: dict, runtime: Optional[DeviceRuntime] = None) -> Any:
+        """As :meth:`CommBackend.run`; ``runtime``: the arrays' device runtime when the caller
+        (the router) found it already, else looked up here."""
+        runtime = runtime or A.runtime_of(op, args)
         views: dict[int, tuple] = {}
 
         def convert(x: Any, role: int) -> Any:

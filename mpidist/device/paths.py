@@ -9,7 +9,7 @@ and the MPI's CUDA-awareness, so it is tested as a table without a GPU.
   synchronized), for the ops whose host bodies run unchanged on cupy arrays
   (:data:`MPI_CUDA_OPS`, below), on dtypes MPI reduces itself.
 * ``STAGING``: everything else with device arrays: copied to pinned host buffers,
-  the host op, copied back. Never a device pointer to an MPI that is not CUDA-aware.
+  the MPI backend's body, copied back. Never a device pointer to an MPI that is not CUDA-aware.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ _ROOTS = {"broadcast": ("src", None), "broadcast_multigpu": ("src", None), "scat
 def _global_root(op: str, g: Any, args: dict) -> dict:
     """``args`` with the op's root (src/dst) as a global rank and no ``group_src``/
     ``group_dst`` (torch 2.4+): every path then sees one form (NCCL's ops take global
-    ranks). Both or neither given: the host op's checks raise (:func:`root_rank`)."""
+    ranks). Both or neither given: the MPI backend's checks raise (:func:`root_rank`)."""
     found = _ROOTS.get(op)
     if found is None:
         return args
@@ -106,7 +106,7 @@ def device_call(op: str, args: dict) -> Any:
     redop, dtype = _redop_dtype(op, args, rt, found_dev)
     found_ok = paths.mpi_cuda_ok(op, dtype, redop, args.get("algorithm"), A.overlapping(rt, found_dev))
     path = paths.choose(True, backend, detect.detection().aware, found_ok)
-    return (CUDA_AWARE if path == paths.MPI_CUDA else STAGING).run(op, g, args)
+    return (CUDA_AWARE if path == paths.MPI_CUDA else STAGING).run(op, g, args, rt)
 
 
 def _batch_group(args: dict) -> tuple[Any, dict]:

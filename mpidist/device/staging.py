@@ -1,5 +1,6 @@
-"""Host staging: device arrays copied to reused pinned host buffers, the MPI
-backend's body (:mod:`mpidist._mpi`), and the results copied back (:data:`STAGING`); and :class:`DeviceWork`, the Work of an async device call.
+"""Host staging: device arrays copied to reused pinned host buffers, the MPI backend's
+body (:mod:`mpidist._mpi`), and the results copied back (:data:`STAGING`); and
+:class:`DeviceWork`, the Work of an async device call.
 
 The pool hands each array of a call its own buffer (sizes rounded up to a power of
 two, at least 4 KiB, so buffers are reused across nearby sizes). A buffer goes back
@@ -120,7 +121,7 @@ def warn_once(cuda: Detection, op: str) -> None:
 
 
 class DeviceWork(Work):
-    """The Work of an async call on device arrays: wraps the host op's Work.
+    """The Work of an async call on device arrays: wraps the MPI backend's Work.
 
     ``finish(ok)`` runs once, when the inner op completed: staging copies the outputs
     back to the device and returns its buffers there (``ok`` False: the op failed, only
@@ -241,8 +242,10 @@ class Staging:
     (async). Warns once per process (:func:`warn_once`)."""
 
 
-    def run(self, op: str, g: ProcessGroup, args: dict) -> Any:
-        runtime = A.runtime_of(op, args)
+    def run(self, op: str, g: ProcessGroup, args: dict, runtime: Optional[DeviceRuntime] = None) -> Any:
+        """As :meth:`CommBackend.run`; ``runtime``: the arrays' device runtime when the caller
+        (the router) found it already, else looked up here."""
+        runtime = runtime or A.runtime_of(op, args)
         warn_once(detection(), op)
         staged = _Staged(runtime)
         try:
