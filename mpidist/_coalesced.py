@@ -15,11 +15,17 @@ import numpy as np
 from mpidist._group import ProcessGroup
 from mpidist._mpi import coalesced as H
 from mpidist._mpi.collectives import Op
+from mpidist._public_op import public_op
 from mpidist._reduce_op import ReduceOp
-from mpidist.device.route import device_call, first_takes
 from mpidist.work import Work
 
 __all__ = ["all_reduce_coalesced", "all_gather_coalesced"]
+
+
+@public_op(H.all_reduce_coalesced)
+def _all_reduce_coalesced(tensors: Sequence[Any], op: Op, group: Optional[ProcessGroup],
+                          async_op: bool) -> Optional[Work]:
+    """all_reduce_coalesced on a list (:mod:`mpidist._public_op`)."""
 
 
 def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
@@ -47,11 +53,10 @@ def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[Pr
     """
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
-    if first_takes(tensors):  # device arrays: to the router
-        return device_call("all_reduce_coalesced", locals())
-    return H.all_reduce_coalesced(tensors, op, group, async_op)
+    return _all_reduce_coalesced(tensors, op, group, async_op)
 
 
+@public_op(H.all_gather_coalesced)
 def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], input_tensor_list: Sequence[np.ndarray],
                          group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """all_gather of several arrays per rank in one collective (torch.distributed.all_gather_coalesced).
@@ -76,6 +81,3 @@ def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], in
         than the group size and ``len(input_tensor_list)``, own-row shapes that differ
         from the inputs', read-only or non-contiguous outputs.
     """
-    if first_takes(input_tensor_list):  # device arrays: to the router
-        return device_call("all_gather_coalesced", locals())
-    return H.all_gather_coalesced(output_tensor_lists, input_tensor_list, group, async_op)

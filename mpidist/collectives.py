@@ -9,23 +9,22 @@ src/dst are global ranks, as in torch.
 """
 from __future__ import annotations
 
-from typing import Optional
+import datetime
+from typing import Optional, Union
 
 import numpy as np
 
 from mpidist._group import ProcessGroup
 from mpidist._mpi import collectives as H
-from mpidist._mpi.collectives import ALGORITHMS, barrier, monitored_barrier
+from mpidist._mpi.collectives import ALGORITHMS
+from mpidist._public_op import public_op
 from mpidist._reduce_op import ReduceOp
-from mpidist.device.route import device_call, takes
 from mpidist.work import Work
 
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
 
-_ndarray = np.ndarray  # module globals: an attribute lookup costs the 8-byte all_reduce ~20 ns
-_all_reduce = H.all_reduce
 
-
+@public_op(H.all_reduce)
 def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
                async_op: bool = False, *, algorithm: Optional[str] = None) -> Optional[Work]:
     """Reduce ``tensor`` across the group in place; every rank gets the bitwise-same result.
@@ -56,11 +55,9 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
             ValueError for ``algorithm="shm"`` on a group that spans nodes (on every rank).
         DistBackendError: MPI reported an error.
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("all_reduce", locals())
-    return _all_reduce(tensor, op, group, async_op, algorithm)  # by position: the 8-byte path feels keywords
 
 
+@public_op(H.broadcast)
 def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
               async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
     """Copy ``tensor`` from the source rank to every member of the group (MPI_Bcast).
@@ -76,6 +73,51 @@ def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Pro
     Raises:
         ValueError: both or neither of ``src``/``group_src``; a source that is not a member.
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("broadcast", locals())
-    return H.broadcast(tensor, src, group, async_op, group_src)
+
+
+@public_op(H.barrier)
+def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
+            device_ids: Optional[list] = None, timeout: Optional[datetime.timedelta] = None) -> Optional[Work]:
+    """Block until every member of the group has entered the barrier (MPI_Barrier).
+
+    ``device_ids`` is accepted for torch compatibility and ignored on host arrays.
+    ``timeout`` (torch 2.13; a ``datetime.timedelta``, or seconds): how long this barrier
+    may take instead of the group's timeout (init_process_group's, ``MPIDIST_TIMEOUT``);
+    past it the watchdog acts as for any op that overruns its timeout: it names the
+    ranks that did not arrive and aborts the job, or, with MPIDIST_ABORT_ON_TIMEOUT=0,
+    raises :class:`DistError` (docs/reliability.md).
+
+    Raises:
+        TypeError / ValueError: ``timeout`` not a timedelta or number, or not positive.
+    """
+
+
+@public_op(H.monitored_barrier)
+def monitored_barrier(group: Optional[ProcessGroup] = None,
+                      timeout: Union[datetime.timedelta, float, None] = None,
+                      wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not arrive (torch.distributed.monitored_barrier).
+
+    Group rank 0 waits up to ``timeout`` for every other member to check in (point-to-
+    point on the group's communicator), then sends each of them its verdict. If all
+    arrived, every rank returns None. Otherwise rank 0 raises :class:`DistError`
+    ``"[rank 0/n] monitored_barrier: rank(s) [2] did not reach the barrier within 1.0 s"``
+    naming every missing rank with ``wait_all_ranks=True``, else the first (lowest)
+    one; the other ranks, late ones included, raise DistError quoting rank 0's verdict
+    once they get it. A non-root rank waits at most ``timeout + min(timeout, 5 s)``
+    for the verdict (the grace covers rank 0 entering later), then raises DistError.
+
+    Args:
+        group: the process group (default: all ranks); a non-member returns None.
+        timeout: ``datetime.timedelta`` or seconds; default: init_process_group's timeout.
+        wait_all_ranks: name all missing ranks, not only the first.
+
+    Ranks are global ranks. Nothing is left hanging after a failure: messages that could
+    not complete stay posted and are drained by later calls, each of which uses its own
+    tag (MPI_TAG_UB - 4095 .. MPI_TAG_UB - 1 are reserved for this on the group's
+    communicator; do not use them with send/recv on the same group).
+
+    Raises:
+        TypeError / ValueError: bad ``timeout`` (not a timedelta or number, not positive).
+        DistError: a rank did not arrive in time (see above).
+    """

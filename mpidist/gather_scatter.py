@@ -19,7 +19,7 @@ import numpy as np
 
 from mpidist._group import ProcessGroup
 from mpidist._mpi import gather_scatter as H
-from mpidist.device.route import device_call, first_takes, takes
+from mpidist._public_op import public_op
 from mpidist.work import Work
 
 __all__ = [
@@ -27,9 +27,7 @@ __all__ = [
     "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
 ]
 
-_ndarray = np.ndarray  # a module global: one dict lookup less on every host call
-
-
+@public_op(H.all_gather)
 def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
                async_op: bool = False) -> Optional[Work]:
     """Gather every member's ``tensor`` into ``tensor_list`` on every member (MPI_Allgatherv).
@@ -56,11 +54,9 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
 
     Source: torch.distributed.all_gather; MPI-4.1 §6.7 (MPI_Allgatherv).
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("all_gather", locals())
-    return H.all_gather(tensor_list, tensor, group, async_op)
 
 
+@public_op(H.all_gather_into_tensor)
 def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
                            group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """Gather every rank's ``input_tensor`` into ``output_tensor`` on every rank (MPI_Allgather).
@@ -76,11 +72,9 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
 
     Source: torch.distributed.all_gather_into_tensor; MPI-4.1 §6.7 (MPI_Allgather).
     """
-    if type(output_tensor) is not _ndarray and takes(output_tensor):  # device arrays: to the router
-        return device_call("all_gather_into_tensor", locals())
-    return H.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
+@public_op(H.gather)
 def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: Optional[int] = None,
            group: Optional[ProcessGroup] = None, async_op: bool = False,
            group_dst: Optional[int] = None) -> Optional[Work]:
@@ -111,11 +105,9 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
 
     Source: torch.distributed.gather; MPI-4.1 §6.5 (MPI_Gatherv).
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("gather", locals())
-    return H.gather(tensor, gather_list, dst, group, async_op, group_dst)
 
 
+@public_op(H.scatter)
 def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: Optional[int] = None,
             group: Optional[ProcessGroup] = None, async_op: bool = False,
             group_src: Optional[int] = None) -> Optional[Work]:
@@ -145,11 +137,9 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
 
     Source: torch.distributed.scatter; MPI-4.1 §6.6 (MPI_Scatterv).
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("scatter", locals())
-    return H.scatter(tensor, scatter_list, src, group, async_op, group_src)
 
 
+@public_op(H.all_to_all)
 def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
                group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """Send ``input_tensor_list[i]`` to group rank i; receive rank i's into ``output_tensor_list[i]``.
@@ -178,11 +168,9 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
 
     Source: torch.distributed.all_to_all; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
-    if first_takes(input_tensor_list):  # device arrays: to the router
-        return device_call("all_to_all", locals())
-    return H.all_to_all(output_tensor_list, input_tensor_list, group, async_op)
 
 
+@public_op(H.all_to_all_single)
 def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]] = None,
                       input_split_sizes: Optional[list[int]] = None, group: Optional[ProcessGroup] = None,
                       async_op: bool = False) -> Optional[Work]:
@@ -216,11 +204,9 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
     Source: torch.distributed.all_to_all_single; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
-    if type(output) is not _ndarray and takes(output):  # device arrays: to the router
-        return device_call("all_to_all_single", locals())
-    return H.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
 
+@public_op(H.broadcast_multigpu)
 def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
                        group: Optional[ProcessGroup] = None, async_op: bool = False, src_tensor: int = 0,
                        group_src: Optional[int] = None) -> Optional[Work]:
@@ -244,11 +230,9 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
 
     Source: torch.distributed.broadcast_multigpu (torch <= 2.1 docs); MPI-4.1 §6.4 (MPI_Bcast).
     """
-    if first_takes(tensor_list):  # device arrays: to the router
-        return device_call("broadcast_multigpu", locals())
-    return H.broadcast_multigpu(tensor_list, src, group, async_op, src_tensor, group_src)
 
 
+@public_op(H.all_gather_multigpu)
 def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
@@ -273,9 +257,6 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
 
     Source: torch.distributed.all_gather_multigpu (torch <= 2.1 docs); MPI-4.1 §6.7.
     """
-    if first_takes(input_tensor_list):  # device arrays: to the router
-        return device_call("all_gather_multigpu", locals())
-    return H.all_gather_multigpu(output_tensor_lists, input_tensor_list, group, async_op)
 
 
 def all_gather_single(output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None,

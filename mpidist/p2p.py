@@ -18,15 +18,14 @@ import numpy as np
 from mpidist._group import ProcessGroup
 from mpidist._mpi import p2p as H
 from mpidist._p2p_op import P2POp
-from mpidist.device.route import batch_takes, device_call, takes
+from mpidist._public_op import public_op
+from mpidist.device.route import batch_takes, device_call
 from mpidist.errors import prefix
 from mpidist.work import Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
-_ndarray = np.ndarray  # a module global: one dict lookup less on every host call
-
-
+@public_op(H.send)
 def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
          group_dst: Optional[int] = None) -> None:
     """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused (MPI_Send).
@@ -34,11 +33,9 @@ def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessG
     ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
     exactly one of ``dst`` and ``group_dst``. Errors as :func:`isend`.
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("send", locals())
-    return H.send(tensor, dst, group, tag, group_dst)
 
 
+@public_op(H.recv)
 def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
          tag: int = 0, group_src: Optional[int] = None) -> int:
     """Receive into ``tensor`` from global rank ``src`` (MPI_Recv).
@@ -49,11 +46,9 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
     first (MPI_Mprobe, then MPI_Mrecv of that very message): one of another size raises
     ValueError, is consumed, and ``tensor`` is left unchanged.
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("recv", locals())
-    return H.recv(tensor, src, group, tag, group_src)
 
 
+@public_op(H.isend)
 def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
           group_dst: Optional[int] = None) -> Optional[Work]:
     """Start sending ``tensor`` to global rank ``dst`` (MPI_Isend); returns a Work.
@@ -67,11 +62,9 @@ def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[Process
         TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller);
         both or neither of ``dst``/``group_dst``.
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("isend", locals())
-    return H.isend(tensor, dst, group, tag, group_dst)
 
 
+@public_op(H.irecv)
 def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
           tag: int = 0, group_src: Optional[int] = None) -> Optional[Work]:
     """Start receiving into ``tensor`` from global rank ``src`` (MPI_Irecv).
@@ -86,9 +79,6 @@ def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Process
     undefined (MPI may have written part of the message), as with MPI_Irecv. Returns None
     on a non-member.
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("irecv", locals())
-    return H.irecv(tensor, src, group, tag, group_src)
 
 
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
@@ -110,5 +100,5 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
         if not isinstance(p, P2POp):
             raise ValueError(f"{prefix(op)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
     if batch_takes(p2p_op_list):  # device arrays: to the router
-        return device_call("batch_isend_irecv", {"p2p_op_list": p2p_op_list})
+        return device_call("batch_isend_irecv", None, {"p2p_op_list": p2p_op_list})
     return H.batch_isend_irecv(p2p_op_list)

@@ -17,17 +17,15 @@ import numpy as np
 from mpidist._group import ProcessGroup
 from mpidist._mpi import reductions as H
 from mpidist._mpi.collectives import Op
+from mpidist._public_op import public_op
 from mpidist._reduce_op import ReduceOp, check_op_dtype, make_premul_sum
-from mpidist.device.route import device_call, first_takes, takes
 from mpidist.errors import prefix
 from mpidist.work import Work
 
 __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
            "reduce_multigpu", "make_premul_sum", "supports_complex"]
 
-_ndarray = np.ndarray  # a module global: one dict lookup less on every host call
-
-
+@public_op(H.reduce)
 def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
            group: Optional[ProcessGroup] = None, async_op: bool = False,
            group_dst: Optional[int] = None) -> Optional[Work]:
@@ -55,11 +53,9 @@ def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
 
     Source: torch.distributed.reduce; MPI-4.1 §6.9.1 (MPI_Reduce, MPI_IN_PLACE at root).
     """
-    if type(tensor) is not _ndarray and takes(tensor):  # device arrays: to the router
-        return device_call("reduce", locals())
-    return H.reduce(tensor, dst, op, group, async_op, group_dst)
 
 
+@public_op(H.reduce_scatter)
 def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM,
                    group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """Reduce ``input_list[r]`` over all ranks into group rank ``r``'s ``output``.
@@ -79,11 +75,9 @@ def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op 
 
     Source: torch.distributed.reduce_scatter; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
-    if type(output) is not _ndarray and takes(output):  # device arrays: to the router
-        return device_call("reduce_scatter", locals())
-    return H.reduce_scatter(output, input_list, op, group, async_op)
 
 
+@public_op(H.reduce_scatter_tensor)
 def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
                           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """Reduce ``input`` over all ranks and scatter it: group rank ``r`` gets block ``r``.
@@ -103,11 +97,9 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
 
     Source: torch.distributed.reduce_scatter_tensor; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
-    if type(output) is not _ndarray and takes(output):  # device arrays: to the router
-        return device_call("reduce_scatter_tensor", locals())
-    return H.reduce_scatter_tensor(output, input, op, group, async_op)
 
 
+@public_op(H.all_reduce_multigpu)
 def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM,
                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
     """All-reduce over every array of every rank's ``tensor_list``; each array gets the result.
@@ -130,11 +122,9 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
 
     Source: torch.distributed.all_reduce_multigpu (torch <= 2.1; removed since).
     """
-    if first_takes(tensor_list):  # device arrays: to the router
-        return device_call("all_reduce_multigpu", locals())
-    return H.all_reduce_multigpu(tensor_list, op, group, async_op)
 
 
+@public_op(H.reduce_multigpu)
 def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None, op: Op = ReduceOp.SUM,
                     group: Optional[ProcessGroup] = None, async_op: bool = False,
                     dst_tensor: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
@@ -163,9 +153,6 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None
 
     Source: torch.distributed.reduce_multigpu (torch <= 2.1; removed since).
     """
-    if first_takes(tensor_list):  # device arrays: to the router
-        return device_call("reduce_multigpu", locals())
-    return H.reduce_multigpu(tensor_list, dst, op, group, async_op, dst_tensor, group_dst)
 
 
 def reduce_scatter_single(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002

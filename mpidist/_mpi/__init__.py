@@ -16,14 +16,21 @@ __all__ = ["MPI", "MpiBackend", "OPS"]
 OPS = {name: getattr(m, name) for m in (collectives, reductions, gather_scatter, p2p, coalesced)
        for name in m.__all__ if callable(getattr(m, name))}
 
+_P2P = frozenset(p2p.__all__)
+
 
 class MpiBackend:
     """MPI on the arrays given (a :class:`~mpidist._comm_backend.CommBackend`): host arrays,
     or device arrays under :func:`mpidist.device.arrays.passthrough` (the CUDA-aware path).
-    The body checks ``g`` as a host call's ``group``; batch_isend_irecv's ops name theirs."""
+    A collective's body takes the resolved group as ``g``; a point-to-point body resolves
+    its ``group`` itself (after checking its array, as torch); batch_isend_irecv's ops
+    name theirs. A root comes from the router as a global rank, without ``group_src`` /
+    ``group_dst`` (the bodies' only defaults, None)."""
 
     def run(self, op: str, g: ProcessGroup, args: dict) -> Any:
-        return OPS[op](**args) if op == "batch_isend_irecv" else OPS[op](group=g, **args)
+        if op == "batch_isend_irecv":
+            return OPS[op](**args)
+        return OPS[op](**args, group=g) if op in _P2P else OPS[op](**args, g=g)
 
 
 MPI = MpiBackend()

@@ -7,9 +7,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mpidist._dispatch import launch, member
+from mpidist._dispatch import launch
 from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp, check_op_dtype
+from mpidist._reduce_op import check_op_dtype
 from mpidist._mpi.collectives import Op, all_reduce_body
 from mpidist.errors import prefix
 from mpidist._mpi.gather_scatter import _array_list, gather_slots, output_lists
@@ -32,12 +32,8 @@ def _all_reduce_packed(g: ProcessGroup, arrays: list, op: Op) -> None:
         start += a.size
 
 
-def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-                         async_op: bool = False) -> Optional[Work]:
+def all_reduce_coalesced(tensors: Any, op: Op, g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce_coalesced`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "all_reduce_coalesced"
     arrays = _array_list(tensors, name, "tensors", None, True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
@@ -47,11 +43,8 @@ def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[Pr
 
 
 def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], input_tensor_list: Sequence[np.ndarray],
-                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+                         g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_coalesced`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "all_gather_coalesced"
     inps = _array_list(input_tensor_list, name, "input_tensor_list", None, False)
     rows = output_lists(output_tensor_lists, name, inps, g.size(), "one list per group rank", len(inps),

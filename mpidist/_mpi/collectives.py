@@ -21,9 +21,9 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _current, _debug, _recorder as R, _runtime
+from mpidist import _debug, _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
-from mpidist._dispatch import launch, member, root_rank
+from mpidist._dispatch import launch, root_rank
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
@@ -83,17 +83,10 @@ def all_reduce_body(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     _auto_choice(g, arr)(g, arr, op)
 
 
-def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-               async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
+def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
+               algorithm: Optional[str]) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce` (``algorithm`` may come by position here)."""
     global _last
-    st = _current.state
-    if group is None and st is not None:
-        g = st.world  # the common case: member(None) without the call
-    else:
-        g = member(group)
-        if g is None:
-            return None
     if type(tensor) is _ndarray and not async_op:
         last = _last
         if last[0] is tensor.dtype and last[1] is op and last[2] is algorithm:
@@ -322,35 +315,18 @@ def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
     return _mpi_all_reduce if mpi else _ring
 
 
-def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-              async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+def broadcast(tensor: np.ndarray, src: Optional[int], g: ProcessGroup, async_op: bool,
+              group_src: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.broadcast`."""
-    g = member(group)
-    if g is None:
-        return None
     arr = host_array(tensor, "broadcast", "tensor", writable=True)
     root = root_rank(g, src, group_src, "broadcast", "src", "group_src")
     return launch(g, "broadcast", g.comm.Bcast, ([arr, mpi_datatype(arr.dtype)], root), async_op, (tensor,),
                   shapes=arr.shape, dtype=arr.dtype, root=g.ranks[root], count=arr.size)
 
 
-def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
-            device_ids: Optional[list] = None, timeout: Optional[datetime.timedelta] = None) -> Optional[Work]:
-    """Block until every member of the group has entered the barrier (MPI_Barrier).
-
-    ``device_ids`` is accepted for torch compatibility and ignored on host arrays.
-    ``timeout`` (torch 2.13; a ``datetime.timedelta``, or seconds): how long this barrier
-    may take instead of the group's timeout (init_process_group's, ``MPIDIST_TIMEOUT``);
-    past it the watchdog acts as for any op that overruns its timeout: it names the
-    ranks that did not arrive and aborts the job, or, with MPIDIST_ABORT_ON_TIMEOUT=0,
-    raises :class:`DistError` (docs/reliability.md).
-
-    Raises:
-        TypeError / ValueError: ``timeout`` not a timedelta or number, or not positive.
-    """
-    g = member(group)
-    if g is None:
-        return None
+def barrier(g: ProcessGroup, async_op: bool, device_ids: Optional[list],
+            timeout: Optional[datetime.timedelta]) -> Optional[Work]:
+    """The MPI backend's :func:`mpidist.barrier`."""
     limit = None if timeout is None else _seconds(timeout, "barrier")
     return launch(g, "barrier", g.comm.Barrier, (), async_op, limit=limit)
 
@@ -446,38 +422,10 @@ def _mb_other(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) -
                         f"{_missing_text(missing, wait_all)} did not reach the barrier within {secs} s")
 
 
-def monitored_barrier(group: Optional[ProcessGroup] = None,
-                      timeout: Union[datetime.timedelta, float, None] = None,
-                      wait_all_ranks: bool = False) -> None:
-    """A barrier that names the ranks that did not arrive (torch.distributed.monitored_barrier).
-
-    Group rank 0 waits up to ``timeout`` for every other member to check in (point-to-
-    point on the group's communicator), then sends each of them its verdict. If all
-    arrived, every rank returns None. Otherwise rank 0 raises :class:`DistError`
-    ``"[rank 0/n] monitored_barrier: rank(s) [2] did not reach the barrier within 1.0 s"``
-    naming every missing rank with ``wait_all_ranks=True``, else the first (lowest)
-    one; the other ranks, late ones included, raise DistError quoting rank 0's verdict
-    once they get it. A non-root rank waits at most ``timeout + min(timeout, 5 s)``
-    for the verdict (the grace covers rank 0 entering later), then raises DistError.
-
-    Args:
-        group: the process group (default: all ranks); a non-member returns None.
-        timeout: ``datetime.timedelta`` or seconds; default: init_process_group's timeout.
-        wait_all_ranks: name all missing ranks, not only the first.
-
-    Ranks are global ranks. Nothing is left hanging after a failure: messages that could
-    not complete stay posted and are drained by later calls, each of which uses its own
-    tag (MPI_TAG_UB - 4095 .. MPI_TAG_UB - 1 are reserved for this on the group's
-    communicator; do not use them with send/recv on the same group).
-
-    Raises:
-        TypeError / ValueError: bad ``timeout`` (not a timedelta or number, not positive).
-        DistError: a rank did not arrive in time (see above).
-    """
+def monitored_barrier(g: ProcessGroup, timeout: Union[datetime.timedelta, float, None],
+                      wait_all_ranks: bool) -> None:
+    """The MPI backend's :func:`mpidist.monitored_barrier`."""
     op = "monitored_barrier"
-    g = member(group)
-    if g is None:
-        return None
     secs = _seconds(timeout, op)
     tag = _mb_tag(g)
     if g.size() == 1:

@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from mpidist import _recorder as R
 from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
-from mpidist._dispatch import _guarded, launch, member, root_list, root_rank, signature
+from mpidist._dispatch import _guarded, launch, root_list, root_rank, signature
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist.work import Work
@@ -246,12 +246,8 @@ def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.nd
     return _run(g, op, fn, fn_args, async_op, results, inp.shape, inp.dtype, count=total, layout=layout)
 
 
-def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
-               async_op: bool = False) -> Optional[Work]:
+def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "all_gather"
     inp = host_array(tensor, op, "tensor", writable=False)
     outs = _array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
@@ -262,12 +258,9 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
     return _all_gatherv(g, op, inp, outs, tuple([o.size for o in outs]), async_op, tuple(tensor_list))
 
 
-def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
-                           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray, g: ProcessGroup,
+                           async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_into_tensor`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "all_gather_into_tensor"
     out = host_array(output_tensor, op, "output_tensor", writable=True)
     inp = host_array(input_tensor, op, "input_tensor", writable=False)
@@ -279,11 +272,8 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
 
 
 def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
-                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+                        g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_multigpu`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "all_gather_multigpu"
     inps = _array_list(input_tensor_list, op, "input_tensor_list", None, False)
     n_dev = len(inps)
@@ -333,13 +323,9 @@ def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Se
 
 # -- gather, scatter ------------------------------------------------------------------------
 
-def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: Optional[int] = None,
-           group: Optional[ProcessGroup] = None, async_op: bool = False,
-           group_dst: Optional[int] = None) -> Optional[Work]:
+def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]], dst: Optional[int], g: ProcessGroup,
+           async_op: bool, group_dst: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.gather`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "gather"
     inp = host_array(tensor, op, "tensor", writable=False)
     root, outs = _root_list(gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True,
@@ -357,13 +343,9 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
                 parts=("gather", inp.size, counts))
 
 
-def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: Optional[int] = None,
-            group: Optional[ProcessGroup] = None, async_op: bool = False,
-            group_src: Optional[int] = None) -> Optional[Work]:
+def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]], src: Optional[int], g: ProcessGroup,
+            async_op: bool, group_src: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.scatter`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "scatter"
     out = host_array(tensor, op, "tensor", writable=True)
     root, inps = _root_list(scatter_list, g, src, group_src, out, op, "scatter_list", "src", False,
@@ -411,12 +393,9 @@ def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[
                 parts=("pairs", send_counts, recv_counts))
 
 
-def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
-               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray], g: ProcessGroup,
+               async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_to_all`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "all_to_all"
     inps = _array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
     outs = _array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
@@ -425,13 +404,9 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
                         async_op, tuple(output_tensor_list))
 
 
-def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]] = None,
-                      input_split_sizes: Optional[list[int]] = None, group: Optional[ProcessGroup] = None,
-                      async_op: bool = False) -> Optional[Work]:
+def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]],
+                      input_split_sizes: Optional[list[int]], g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_to_all_single`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "all_to_all_single"
     out = host_array(output, op, "output", writable=True)
     inp = host_array(input, op, "input", writable=False)
@@ -446,13 +421,9 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
 # -- broadcast, several "devices" per process -----------------------------------------------
 
-def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
-                       group: Optional[ProcessGroup] = None, async_op: bool = False, src_tensor: int = 0,
-                       group_src: Optional[int] = None) -> Optional[Work]:
+def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int], g: ProcessGroup, async_op: bool,
+                       src_tensor: int, group_src: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.broadcast_multigpu`."""
-    g = member(group)
-    if g is None:
-        return None
     op = "broadcast_multigpu"
     arrs = _array_list(tensor_list, op, "tensor_list", None, True)
     root = root_rank(g, src, group_src, op, "src", "group_src")

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype
-from mpidist._dispatch import launch, member, root_rank
+from mpidist._dispatch import launch, root_rank
 from mpidist._mpi.collectives import Op, all_reduce_body
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -75,13 +75,9 @@ def _reduce(g: ProcessGroup, arr: np.ndarray, op: Op, root: int, contributions: 
         g.comm.Reduce([send, dt], None, to_mpi_op(op, arr.dtype), root)
 
 
-def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None, async_op: bool = False,
+def reduce(tensor: np.ndarray, dst: Optional[int], op: Op, g: ProcessGroup, async_op: bool,
            group_dst: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "reduce"
     root = root_rank(g, dst, group_dst, name, "dst", "group_dst")
     arr = host_array(tensor, name, "tensor", writable=g.rank() == root)
@@ -118,12 +114,9 @@ def _reduce_scatter_tensor(g: ProcessGroup, out: np.ndarray, inp: np.ndarray, op
     _reduce_scatter_block(g, send, out, base)
 
 
-def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM,
-                   group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op, g: ProcessGroup,
+                   async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce_scatter`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "reduce_scatter"
     out = host_array(output, name, "output", writable=True)
     inputs = _array_list(input_list, name, "input_list", writable=False, length=g.size(), ref=out,
@@ -133,12 +126,9 @@ def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op 
                   dtype=out.dtype, count=out.size, redop=op)
 
 
-def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
-                          group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op, g: ProcessGroup,  # noqa: A002
+                          async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce_scatter_tensor`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "reduce_scatter_tensor"
     out = host_array(output, name, "output", writable=True)
     inp = host_array(input, name, "input", writable=False)
@@ -186,12 +176,8 @@ def _reduce_multi(g: ProcessGroup, arrays: list, op: Op, root: int, dst_tensor: 
     _reduce(g, acc, base, root, g.size() * len(arrays))
 
 
-def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM,
-                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op, g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce_multigpu`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "all_reduce_multigpu"
     arrays = _array_list(tensor_list, name, "tensor_list", writable=True, distinct=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
@@ -200,13 +186,9 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
                   layout=(len(arrays),))
 
 
-def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None, op: Op = ReduceOp.SUM,
-                    group: Optional[ProcessGroup] = None, async_op: bool = False,
-                    dst_tensor: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
+def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int], op: Op, g: ProcessGroup, async_op: bool,
+                    dst_tensor: int, group_dst: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce_multigpu`."""
-    g = member(group)
-    if g is None:
-        return None
     name = "reduce_multigpu"
     root = root_rank(g, dst, group_dst, name, "dst", "group_dst")
     arrays = _array_list(tensor_list, name, "tensor_list", writable=False, distinct=True)

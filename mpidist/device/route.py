@@ -1,13 +1,12 @@
 """The router: a public op whose primary array argument is a device array hands the
-whole call here (``return device_call("all_reduce", locals())``), and this resolves the
-group and the root once, picks the backend of the path of :mod:`mpidist.device.paths`
-(NCCL, MPI on device memory, or host staging: :class:`mpidist._comm_backend.CommBackend`)
-and runs the call there. Every backend lives below this module: the router never calls
-a public function back.
+call here with its resolved group (:mod:`mpidist._public_op`), and this resolves the root
+once, picks the backend of the path of :mod:`mpidist.device.paths` (NCCL, MPI on device
+memory, or host staging: :class:`mpidist._comm_backend.CommBackend`) and runs the call
+there. Every backend lives below this module: the router never calls a public function back.
 
-The entry line of each public op is ``if type(x) is not np.ndarray and takes(x):``, so a
-host call pays one type comparison. ``takes`` is False while a backend runs the MPI
-backend's body on device arrays (the CUDA-aware path, :func:`passthrough`), where
+A public op's device test is ``type(x) is not np.ndarray and takes(x)``, so a host call
+pays one type comparison. ``takes`` is False while a backend runs the MPI backend's body
+on device arrays (the CUDA-aware path, :func:`passthrough`), where
 :func:`mpidist._buffers.host_array` accepts them.
 """
 from __future__ import annotations
@@ -16,8 +15,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpidist._array import is_device_array
 from mpidist import _dispatch, _runtime
+from mpidist._array import is_device_array
+from mpidist._group import ProcessGroup
 from mpidist._p2p_op import P2POp
 from mpidist.device import arrays as A, detect, paths
 from mpidist.device.arrays import passing_through, passthrough
@@ -68,13 +68,15 @@ def _redop_dtype(op: str, args: dict, rt: Any, found: list) -> tuple[Any, Option
     return redop, dtype
 
 
-def _non_member_result(op: str) -> Any:
-    return -1 if op == "recv" else None
+def device_call(op: str, g: Optional[ProcessGroup], args: dict) -> Any:
+    """Run public op ``op`` on the backend the group and the MPI allow.
 
-
-def device_call(op: str, args: dict) -> Any:
-    """Run public op ``op`` (called with ``args``, its arguments by name, the primary one a
-    device array) on the backend the group and the MPI allow.
+    Args:
+        op: the public op's name.
+        g: the resolved group (:mod:`mpidist._public_op`); None for a point-to-point op on
+            a rank that is not a member (returns the op's non-member result: -1 for recv,
+            else None) and for batch_isend_irecv (each P2POp names its group).
+        args: the op's other arguments by name (not ``group``), the primary one a device array.
 
     Returns what the public op returns (None, a Work, recv's source rank, a list of
     Works); a Work of the staging or CUDA-aware path is a :class:`~staging.DeviceWork`.
@@ -84,17 +86,14 @@ def device_call(op: str, args: dict) -> Any:
         ValueError: device arrays on different devices or non-contiguous; whatever the
             MPI backend's body or NCCL raise for the call.
     """
-    args = dict(args)
     if op == "batch_isend_irecv":
         g, args = _batch_group(args)
         if g is None:
             return []
+    elif g is None:
+        return -1 if op == "recv" else None
     else:
-        g = _dispatch.member(args.get("group"))
-        if g is None:
-            return _non_member_result(op)
         args = _global_root(op, g, args)
-        del args["group"]
     found = list(A.leaves(op, args))
     rt, _ = A.classify(op, found)
     backend = paths.device_backend(g.backend)

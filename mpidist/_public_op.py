@@ -1,0 +1,91 @@
+"""The entry of every public op, written once: resolve the group, send a call on device
+arrays to the router, hand the rest to the MPI backend's body.
+
+A public op is declared as a stub, its signature and docstring (what a user reads), under
+``@public_op(body)``; :func:`public_op` makes the function that runs:
+
+1. the group: ``group`` resolved (None: the default group); on a rank that is not a member
+   the op returns None and touches nothing;
+2. the device detour: when the op's primary argument (the first of
+   :data:`mpidist.device.arrays.SIGNATURES`; for a list, its first entry) is a device
+   array, the router (:func:`mpidist.device.route.device_call`) takes the call with the
+   resolved group and the other arguments by name;
+3. else the MPI backend's body of the same name (:mod:`mpidist._mpi`), with the arguments
+   by position and the resolved group as its parameter ``g``.
+
+A point-to-point body takes ``group`` instead of ``g``: these ops validate their array and
+tag before they look at membership, as torch's isend does, so the body resolves the group
+itself (:func:`mpidist._mpi.p2p._prepare`) and the router gets the group if the caller is a
+member, else None.
+
+The function is compiled from the stub's signature, as :mod:`dataclasses` compiles
+``__init__``: a call costs what a hand-written function costs, while a generic
+``*args, **kwargs`` wrapper costs a host op a second call and the search for its
+arguments (the 8-byte all_reduce feels ~60 ns: benchmarks/results/latency_layers.md).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from mpidist import _current
+from mpidist._dispatch import member
+from mpidist.device.arrays import LIST, SIGNATURES
+from mpidist.device.route import device_call, first_takes, takes
+
+__all__ = ["public_op"]
+
+
+def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the stub it decorates becomes the public op running ``body`` (see the module).
+
+    Args:
+        body: the MPI backend's body; its parameters are the stub's, in the same order,
+            with ``g`` (the resolved group) for ``group``, or ``group`` itself where the
+            body resolves it (point-to-point).
+
+    Raises:
+        TypeError: at import, when ``body``'s parameters do not match the stub's.
+    """
+    def make(stub: Callable[..., Any]) -> Callable[..., Any]:
+        name, op = stub.__name__, body.__name__
+        sig = inspect.signature(stub)
+        names = list(sig.parameters)
+        got = list(inspect.signature(body).parameters)
+        resolve = "g" in got
+        expected = [("g" if p == "group" and resolve else p) for p in names]
+        if got != expected:
+            raise TypeError(f"public_op {name}: body {body.__qualname__} must take {expected}, got {got}")
+        primary = SIGNATURES.get(op, ((None, None, None),))[0]
+        params, star = [], False
+        for p in sig.parameters.values():
+            if p.kind is p.KEYWORD_ONLY and not star:
+                params.append("*")
+                star = True
+            params.append(p.name)
+        by_name = ", ".join(f"{p!r}: {p}" for p in names if p != "group")
+        lines = [f"def {name}({', '.join(params)}):"]
+        if resolve:
+            lines += ["    st = _current.state",
+                      "    if group is None and st is not None:",
+                      "        g = st.world  # the common case: member(None) without the call",
+                      "    else:",
+                      "        g = _member(group)",
+                      "        if g is None:",
+                      "            return None"]
+        if primary[0] is not None:
+            lines += [f"    if type({primary[0]}) is not _ndarray and _takes({primary[0]}):",
+                      f"        return _device_call({op!r}, {'g' if resolve else '_member(group)'}, {{{by_name}}})"]
+        lines.append(f"    return _body({', '.join(expected)})")
+        scope = {"_current": _current, "_member": member, "_ndarray": np.ndarray,
+                 "_takes": first_takes if primary[2] == LIST else takes,
+                 "_device_call": device_call, "_body": body}
+        exec(compile("\n".join(lines), f"<mpidist public op {name}>", "exec"), scope)  # noqa: S102
+        fn = scope[name]
+        fn.__defaults__, fn.__kwdefaults__ = stub.__defaults__, stub.__kwdefaults__
+        for attr in ("__module__", "__qualname__", "__doc__", "__annotations__"):
+            setattr(fn, attr, getattr(stub, attr))
+        return fn
+    return make
