@@ -36,7 +36,7 @@ from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype
 from mpidist.work import Work, _seconds, poll_until
 
 __all__ = ["Dev", "device_array", "Plan", "reduction", "mover", "NcclComm", "NcclGroupState", "state",
-           "overlaps", "nccl_failure", "AVG_MIN_VERSION", "NcclWork", "REAPER", "launch", "collective_rec"]
+           "overlaps", "nccl_failure", "AVG_MIN_VERSION", "NcclWork", "REAPER", "launch"]
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); stable ABI constants.
 _INT8, _UINT8, _INT32, _UINT32, _INT64, _UINT64, _FLOAT16, _FLOAT32, _FLOAT64, _BFLOAT16 = range(10)
@@ -97,15 +97,6 @@ def _c_contiguous(shape: tuple, strides: Optional[Sequence[int]], itemsize: int)
     return True
 
 
-def _dtype_of(x: Any, cai: dict) -> np.dtype:
-    """The array's own numpy dtype where it has one (bfloat16 reads as ``<V2`` in the
-    interface), else the interface's typestr (e.g. a torch tensor's torch.dtype is not numpy's)."""
-    try:
-        return np.dtype(x.dtype)
-    except (AttributeError, TypeError):
-        return np.dtype(cai["typestr"])
-
-
 def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
     """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype.
 
@@ -127,7 +118,10 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
                         f"__cuda_array_interface__ or a CUDA __dlpack_device__) on the NCCL path, "
                         f"got {type(x).__name__}")
     shape = tuple(cai["shape"])
-    dtype = _dtype_of(x, cai)
+    try:  # the array's own dtype where it has one: bfloat16 reads as "<V2" in the interface
+        dtype = np.dtype(x.dtype)
+    except (AttributeError, TypeError):  # e.g. a torch tensor's torch.dtype is not numpy's
+        dtype = np.dtype(cai["typestr"])
     ptr, readonly = cai["data"]
     strides = cai.get("strides")
     if not _c_contiguous(shape, strides, dtype.itemsize):
@@ -173,15 +167,8 @@ def reduction(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
         TypeError: a dtype NCCL cannot reduce (int16, float8, ...), or ``op`` not a ReduceOp.
     """
     key = (dtype, op, version >= AVG_MIN_VERSION) if type(op) is ReduceOp else None
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = _plan(op, dtype, name, version)
-        if key is not None:
-            _PLANS[key] = plan
-    return plan
-
-
-def _plan(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
+    if key in _PLANS:
+        return _PLANS[key]
     if op in _BITWISE:
         raise ValueError(f"{prefix(name)} {op!r} is not supported by NCCL (torch: 'Cannot use "
                          f"ReduceOp.{op.name} with NCCL'); bitwise reductions need host arrays")
@@ -197,7 +184,10 @@ def _plan(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
                          f"complex arrays reduce with SUM, AVG or PREMUL_SUM only (as torch)")
     divide = base is ReduceOp.AVG and version < AVG_MIN_VERSION
     code = _BOOL_OPS[base] if dtype.kind == "b" else (_SUM if divide else _OPS[base])
-    return Plan(found[0], found[1], code, divide, premul)
+    plan = Plan(found[0], found[1], code, divide, premul)
+    if key is not None:
+        _PLANS[key] = plan
+    return plan
 
 
 def mover(dtype: np.dtype) -> tuple[int, int]:
@@ -345,9 +335,6 @@ class _Reaper:
                 self._thread.start()
             self._cv.notify()
 
-    def pending(self) -> int:
-        return len(self._items)
-
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every op tracked so far was seen complete (tests); False on timeout."""
         deadline = time.monotonic() + timeout
@@ -484,21 +471,15 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
             shim.wait_event(comm.stream, ready)
         try:
             temps = body(comm, *args)
-        except shim.error as exc:
+        except BaseException as exc:
             for rec in recs:
                 R.fail(rec)
-            raise nccl_failure(name, "the op failed", exc) from exc
-        except BaseException:
-            for rec in recs:
-                R.fail(rec)
+            if isinstance(exc, shim.error):
+                raise nccl_failure(name, "the op failed", exc) from exc
             raise
-        done = None
-        if not async_op:
-            try:
-                done = comm.spare.pop()
-            except IndexError:
-                pass
-        if done is None:
+        try:  # a sync op reuses a finished sync op's done event (no Work holds it)
+            done = comm.spare.pop() if not async_op else shim.new_event()
+        except IndexError:
             done = shim.new_event()
         shim.record(done, comm.stream)
         if not async_op:
@@ -522,10 +503,3 @@ def producer_streams(shim: Any, devs: Sequence[Dev], caller: Any) -> list:
         if ptr is not None and (ptr or 1) != mine and ptr not in found:
             found[ptr] = shim.external_stream(ptr)
     return list(found.values())
-
-
-def collective_rec(g: ProcessGroup, name: str, shapes: Any, dtype: Any, root: int = -1) -> list:
-    """A flight-recorder entry for a collective enqueued now (state: started)."""
-    rec = R.begin(g, name, shapes, dtype, root, R.SCHEDULED)  # SCHEDULED: not the engine's current op
-    rec[R.STATE] = R.STARTED
-    return rec

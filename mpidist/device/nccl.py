@@ -31,7 +31,9 @@ See docs/nccl.md.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import contextlib
+import functools
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -40,7 +42,7 @@ from mpidist import _runtime
 from mpidist._buffers import holds, same_dtype, split_sizes
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import (
-    Dev, NcclComm, NcclWork, Plan, collective_rec, device_array, launch, mover, overlaps, reduction, state,
+    Dev, NcclComm, NcclWork, Plan, device_array, launch, mover, overlaps, reduction, state,
 )
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -54,15 +56,10 @@ __all__ = ["run", "NcclWork", "OPS"]
 # -- pieces shared by the ops: argument checks, temporaries, device copies, PREMUL_SUM scaling and
 # AVG division on the communicator's stream, NCCL groups, the common path of a collective ---------
 
-_VERSIONS: dict = {}
-
-
+@functools.cache
 def version(shim: Any) -> int:
     """NCCL's runtime version code through ``shim`` (asked once per shim)."""
-    found = _VERSIONS.get(id(shim))
-    if found is None or found[0] is not shim:
-        found = _VERSIONS[id(shim)] = (shim, shim.version())
-    return found[1]
+    return shim.version()
 
 
 def pair(name: str, output: Any, input: Any, out_arg: str = "output",  # noqa: A002
@@ -134,27 +131,14 @@ def divide(comm: NcclComm, d: Dev, n: int) -> None:
         shim.xp.divide(view, n, out=view)
 
 
-def scaled_input(comm: NcclComm, d: Dev, plan: Plan) -> tuple[Any, int]:
-    """A scaled copy of ``d`` for PREMUL_SUM, else (None, d's own pointer)."""
-    if plan.premul is None:
-        return None, d.ptr
-    arr, ptr = new_buffer(comm, d.size, d.dtype)
-    scale(comm, d, ptr, plan)
-    return arr, ptr
-
-
-class Group:
-    """``with Group(shim):`` brackets NCCL calls in ncclGroupStart/ncclGroupEnd."""
-
-    def __init__(self, shim: Any) -> None:
-        self.shim = shim
-
-    def __enter__(self) -> None:
-        self.shim.group_start()
-
-    def __exit__(self, *exc: Any) -> bool:
-        self.shim.group_end()
-        return False
+@contextlib.contextmanager
+def nccl_group(shim: Any) -> Iterator[None]:
+    """``with nccl_group(shim):`` brackets NCCL calls in ncclGroupStart/ncclGroupEnd."""
+    shim.group_start()
+    try:
+        yield
+    finally:
+        shim.group_end()
 
 
 def collective(g: ProcessGroup, name: str, devs: Sequence[Dev], args: Sequence[str], body: Any, bargs: tuple,
@@ -163,7 +147,8 @@ def collective(g: ProcessGroup, name: str, devs: Sequence[Dev], args: Sequence[s
     """Get the group's communicator (device-checking ``devs``; ``device``: the one to make it
     on, barrier), record, and launch ``body`` (``host_wait``: see launch)."""
     comm = state(g).collective(name, devs, args, device)
-    rec = collective_rec(g, name, shapes, devs[0].dtype if devs else None, root)
+    rec = R.begin(g, name, shapes, devs[0].dtype if devs else None, root, R.SCHEDULED)  # not the engine's current op
+    rec[R.STATE] = R.STARTED
     works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)], host_wait, devs)
     return works[0] if works else None
 
@@ -178,12 +163,9 @@ def copy(comm: NcclComm, dst: Dev, src: Dev) -> Any:
     returned, if they overlap otherwise)."""
     if dst.ptr == src.ptr:
         return None
-    if overlaps(dst, src):
-        temp, ptr = copy_of(comm, src)
-        comm.shim.copy(dst.ptr, ptr, src.nbytes, comm.stream)
-        return temp
-    comm.shim.copy(dst.ptr, src.ptr, src.nbytes, comm.stream)
-    return None
+    temp, ptr = copy_of(comm, src) if overlaps(dst, src) else (None, src.ptr)
+    comm.shim.copy(dst.ptr, ptr, src.nbytes, comm.stream)
+    return temp
 
 
 def send_recv(comm: NcclComm, d: Dev, peer: int, receive: bool = False) -> None:
@@ -198,7 +180,7 @@ def p2p_group_body(comm: NcclComm, sends: Sequence[tuple[int, Dev]], recvs: Sequ
     of this rank's own part ``before`` the group (gather: its input may be overwritten by a
     receive) or ``after`` it (scatter: its output may overlap a part being sent)."""
     temps = [copy(comm, *before)] if before is not None else []
-    with Group(comm.shim):
+    with nccl_group(comm.shim):
         for peer, d in sends:
             send_recv(comm, d, peer)
         for peer, d in recvs:
@@ -258,10 +240,12 @@ def broadcast(g: ProcessGroup, tensor: Any, src: int, async_op: bool = False, *,
 
 def _reduce_body(comm: NcclComm, t: Dev, plan: Plan, root: int) -> Any:
     own = comm.rank == root
-    temp, send = (None, t.ptr) if own else scaled_input(comm, t, plan)
-    if own and plan.premul is not None:
-        scale(comm, t, t.ptr, plan)
-    comm.nccl.reduce(send, t.ptr if own else send, t.size * plan.mult, plan.type, plan.op, root, comm.stream.ptr)
+    temp, send = None, t.ptr
+    if plan.premul is not None:
+        if not own:  # scale a copy: the others' tensors are left unchanged
+            temp, send = new_buffer(comm, t.size, t.dtype)
+        scale(comm, t, send, plan)
+    comm.nccl.reduce(send, send, t.size * plan.mult, plan.type, plan.op, root, comm.stream.ptr)
     if own and plan.divide:
         divide(comm, t, comm.size)
     return temp
@@ -376,11 +360,9 @@ def all_gather_into_tensor(g: ProcessGroup, output_tensor: Any, input_tensor: An
 def _all_gather_body(comm: NcclComm, inp: Dev, out_ptr: int) -> Any:
     """ncclAllGather of ``inp`` into the block at ``out_ptr`` (W * inp.nbytes bytes)."""
     kind, mult = mover(inp.dtype)
-    temp, send = None, inp.ptr
-    own = out_ptr + comm.rank * inp.nbytes
     block = Dev(None, out_ptr, (comm.size * inp.size,), inp.dtype, comm.device)
-    if send != own and overlaps(inp, block):  # NCCL's in-place form is the own slot only
-        temp, send = copy_of(comm, inp)
+    in_place = inp.ptr == out_ptr + comm.rank * inp.nbytes  # NCCL's in-place form: the own slot only
+    temp, send = copy_of(comm, inp) if not in_place and overlaps(inp, block) else (None, inp.ptr)
     comm.nccl.allGather(send, out_ptr, inp.size * mult, kind, comm.stream.ptr)
     return temp
 
@@ -391,7 +373,7 @@ def _broadcasts_body(comm: NcclComm, inp: Dev, outs: Sequence[Dev]) -> Any:
     temp, send = None, inp.ptr
     if any(overlaps(inp, o) for r, o in enumerate(outs) if r != comm.rank):
         temp, send = copy_of(comm, inp)
-    with Group(comm.shim):
+    with nccl_group(comm.shim):
         for r, o in enumerate(outs):
             comm.nccl.broadcast(send if r == comm.rank else o.ptr, o.ptr, o.size * mult, kind, r, comm.stream.ptr)
     return temp
