@@ -465,10 +465,15 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
         caller = shim.current_stream()
         shim.record(comm.ready, caller)
         shim.wait_event(comm.stream, comm.ready)
-        for stream in producer_streams(shim, devs, caller):
-            ready = shim.new_event()
-            shim.record(ready, stream)
-            shim.wait_event(comm.stream, ready)
+        # Each other stream ``devs`` name, once. The legacy default stream is 1 in the interface
+        # and 0 as the caller's (cupy's null stream): the same stream, so it costs no extra wait.
+        mine, seen = int(caller.ptr) or 1, set()
+        for ptr in (d.stream for d in devs):
+            if ptr is not None and (ptr or 1) != mine and ptr not in seen:
+                seen.add(ptr)
+                ready = shim.new_event()
+                shim.record(ready, shim.external_stream(ptr))
+                shim.wait_event(comm.stream, ready)
         try:
             temps = body(comm, *args)
         except BaseException as exc:
@@ -490,16 +495,3 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
     if host_wait and not async_op:
         host_wait_for(shim, done, recs, None)
     return works
-
-
-def producer_streams(shim: Any, devs: Sequence[Dev], caller: Any) -> list:
-    """The streams other than ``caller`` that ``devs`` name (``Dev.stream``), each once. The
-    legacy default stream is 1 in the interface and 0 as the caller's (cupy's null stream):
-    the same stream, so a cupy array on it costs no extra wait."""
-    mine = int(caller.ptr) or 1
-    found: dict = {}
-    for d in devs:
-        ptr = d.stream
-        if ptr is not None and (ptr or 1) != mine and ptr not in found:
-            found[ptr] = shim.external_stream(ptr)
-    return list(found.values())

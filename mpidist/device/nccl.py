@@ -203,12 +203,21 @@ def rows(base: Dev, rows: list[int]) -> list[Dev]:
 
 # -- all_reduce, broadcast, reduce, barrier -------------------------------------------------------
 
-def _all_reduce_body(comm: NcclComm, t: Dev, plan: Plan) -> None:
+def _reduce_body(comm: NcclComm, t: Dev, plan: Plan, root: Optional[int] = None) -> Any:
+    """ncclAllReduce in place on ``t`` (``root`` None), or ncclReduce into rank ``root``'s ``t``."""
+    own = root is None or comm.rank == root
+    temp, send = None, t.ptr
     if plan.premul is not None:
-        scale(comm, t, t.ptr, plan)
-    comm.nccl.allReduce(t.ptr, t.ptr, t.size * plan.mult, plan.type, plan.op, comm.stream.ptr)
-    if plan.divide:
+        if not own:  # scale a copy: the others' tensors are left unchanged
+            temp, send = new_buffer(comm, t.size, t.dtype)
+        scale(comm, t, send, plan)
+    if root is None:
+        comm.nccl.allReduce(send, send, t.size * plan.mult, plan.type, plan.op, comm.stream.ptr)
+    else:
+        comm.nccl.reduce(send, send, t.size * plan.mult, plan.type, plan.op, root, comm.stream.ptr)
+    if own and plan.divide:
         divide(comm, t, comm.size)
+    return temp
 
 
 def all_reduce(g: ProcessGroup, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False,
@@ -221,7 +230,7 @@ def all_reduce(g: ProcessGroup, tensor: Any, op: Any = ReduceOp.SUM, async_op: b
     shim = _nccl_shim.get()
     t = device_array(tensor, name, "tensor", True, shim)
     plan = reduction(op, t.dtype, name, version(shim))
-    return collective(g, name, [t], ["tensor"], _all_reduce_body, (t, plan), (tensor,), (tensor,), async_op,
+    return collective(g, name, [t], ["tensor"], _reduce_body, (t, plan), (tensor,), (tensor,), async_op,
                        t.shape)
 
 
@@ -236,19 +245,6 @@ def broadcast(g: ProcessGroup, tensor: Any, src: int, async_op: bool = False, *,
     def body(comm: NcclComm) -> None:
         comm.nccl.broadcast(t.ptr, t.ptr, t.size * mult, kind, root, comm.stream.ptr)
     return collective(g, name, [t], ["tensor"], body, (), (tensor,), (tensor,), async_op, t.shape, src)
-
-
-def _reduce_body(comm: NcclComm, t: Dev, plan: Plan, root: int) -> Any:
-    own = comm.rank == root
-    temp, send = None, t.ptr
-    if plan.premul is not None:
-        if not own:  # scale a copy: the others' tensors are left unchanged
-            temp, send = new_buffer(comm, t.size, t.dtype)
-        scale(comm, t, send, plan)
-    comm.nccl.reduce(send, send, t.size * plan.mult, plan.type, plan.op, root, comm.stream.ptr)
-    if own and plan.divide:
-        divide(comm, t, comm.size)
-    return temp
 
 
 def reduce(g: ProcessGroup, tensor: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False, *,
