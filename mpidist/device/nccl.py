@@ -81,8 +81,6 @@ def arrays(xs: Any, name: str, arg: str, n: int, writable: bool, shim: Any, ref:
     if len(xs) != n:
         what = f"one array per group rank: expected {n}" if per_rank else f"the group size = {n} arrays"
         raise ValueError(f"{prefix(name)} {arg} must hold {what}, got {len(xs)}")
-    if not xs:
-        raise ValueError(f"{prefix(name)} {arg} must hold at least one array, got an empty list")
     devs = [device_array(x, name, f"{arg}[{i}]", writable, shim) for i, x in enumerate(xs)]
     ref, ref_arg = (ref, ref_arg) if ref is not None else (devs[0], f"{arg}[0]")
     for i, d in enumerate(devs):
