@@ -14,7 +14,7 @@ from fake_nccl import FakeShim
 
 import mpidist
 from mpidist.device import _nccl_shim, detect, runtime
-from mpidist.device._nccl_work import REAPER
+from mpidist.device._nccl_core import REAPER
 
 pytestmark = pytest.mark.mpi
 

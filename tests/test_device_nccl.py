@@ -24,7 +24,7 @@ import mpidist  # noqa: E402
 from mpidist import ReduceOp, _recorder as R, _runtime, make_premul_sum  # noqa: E402
 from mpidist.device import _nccl_shim, nccl  # noqa: E402
 from mpidist.device._nccl_core import reduction, state
-from mpidist.device._nccl_work import REAPER  # noqa: E402
+from mpidist.device._nccl_core import REAPER  # noqa: E402
 from mpidist.errors import DistBackendError, DistError  # noqa: E402
 from mpidist.p2p import P2POp  # noqa: E402
 from mpidist.work import WorkResult  # noqa: E402

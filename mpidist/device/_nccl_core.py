@@ -19,20 +19,24 @@ mpidist's timeout watchdog names it if it does not complete within the group's t
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional, Sequence
+import threading
+import time
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from mpidist import _recorder as R
 from mpidist._array import is_device_array
 from mpidist._buffers import value_kind
 from mpidist.device import _nccl_shim
-from mpidist.errors import DistBackendError, prefix
+from mpidist.errors import DistBackendError, DistError, prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype
+from mpidist.work import Work, _seconds, poll_until
 
 __all__ = ["Dev", "device_array", "Plan", "reduction", "mover", "NcclComm", "NcclGroupState", "state",
-           "overlaps", "nccl_failure", "AVG_MIN_VERSION"]
+           "overlaps", "nccl_failure", "AVG_MIN_VERSION", "NcclWork", "REAPER", "launch"]
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); stable ABI constants.
 _INT8, _UINT8, _INT32, _UINT32, _INT64, _UINT64, _FLOAT16, _FLOAT32, _FLOAT64, _BFLOAT16 = range(10)
@@ -93,15 +97,6 @@ def _c_contiguous(shape: tuple, strides: Optional[Sequence[int]], itemsize: int)
     return True
 
 
-def _dtype_of(x: Any, cai: dict) -> np.dtype:
-    """The array's own numpy dtype where it has one (bfloat16 reads as ``<V2`` in the
-    interface), else the interface's typestr (e.g. a torch tensor's torch.dtype is not numpy's)."""
-    try:
-        return np.dtype(x.dtype)
-    except (AttributeError, TypeError):
-        return np.dtype(cai["typestr"])
-
-
 def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
     """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype.
 
@@ -123,7 +118,10 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
                         f"__cuda_array_interface__ or a CUDA __dlpack_device__) on the NCCL path, "
                         f"got {type(x).__name__}")
     shape = tuple(cai["shape"])
-    dtype = _dtype_of(x, cai)
+    try:  # the array's own dtype where it has one: bfloat16 reads as "<V2" in the interface
+        dtype = np.dtype(x.dtype)
+    except (AttributeError, TypeError):  # e.g. a torch tensor's torch.dtype is not numpy's
+        dtype = np.dtype(cai["typestr"])
     ptr, readonly = cai["data"]
     strides = cai.get("strides")
     if not _c_contiguous(shape, strides, dtype.itemsize):
@@ -169,15 +167,8 @@ def reduction(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
         TypeError: a dtype NCCL cannot reduce (int16, float8, ...), or ``op`` not a ReduceOp.
     """
     key = (dtype, op, version >= AVG_MIN_VERSION) if type(op) is ReduceOp else None
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = _plan(op, dtype, name, version)
-        if key is not None:
-            _PLANS[key] = plan
-    return plan
-
-
-def _plan(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
+    if key in _PLANS:
+        return _PLANS[key]
     if op in _BITWISE:
         raise ValueError(f"{prefix(name)} {op!r} is not supported by NCCL (torch: 'Cannot use "
                          f"ReduceOp.{op.name} with NCCL'); bitwise reductions need host arrays")
@@ -193,7 +184,10 @@ def _plan(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
                          f"complex arrays reduce with SUM, AVG or PREMUL_SUM only (as torch)")
     divide = base is ReduceOp.AVG and version < AVG_MIN_VERSION
     code = _BOOL_OPS[base] if dtype.kind == "b" else (_SUM if divide else _OPS[base])
-    return Plan(found[0], found[1], code, divide, premul)
+    plan = Plan(found[0], found[1], code, divide, premul)
+    if key is not None:
+        _PLANS[key] = plan
+    return plan
 
 
 def mover(dtype: np.dtype) -> tuple[int, int]:
@@ -316,3 +310,188 @@ class NcclGroupState:
 def state(g: ProcessGroup) -> NcclGroupState:
     """The group's :class:`NcclGroupState` (made on first use; making it is local)."""
     return g.resource("nccl", NcclGroupState)
+
+
+# -- completion -------------------------------------------------------------------------------------
+
+class _Reaper:
+    """The completion thread: polls the done events of ops in flight (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._items: list = []  # (shim, event, recs, refs, works, comm or None)
+        self._cv = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+
+    def track(self, shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list],
+              comm: Optional[NcclComm]) -> None:
+        """Watch ``event``: once it happened, end ``recs``, complete ``works``, drop ``refs``,
+        and give the event back to ``comm`` for reuse (sync ops: no Work holds it)."""
+        for rec in recs:
+            R.watched[id(rec)] = rec
+        with self._cv:
+            self._items.append((shim, event, recs, refs, works, comm))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="mpidist-nccl-completion", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every op tracked so far was seen complete (tests); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._items:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1e-4)
+        return True
+
+    def _loop(self) -> None:
+        pause = 1e-4
+        while True:
+            with self._cv:
+                while not self._items:
+                    self._cv.wait()
+                    pause = 1e-4
+                items = list(self._items)
+            finished = [it for it in items if it[0].done(it[1])]
+            if not finished:
+                time.sleep(pause)
+                pause = min(2 * pause, 5e-3)
+                continue
+            gone = {id(it) for it in finished}
+            with self._cv:
+                self._items = [it for it in self._items if id(it) not in gone]
+            for it in finished:
+                self._finish(*it)
+            pause = 1e-4
+
+    @staticmethod
+    def _finish(shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list],
+                comm: Optional[NcclComm]) -> None:
+        for rec in recs:
+            R.watched.pop(id(rec), None)
+            R.end(rec)
+        for work in works or ():
+            work._finished()
+        if comm is not None:
+            comm.spare.append(event)
+
+
+REAPER = _Reaper()
+
+
+class NcclWork(Work):
+    """The Work of an ``async_op=True`` NCCL op (torch's ``WorkNCCL`` semantics).
+
+    * ``wait()`` makes the caller's current stream wait on the op's done event and
+      returns True at once: the host is not blocked, work enqueued afterwards on that
+      stream runs after the op (torch's default). ``wait(timeout)`` also blocks the host
+      until the op completes, or raises :class:`DistError` after ``timeout`` seconds
+      (torch blocks the host when given a timeout too). A barrier's Work always blocks
+      the host, as torch's does. While the host blocks, the group's timeout applies
+      (MPIDIST_ABORT_ON_TIMEOUT=0: DistError once the watchdog declares it).
+    * ``is_completed()`` is True once the done event has happened (a non-blocking query).
+    * ``get_future()``: a future completed by the completion thread once the op is done,
+      with ``result()``'s list (the arrays the op wrote).
+    * ``exception()`` is None: NCCL reports asynchronous failures through the watchdog's
+      timeout, not through the Work.
+    * ``synchronize()``: the caller's current stream waits on the op; the host never blocks
+      (torch's ``WorkNCCL::synchronize``), a barrier's Work included.
+      ``get_future_result()``: SUCCESS once done, or TIMEOUT (:class:`mpidist.work.Work`).
+
+    The future, ``exception()`` and ``source_rank()`` are the host Work's
+    (:class:`mpidist.work.Work`): the completion thread calls ``_finished()``.
+    """
+
+    def __init__(self, op: str, where: str, shim: Any, device: int, event: Any, outputs: tuple,
+                 recs: list, source: Optional[int] = None, host_wait: bool = False) -> None:
+        super().__init__(op, where)
+        self._shim, self._device, self._event = shim, device, event
+        self._outs, self._recs, self._source, self._host_wait = outputs, recs, source, host_wait
+
+    def wait(self, timeout: Any = None) -> bool:
+        limit = _seconds(timeout)
+        if self._host_wait or limit is not None:
+            self._block(limit)
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        shim = self._shim
+        with shim.device(self._device):
+            shim.wait_event(shim.current_stream(), self._event)
+
+    def _watched_recs(self) -> tuple:
+        return tuple(self._recs)
+
+    def _block(self, limit: Optional[float]) -> None:
+        if not host_wait_for(self._shim, self._event, self._recs, limit):
+            raise self._timeout_error(limit or 0.0)
+
+    def is_completed(self) -> bool:
+        return self._done or self._shim.done(self._event)
+
+
+def host_wait_for(shim: Any, event: Any, recs: list, limit: Optional[float]) -> bool:
+    """Block the host until ``event`` happened (True), or ``limit`` seconds passed (False).
+
+    Raises the watchdog's DistError once it declares one of ``recs`` timed out
+    (MPIDIST_ABORT_ON_TIMEOUT=0; by default the watchdog aborts the job instead).
+    """
+    return poll_until(lambda: shim.done(event), recs, limit, 2e-5, 1e-3)
+
+
+# -- enqueueing an op ----------------------------------------------------------------------------------
+
+def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any], args: tuple, refs: tuple,
+           async_op: bool, handles: list, host_wait: bool = False, devs: Sequence[Dev] = ()) -> Optional[list]:
+    """Enqueue ``body(comm, *args)`` on the communicator's stream, ordered after the caller's
+    current stream. Sync: the caller's stream waits on the op; returns None. Async: returns
+    one NcclWork per entry of ``handles``, all on the op's done event.
+
+    ``body`` enqueues NCCL calls (and kernels) on ``comm.stream`` and may return temporaries
+    to keep alive until the op is done; ``refs`` are the caller's arrays, kept likewise.
+    ``handles``: ``(op name, outputs, flight-recorder entries, source rank or None)`` per
+    Work (one, except for batch_isend_irecv). ``host_wait``: the host also waits for the
+    op (barrier; its Works' ``wait()`` too). ``devs``: the caller's arrays as validated;
+    the op is also ordered after each other stream they say their data is ready on
+    (``Dev.stream``: an event recorded there, waited on by the NCCL stream, as the CUDA
+    Array Interface asks of a consumer; a torch tensor reports its current stream there).
+    """
+    if g.engine.broken is not None:
+        raise DistError(f"{prefix(name)} group {g.group_name!r} is unusable: {g.engine.broken}")
+    recs = [rec for h in handles for rec in h[2]]
+    shim = comm.shim
+    with shim.device(comm.device):
+        caller = shim.current_stream()
+        shim.record(comm.ready, caller)
+        shim.wait_event(comm.stream, comm.ready)
+        # Each other stream ``devs`` name, once. The legacy default stream is 1 in the interface
+        # and 0 as the caller's (cupy's null stream): the same stream, so it costs no extra wait.
+        mine, seen = int(caller.ptr) or 1, set()
+        for ptr in (d.stream for d in devs):
+            if ptr is not None and (ptr or 1) != mine and ptr not in seen:
+                seen.add(ptr)
+                ready = shim.new_event()
+                shim.record(ready, shim.external_stream(ptr))
+                shim.wait_event(comm.stream, ready)
+        try:
+            temps = body(comm, *args)
+        except BaseException as exc:
+            for rec in recs:
+                R.fail(rec)
+            if isinstance(exc, shim.error):
+                raise nccl_failure(name, "the op failed", exc) from exc
+            raise
+        try:  # a sync op reuses a finished sync op's done event (no Work holds it)
+            done = comm.spare.pop() if not async_op else shim.new_event()
+        except IndexError:
+            done = shim.new_event()
+        shim.record(done, comm.stream)
+        if not async_op:
+            shim.wait_event(caller, done)
+    works = [NcclWork(op, prefix(op), shim, comm.device, done, outs, rs, source, host_wait)
+             for op, outs, rs, source in handles] if async_op else None
+    REAPER.track(shim, done, recs, (refs, temps), works, None if async_op else comm)
+    if host_wait and not async_op:
+        host_wait_for(shim, done, recs, None)
+    return works
