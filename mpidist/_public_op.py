@@ -87,5 +87,6 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
         fn.__defaults__, fn.__kwdefaults__ = stub.__defaults__, stub.__kwdefaults__
         for attr in ("__module__", "__qualname__", "__doc__", "__annotations__"):
             setattr(fn, attr, getattr(stub, attr))
+        fn.__wrapped__ = stub  # where typing.get_type_hints finds the annotations' names
         return fn
     return make
