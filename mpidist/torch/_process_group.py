@@ -216,29 +216,30 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             return None
         if not isinstance(works, list):
             works = [works]
-        stream = None
-        if staged.cuda:
-            from mpidist.torch import _cuda  # noqa: PLC0415
-
-            stream = _cuda.current_stream
-        work = TorchWork(works, outputs, staged.finish if staged.backs else None, source, stream)
+        work = TorchWork(works, outputs, staged.finish if staged.backs else None, source, staged.stream)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
     def _call(self, staged: Staged, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, in torch's current CUDA stream if a CUDA tensor is involved."""
-        if not staged.cuda:
+        if staged.stream is None:
             return fn(*args, **kwargs)
-        from mpidist.torch import _cuda  # noqa: PLC0415
-
-        with _cuda.current_stream():
+        with staged.stream():
             return fn(*args, **kwargs)
 
     def _each(self, staged: Staged, async_op: bool, calls: list) -> Any:
         """Run ``calls`` ((fn, args) of mpidist ops) in order; their Works, or None if sync."""
         works = [self._call(staged, fn, *args, async_op=async_op) for fn, args in calls]
         return [w for w in works if w is not None] if async_op else None
+
+    def _pairs(self, fn: Callable[..., Any], op: str, outputs: Any, inputs: Any, async_op: bool, *extra: Any) -> Any:
+        """The _coalesced forms: ``fn(outputs[i], inputs[i], *extra)`` for each pair, in order."""
+        outs = list(outputs)
+        staged = Staged()
+        calls = [(fn, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"), *extra, self._arg))
+                 for i, (o, x) in enumerate(zip(outs, inputs))]
+        return self._done(self._each(staged, async_op, calls), outs, staged)
 
     # -- all-reduce ------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
@@ -352,14 +353,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
         ``_allgather_base`` per (output, input) pair, in order."""
-        op = "all_gather_into_tensor"
         opts = _options(opts, AllgatherOptions)
-        outs = list(outputs)
-        staged = Staged()
-        calls = [(mpidist.all_gather_into_tensor, (staged.out(o, op, f"outputs[{i}]"),
-                                                   staged.inp(x, op, f"inputs[{i}]"), self._arg))
-                 for i, (o, x) in enumerate(zip(outs, inputs))]
-        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+        return self._pairs(mpidist.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, opts.asyncOp)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -435,13 +430,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         one ``_reduce_scatter_base`` per (output, input) pair, in order."""
         op = "reduce_scatter_tensor"
         opts = _options(opts, ReduceScatterOptions)
-        red = _reduce_op(opts.reduceOp, op)
-        outs = list(outputs)
-        staged = Staged()
-        calls = [(mpidist.reduce_scatter_tensor, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"),
-                                                  red, self._arg))
-                 for i, (o, x) in enumerate(zip(outs, inputs))]
-        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+        return self._pairs(mpidist.reduce_scatter_tensor, op, outputs, inputs, opts.asyncOp,
+                           _reduce_op(opts.reduceOp, op))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
