@@ -24,15 +24,10 @@ Reliability settings, read by init_process_group (docs/reliability.md):
 """
 from __future__ import annotations
 
-import atexit
+import contextlib
 import datetime
 import operator
 import os
-import select
-import signal
-import socket
-import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -493,8 +488,6 @@ def dump_all(reason: str, wait: float = 2.0) -> Optional[str]:
     path = R.dump(reason)
     wd = _current.watchdog
     if wd is not None:
-        try:
+        with contextlib.suppress(Exception):  # the job is failing: never mask that
             wd.dump_all(reason, wait)
-        except Exception:  # noqa: BLE001  (the job is failing: never mask that)
-            pass
     return path
