@@ -23,6 +23,7 @@ it. Imports nothing of mpidist: callers pass what they need (the dump function).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 import time
@@ -77,10 +78,8 @@ def end_job(rank: int, size: int, code: int, reason: str,
     if size <= 1:
         return
     if dump is not None:
-        try:
+        with contextlib.suppress(Exception):  # the job must still end
             write(rank, dump(f"abort: {reason}"))
-        except Exception:  # noqa: BLE001  (the job must still end)
-            pass
     write(rank, f"aborting the MPI job (MPI_Abort, exit code {code})")
     abort_job(code)
 

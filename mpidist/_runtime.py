@@ -24,15 +24,10 @@ Reliability settings, read by init_process_group (docs/reliability.md):
 """
 from __future__ import annotations
 
-import atexit
+import contextlib
 import datetime
 import operator
 import os
-import select
-import signal
-import socket
-import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -193,14 +188,6 @@ def _check_init_method(init_method: Optional[str]) -> None:
                      f"'file://...', got {init_method!r}")
 
 
-def _local_split(world: MPI.Comm) -> tuple[int, int]:
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-    try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
 def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None,
                        timeout: Optional[datetime.timedelta] = None, world_size: int = -1,
                        rank: int = -1, store: Any = None, group_name: str = "",
@@ -286,7 +273,9 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if warning is not None:
         warnings.warn(warning, stacklevel=2)
     name = mine.backend
-    local_rank, local_size = _local_split(world)
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_rank)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
     detect.init(world)  # CUDA-aware MPI? (MPIDIST_CUDA_AWARE, MPIX_Query_cuda_support, info key)
     binding.bind(device_id, local_rank, f"{tag} init_process_group:")  # checked above: cannot raise here
     group = ProcessGroup(world.Dup(), range(mpi_size), group_name or "default_pg", name)
@@ -493,8 +482,6 @@ def dump_all(reason: str, wait: float = 2.0) -> Optional[str]:
     path = R.dump(reason)
     wd = _current.watchdog
     if wd is not None:
-        try:
+        with contextlib.suppress(Exception):  # the job is failing: never mask that
             wd.dump_all(reason, wait)
-        except Exception:  # noqa: BLE001  (the job is failing: never mask that)
-            pass
     return path

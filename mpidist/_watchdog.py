@@ -15,6 +15,7 @@ destroy_process_group; the running one is :data:`mpidist._current.watchdog`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import select
 import signal
@@ -28,7 +29,7 @@ from mpi4py import MPI
 from mpidist import _abort, _current, _debug, _recorder as R, work
 from mpidist._abort import abort_job
 from mpidist._current import live_groups
-from mpidist.errors import DistError, prefix
+from mpidist.errors import prefix
 
 __all__ = ["start", "stop"]
 
@@ -94,10 +95,8 @@ class _Watchdog:
             if not self.sigterm_done:
                 self.sigterm_done = True
                 path = R.dump("SIGTERM")
-                try:
+                with contextlib.suppress(Exception):  # the process is being terminated
                     self.dump_all("SIGTERM", 1.0)
-                except Exception:  # noqa: BLE001  (the process is being terminated)
-                    pass
                 _say(f"SIGTERM: {R.report(path)}")
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -258,11 +257,9 @@ class _Watchdog:
                 self._serve()
             time.sleep(0.005)
         for req in reqs.values():
-            try:
+            with contextlib.suppress(MPI.Exception):
                 req.Cancel()
                 req.Wait()
-            except MPI.Exception:
-                pass
         return answers
 
     def _next_nonce(self) -> tuple:
@@ -275,10 +272,7 @@ class _Watchdog:
         self.tripped.add(id(rec))
         g, op, seq = rec[R.GROUP], rec[R.OP], rec[R.SEQ]
         p2p = op in R.P2P_OPS
-        if p2p:
-            peers = [rec[R.ROOT]] if rec[R.ROOT] >= 0 else [r for r in g.ranks if r != self.st.rank]
-        else:
-            peers = [r for r in g.ranks if r != self.st.rank]
+        peers = [rec[R.ROOT]] if p2p and rec[R.ROOT] >= 0 else [r for r in g.ranks if r != self.st.rank]
         answers = None
         if self.comm is not None and peers:
             reason = f"{op} #{seq} on group {g.group_name!r}"
@@ -331,16 +325,12 @@ class _Watchdog:
             self.thread.join(timeout=10)
         self._restore_signals()
         if self.comm is not None:
-            try:
+            with contextlib.suppress(MPI.Exception):
                 self.req.Cancel()
                 self.req.Wait()
-            except MPI.Exception:
-                pass
             for s in self.sends:  # sends to a peer that is gone may never complete: let go
-                try:
+                with contextlib.suppress(MPI.Exception):
                     s.Free()
-                except MPI.Exception:
-                    pass
             self.comm.Free()
             self.comm = None
 

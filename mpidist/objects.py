@@ -119,6 +119,16 @@ def _fail(op: str, text: str, cause: Optional[BaseException]) -> NoReturn:
     raise TypeError(f"{prefix(op)} {text}") from cause
 
 
+def _received(op: str, envelope: Any, what: str, sender: int, reader: int,
+              cause: Optional[BaseException] = None) -> Any:
+    """:func:`_unpack`, or the op's TypeError (:func:`_fail`; ``cause``, else the unpickling
+    error, chained) when the envelope cannot become an object."""
+    try:
+        return _unpack(envelope, what, sender, reader)
+    except _Unusable as bad:
+        _fail(op, str(bad), cause or bad.__cause__)
+
+
 def _failures(envelopes: list) -> str:
     """The failure texts among ``envelopes`` (in group-rank order, joined), or ""."""
     return "; ".join(e for e in envelopes if type(e) is str)
@@ -146,11 +156,7 @@ def _bcast(g: ProcessGroup, object_list: list, root: int) -> None:
         if exc is not None:
             _fail(op, envelope, exc)
         return
-    try:
-        got = _unpack(comm.bcast(None, root), "object_list", src, g.ranks[g.rank()])
-    except _Unusable as bad:
-        _fail(op, str(bad), bad.__cause__)
-    _fill(object_list, got, op, src)
+    _fill(object_list, _received(op, comm.bcast(None, root), "object_list", src, g.ranks[g.rank()]), op, src)
 
 
 def _allgather(g: ProcessGroup, object_list: list, obj: Any) -> None:
@@ -161,11 +167,7 @@ def _allgather(g: ProcessGroup, object_list: list, obj: Any) -> None:
     failed = _failures(envelopes)
     if failed:  # every rank got every envelope: each raises the same error
         _fail(op, failed, exc)
-    try:
-        got = [_unpack(e, "obj", g.ranks[i], me) for i, e in enumerate(envelopes)]
-    except _Unusable as bad:
-        _fail(op, str(bad), bad.__cause__)
-    object_list[:] = got
+    object_list[:] = [_received(op, e, "obj", g.ranks[i], me) for i, e in enumerate(envelopes)]
 
 
 def _gather(g: ProcessGroup, object_gather_list: Optional[list], obj: Any, root: int) -> None:
@@ -200,12 +202,8 @@ def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -
                 envelopes = [envelope] * len(inputs)  # every rank gets the failure
                 break
             envelopes.append(envelope)
-    try:
-        got = _unpack(pkl5.Intracomm(g.comm).scatter(envelopes, root), "scatter_object_input_list item",
-                      g.ranks[root], me)
-    except _Unusable as bad:
-        _fail(op, str(bad), exc or bad.__cause__)
-    output[0] = got
+    output[0] = _received(op, pkl5.Intracomm(g.comm).scatter(envelopes, root), "scatter_object_input_list item",
+                          g.ranks[root], me, exc)
 
 
 def broadcast_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
@@ -384,9 +382,5 @@ def recv_object_list(object_list: list, src: Optional[int] = None, group: Option
     with p2p_call(g, op, None, None, -1 if anyone else g.ranks[peer]):
         envelope = pkl5.Intracomm(g.comm).recv(None, peer, OBJECT_TAG, status)
     sender = g.ranks[status.Get_source()]
-    try:
-        got = _unpack(envelope, "object_list", sender, g.ranks[g.rank()])
-    except _Unusable as bad:
-        _fail(op, str(bad), bad.__cause__)
-    _fill(object_list, got, op, sender)
+    _fill(object_list, _received(op, envelope, "object_list", sender, g.ranks[g.rank()]), op, sender)
     return sender

@@ -157,11 +157,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if not isinstance(exc.code, (int, type(None))):
             sys.stderr.write(f"{exc.code}\n")
         _abort(code, f"sys.exit({exc.code!r})")
-    except KeyboardInterrupt as exc:
-        rank, _ = _rank_and_size()
-        A.write(rank, _user_traceback(exc))
-        _abort(130, "KeyboardInterrupt")
     except BaseException as exc:  # noqa: BLE001  (that is the point: any unhandled exception)
         rank, _ = _rank_and_size()
         A.write(rank, _user_traceback(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            _abort(130, "KeyboardInterrupt")
         _abort(1, f"{type(exc).__name__}: {exc}")

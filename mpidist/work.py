@@ -413,11 +413,9 @@ class RequestWork(Work):
 
     def get_future(self) -> concurrent.futures.Future:
         with _CREATE_LOCK:
-            if self._future is None:
+            fresh = self._future is None
+            if fresh:
                 self._future = _RequestFuture(self)
-                fresh = True
-            else:
-                fresh = False
         if fresh:
             if self._done:
                 self._settle()

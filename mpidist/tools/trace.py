@@ -99,20 +99,17 @@ def analyse(docs: dict[int, dict]) -> list[dict]:
             if absent:
                 late = "; ".join(f"rank {r} issued {issued.get(r, 0)} collectives on this group, latest op: "
                                  f"{_latest(docs[r])}" for r in absent)
-                text = (f"group {info['name']!r} (ranks {info['ranks']}) sequence number {seq}: rank(s) {absent} "
-                        f"had not arrived ({late}); the others called {', '.join(calls) or '?'}")
-                found.append({"group": key, "name": info["name"], "seq": seq, "kind": "not arrived",
-                              "ranks": absent, "text": text})
-                break
-            if len(calls) > 1:
+                kind, ranks, what = ("not arrived", absent, f"rank(s) {absent} had not arrived ({late}); the others "
+                                     f"called {', '.join(calls) or '?'}")
+            elif len(calls) > 1:
                 ranked = sorted(calls.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-                odd = sorted(r for _, rs in ranked[1:] for r in rs)
-                what = "; ".join(f"rank(s) {rs} called {c}" for c, rs in ranked)
-                text = (f"group {info['name']!r} (ranks {info['ranks']}) sequence number {seq}: mismatched "
-                        f"collectives: {what}")
-                found.append({"group": key, "name": info["name"], "seq": seq, "kind": "mismatch",
-                              "ranks": odd, "text": text})
-                break
+                kind, ranks = "mismatch", sorted(r for _, rs in ranked[1:] for r in rs)
+                what = "mismatched collectives: " + "; ".join(f"rank(s) {rs} called {c}" for c, rs in ranked)
+            else:
+                continue
+            text = f"group {info['name']!r} (ranks {info['ranks']}) sequence number {seq}: {what}"
+            found.append({"group": key, "name": info["name"], "seq": seq, "kind": kind, "ranks": ranks, "text": text})
+            break
     return found
 
 

@@ -32,13 +32,9 @@ from mpidist.torch._dtypes import REINTERPRET
 __all__ = ["CudaTensor", "TorchRuntime", "device_array", "current_stream", "stream_of"]
 
 
-def _torch_stream() -> Any:
-    """torch's current CUDA stream on this thread (a ``torch.cuda.Stream``)."""
-    return torch.cuda.current_stream()
-
-
-#: How the stream a CUDA tensor is ready on is found (tests replace it on machines without CUDA).
-stream_of: Callable[[], Any] = _torch_stream
+#: How the stream a CUDA tensor is ready on is found: torch's current CUDA stream on this
+#: thread (tests replace it on machines without CUDA).
+stream_of: Callable[[], Any] = torch.cuda.current_stream
 
 
 @lru_cache(maxsize=None)

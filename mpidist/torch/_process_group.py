@@ -53,7 +53,6 @@ _OPS = {
 }
 _SUM, _PREMUL = dist.ReduceOp.SUM, int(_RedOpType.PREMUL_SUM)
 _MSUM = mpidist.ReduceOp.SUM
-_AllreduceOptions = AllreduceOptions
 
 
 def _reduce_op(red: Any, op: str) -> Any:
@@ -216,23 +215,16 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             return None
         if not isinstance(works, list):
             works = [works]
-        stream = None
-        if staged.cuda:
-            from mpidist.torch import _cuda  # noqa: PLC0415
-
-            stream = _cuda.current_stream
-        work = TorchWork(works, outputs, staged.finish if staged.backs else None, source, stream)
+        work = TorchWork(works, outputs, staged.finish if staged.backs else None, source, staged.stream)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
     def _call(self, staged: Staged, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, in torch's current CUDA stream if a CUDA tensor is involved."""
-        if not staged.cuda:
+        if staged.stream is None:
             return fn(*args, **kwargs)
-        from mpidist.torch import _cuda  # noqa: PLC0415
-
-        with _cuda.current_stream():
+        with staged.stream():
             return fn(*args, **kwargs)
 
     def _each(self, staged: Staged, async_op: bool, calls: list) -> Any:
@@ -240,23 +232,37 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         works = [self._call(staged, fn, *args, async_op=async_op) for fn, args in calls]
         return [w for w in works if w is not None] if async_op else None
 
+    def _one_or_many(self, ts: list, op: str, one: Callable[..., Any], many: Callable[..., Any], *args: Any,
+                     **many_kwargs: Any) -> Any:
+        """``one(tensor, *args)`` for a single tensor, else ``many(arrays, *args, **many_kwargs)``
+        (the _multigpu form: a list of tensors)."""
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, one, staged.out(ts[0], op, "tensor"), *args)
+        else:
+            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, many, arrays, *args, **many_kwargs)
+        return self._done(w, ts, staged)
+
+    def _pairs(self, fn: Callable[..., Any], op: str, outputs: Any, inputs: Any, async_op: bool, *extra: Any) -> Any:
+        """The _coalesced forms: ``fn(outputs[i], inputs[i], *extra)`` for each pair, in order."""
+        outs = list(outputs)
+        staged = Staged()
+        calls = [(fn, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"), *extra, self._arg))
+                 for i, (o, x) in enumerate(zip(outs, inputs))]
+        return self._done(self._each(staged, async_op, calls), outs, staged)
+
     # -- all-reduce ------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``allreduce``: ``tensors`` (one tensor, or a list reduced together as
         ``all_reduce_multigpu``) reduced in place on every rank."""
         op = "all_reduce"
-        if type(opts) is _AllreduceOptions:
+        if type(opts) is AllreduceOptions:
             red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp
         else:
             red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
-        ts = _tensors(tensors)
-        staged = Staged()
-        if len(ts) == 1:
-            w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
-        else:
-            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.all_reduce_multigpu, arrays, red, self._arg, async_op)
-        return self._done(w, ts, staged)
+        return self._one_or_many(_tensors(tensors), op, mpidist.all_reduce, mpidist.all_reduce_multigpu, red,
+                                 self._arg, async_op)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         """torch ``allreduce_coalesced``: each tensor reduced on its own, in list order."""
@@ -276,15 +282,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             opts = _options(None, BroadcastOptions, rootRank=opts)
         opts = _options(opts, BroadcastOptions)
         src = self._global(opts.rootRank, op, "rootRank")
-        ts = _tensors(tensors)
-        staged = Staged()
-        if len(ts) == 1:
-            w = self._call(staged, mpidist.broadcast, staged.out(ts[0], op, "tensor"), src, self._arg, opts.asyncOp)
-        else:
-            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.broadcast_multigpu, arrays, src, self._arg, opts.asyncOp,
-                           src_tensor=opts.rootTensor)
-        return self._done(w, ts, staged)
+        return self._one_or_many(_tensors(tensors), op, mpidist.broadcast, mpidist.broadcast_multigpu, src,
+                                 self._arg, opts.asyncOp, src_tensor=opts.rootTensor)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Any:
         """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
@@ -294,16 +293,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, ReduceOptions)
         red = _reduce_op(opts.reduceOp, name)
         dst = self._global(opts.rootRank, name, "rootRank")
-        ts = _tensors(tensors)
-        staged = Staged()
-        if len(ts) == 1:
-            w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg,
-                           opts.asyncOp)
-        else:
-            arrays = [staged.out(t, name, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, opts.asyncOp,
-                           dst_tensor=opts.rootTensor)
-        return self._done(w, ts, staged)
+        return self._one_or_many(_tensors(tensors), name, mpidist.reduce, mpidist.reduce_multigpu, dst, red,
+                                 self._arg, opts.asyncOp, dst_tensor=opts.rootTensor)
 
     # -- gathers ---------------------------------------------------------------------------
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
@@ -352,14 +343,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
         ``_allgather_base`` per (output, input) pair, in order."""
-        op = "all_gather_into_tensor"
         opts = _options(opts, AllgatherOptions)
-        outs = list(outputs)
-        staged = Staged()
-        calls = [(mpidist.all_gather_into_tensor, (staged.out(o, op, f"outputs[{i}]"),
-                                                   staged.inp(x, op, f"inputs[{i}]"), self._arg))
-                 for i, (o, x) in enumerate(zip(outs, inputs))]
-        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+        return self._pairs(mpidist.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, opts.asyncOp)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -435,13 +420,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         one ``_reduce_scatter_base`` per (output, input) pair, in order."""
         op = "reduce_scatter_tensor"
         opts = _options(opts, ReduceScatterOptions)
-        red = _reduce_op(opts.reduceOp, op)
-        outs = list(outputs)
-        staged = Staged()
-        calls = [(mpidist.reduce_scatter_tensor, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"),
-                                                  red, self._arg))
-                 for i, (o, x) in enumerate(zip(outs, inputs))]
-        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+        return self._pairs(mpidist.reduce_scatter_tensor, op, outputs, inputs, opts.asyncOp,
+                           _reduce_op(opts.reduceOp, op))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 

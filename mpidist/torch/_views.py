@@ -29,15 +29,15 @@ __all__ = ["Staged", "array"]
 
 class Staged:
     """The copies one call needs around its op: output temporaries to copy back into the
-    caller's tensors once the op completes (``backs``), and whether a CUDA tensor is
-    among the arguments (``cuda``: the call runs in torch's current stream, see
-    :mod:`mpidist.torch._cuda`)."""
+    caller's tensors once the op completes (``backs``), and, when a CUDA tensor is among
+    the arguments, ``stream``: :func:`mpidist.torch._cuda.current_stream`, in which the
+    call runs (torch's current stream); else None."""
 
-    __slots__ = ("backs", "cuda")
+    __slots__ = ("backs", "stream")
 
     def __init__(self) -> None:
         self.backs: list = []
-        self.cuda = False
+        self.stream: Optional[Callable[[], Any]] = None
 
     def out(self, t: Any, op: str, arg: str) -> Any:
         """The array an op writes for tensor ``t`` (read too, for in-place ops)."""
@@ -114,7 +114,7 @@ def _slow(t: Any, staged: Staged, write: bool, op: str, arg: str) -> Any:
     if t.is_cuda:
         from mpidist.torch import _cuda  # noqa: PLC0415  (CUDA tensors only)
 
-        staged.cuda = True
+        staged.stream = _cuda.current_stream
         return _cuda.device_array(t, staged, write, op, arg)
     if t.device.type != "cpu":
         raise TypeError(f"{prefix(op)} {arg} is on device {t.device}; mpidist takes CPU and CUDA tensors")
@@ -125,8 +125,3 @@ def _slow(t: Any, staged: Staged, write: bool, op: str, arg: str) -> Any:
     if write:
         staged.backs.append((t.detach(), tmp))
     return _host_view(tmp, op, arg)
-
-
-def copy_back(staged: Staged) -> Optional[Callable[[], None]]:
-    """The finishing step of a call: ``staged.finish`` if it has copies to make, else None."""
-    return staged.finish if staged.backs else None

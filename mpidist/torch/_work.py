@@ -16,6 +16,7 @@ one mpidist :class:`~mpidist.Work`, or several for the coalesced and list forms.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -70,13 +71,9 @@ class TorchWork(dist._Work):
         """Block until the op completed (True), raise its error, or DistError past
         ``timeout`` (``timedelta`` or seconds; None or 0: the group's timeout)."""
         limit = seconds(timeout)
-        if self._stream is None:
+        with (self._stream or contextlib.nullcontext)():
             for w in self._works:
                 w.wait(limit)
-        else:
-            with self._stream():
-                for w in self._works:
-                    w.wait(limit)
         self._complete()
         return True
 
