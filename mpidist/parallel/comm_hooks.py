@@ -46,7 +46,7 @@ from mpidist._dispatch import member
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
-from mpidist.nn._util import like, on_device
+from mpidist.nn._util import check_bool, check_int, copy_into, on_device
 from mpidist._reduce_op import ReduceOp
 
 __all__ = ["GradBucket", "then", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
@@ -104,10 +104,7 @@ class GradBucket:
 
     def set_buffer(self, buffer: Any) -> None:
         """Copy ``buffer`` (same size, any device) into the bucket's buffer (torch replaces the tensor)."""
-        own = self._buffer
-        with on_device(own):
-            array_module(own).copyto(own, like(buffer, own, "GradBucket.set_buffer").reshape(own.shape),
-                                     casting="same_kind")
+        copy_into(self._buffer, buffer, "GradBucket.set_buffer")
 
     def __repr__(self) -> str:
         return (f"GradBucket(index={self._index}, numel={self._buffer.size}, dtype={self._buffer.dtype}, "
@@ -169,8 +166,7 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
     work = all_reduce(compressed, ReduceOp.SUM, g, async_op=True)
 
     def decompress(done: Future) -> Any:
-        with on_device(buffer):
-            xp.copyto(buffer, done.result()[0], casting="same_kind")
+        copy_into(buffer, done.result()[0], op)
         return buffer
 
     return then(work.get_future(), decompress)
@@ -207,13 +203,6 @@ def bf16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket
 
 
 # -- PowerSGD ------------------------------------------------------------------------------
-def _check_int(op: str, name: str, value: Any, low: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{prefix(op)} {name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{prefix(op)} {name} must be >= {low}, got {value}")
-
-
 def _check_real(op: str, name: str, value: Any) -> None:
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
         raise ValueError(f"{prefix(op)} {name} must be a real number >= 0, got {value!r}")
@@ -261,16 +250,15 @@ class PowerSGDState:
                  random_seed: int = 0, compression_stats_logging_frequency: int = 10_000,
                  batch_tensors_with_same_shape: bool = False) -> None:
         op = "PowerSGDState"
-        _check_int(op, "matrix_approximation_rank", matrix_approximation_rank, 1)
-        _check_int(op, "start_powerSGD_iter", start_powerSGD_iter, 0)
-        _check_int(op, "random_seed", random_seed, 0)
-        _check_int(op, "compression_stats_logging_frequency", compression_stats_logging_frequency, 1)
+        check_int(matrix_approximation_rank, "matrix_approximation_rank", op, 1)
+        check_int(start_powerSGD_iter, "start_powerSGD_iter", op, 0)
+        check_int(random_seed, "random_seed", op, 0)
+        check_int(compression_stats_logging_frequency, "compression_stats_logging_frequency", op, 1)
         _check_real(op, "min_compression_rate", min_compression_rate)
         _check_real(op, "orthogonalization_epsilon", orthogonalization_epsilon)
         for name, flag in (("use_error_feedback", use_error_feedback), ("warm_start", warm_start),
                            ("batch_tensors_with_same_shape", batch_tensors_with_same_shape)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{prefix(op)} {name} must be a bool, got {type(flag).__name__}")
+            check_bool(flag, name, op)
         if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
             raise ValueError(f"{prefix(op)} expect start_powerSGD_iter > 1 if use_error_feedback or warm_start "
                              f"is enabled, because PowerSGD can only be applied after the first two iterations "
