@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from mpidist.nn._data import DataArray
-from mpidist.nn._util import check_bool, check_device, like, prefix, to_host
+from mpidist.nn._util import check_bool, check_device, like, like_checked, prefix, to_host
 from mpidist.nn.parameter import Parameter
 
 __all__ = ["SGD"]
@@ -164,13 +164,7 @@ class SGD:
             i = int(k[len(_BUF):])
             if i >= len(self.params):
                 raise ValueError(f"{prefix(op)} {k!r}: index out of range for {len(self.params)} params")
-            p = self.params[i]
-            src = like(v, p.data, op)
-            if tuple(src.shape) != p.shape:
-                raise ValueError(f"{prefix(op)} {k!r}: expected shape {p.shape}, got {tuple(src.shape)}")
-            if src.dtype != p.dtype:
-                raise TypeError(f"{prefix(op)} {k!r}: expected dtype {p.dtype}, got {src.dtype}")
-            buffers[i] = src.copy()
+            buffers[i] = like_checked(v, self.params[i].data, k, op).copy()
         for k, v in hyper.items():
             setattr(self, k, v)
         self._momentum_buffers = buffers

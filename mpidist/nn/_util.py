@@ -20,7 +20,7 @@ from mpidist.errors import prefix
 from mpidist.nn._data import DataArray
 
 __all__ = ["prefix", "check_array", "check_bool", "check_int", "cupy_module", "parse_device", "device_of", "on_device",
-           "move", "to_host", "like", "copy_into", "check_device", "HOST_TYPES"]
+           "move", "to_host", "like", "like_checked", "copy_into", "check_device", "HOST_TYPES"]
 
 #: Exact types of the host arrays the toolkit handles (for ``type(x) in HOST_TYPES`` fast paths).
 HOST_TYPES = (np.ndarray, DataArray)
@@ -126,6 +126,16 @@ def like(value: Any, ref: Any, op: str) -> Any:
     if array_module(ref) is np:
         return to_host(value)
     return move(value, "cuda", ref.device.id, op)
+
+
+def like_checked(value: Any, ref: Any, key: str, op: str) -> Any:
+    """:func:`like`, with ``ref``'s shape (else ValueError) and dtype (else TypeError); ``key`` names it."""
+    src = like(value, ref, op)
+    if tuple(src.shape) != tuple(ref.shape):
+        raise ValueError(f"{prefix(op)} {key!r}: expected shape {tuple(ref.shape)}, got {tuple(src.shape)}")
+    if src.dtype != ref.dtype:
+        raise TypeError(f"{prefix(op)} {key!r}: expected dtype {ref.dtype}, got {src.dtype}")
+    return src
 
 
 def copy_into(dst: Any, src: Any, op: str) -> None:

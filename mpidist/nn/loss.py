@@ -151,12 +151,8 @@ class NLLLoss(Module):
             w = like(self.weight, log_probs, op).astype(log_probs.dtype)[safe_t] * counted
         rows = xp.arange(n)
         total = -float((w * log_probs[rows, safe_t]).sum())
-        if self.reduction == "sum":
-            scale, loss = 1.0, total
-        else:
-            denom = float(w.sum())
-            scale = 1.0 / denom if denom else float("nan")
-            loss = total / denom if denom else float("nan")
+        denom = 1.0 if self.reduction == "sum" else float(w.sum())
+        scale, loss = (1.0 / denom, total / denom) if denom else (float("nan"), float("nan"))
         self._cache = (log_probs, safe_t, w, scale)
         return np.float64(loss)
 

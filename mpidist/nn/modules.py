@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from mpidist._array import array_module
-from mpidist.nn._util import (check_array, check_bool, check_device, check_int, copy_into, cupy_module, like, move,
-                              parse_device, prefix)
+from mpidist.nn._util import (check_array, check_bool, check_device, check_int, copy_into, cupy_module, like,
+                              like_checked, move, parse_device, prefix)
 from mpidist.nn._random import generator
 from mpidist.nn.parameter import Parameter
 
@@ -210,16 +210,7 @@ class Module:
         missing, unexpected = mismatched_keys(state, own, op)
         if strict and (missing or unexpected):
             raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unexpected}")
-        copies = []
-        for key, dst in own.items():
-            if key not in state:
-                continue
-            src = like(state[key], dst, op)
-            if tuple(src.shape) != tuple(dst.shape):
-                raise ValueError(f"{prefix(op)} {key!r}: expected shape {tuple(dst.shape)}, got {tuple(src.shape)}")
-            if src.dtype != dst.dtype:
-                raise TypeError(f"{prefix(op)} {key!r}: expected dtype {dst.dtype}, got {src.dtype}")
-            copies.append((dst, src))
+        copies = [(dst, like_checked(state[key], dst, key, op)) for key, dst in own.items() if key in state]
         for dst, src in copies:
             copy_into(dst, src, op)
 
