@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import numbers
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -361,17 +362,10 @@ def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, i
     return compress, plain, p_size, q_size
 
 
-def _low_rank_views(state: PowerSGDState, idx: int, matrices: list) -> Tuple[list, list]:
-    """P (n x r) and Q (m x r) views into the bucket's P and Q memories."""
-    ps, qs, p_at, q_at = [], [], 0, 0
-    for matrix in matrices:
-        n, m = matrix.shape
-        rank = min(n, m, state.matrix_approximation_rank)
-        ps.append(state.p_memory_dict[idx][p_at:p_at + n * rank].reshape(n, rank))
-        qs.append(state.q_memory_dict[idx][q_at:q_at + m * rank].reshape(m, rank))
-        p_at += n * rank
-        q_at += m * rank
-    return ps, qs
+def _views(flat: Any, shapes: List[Tuple[int, ...]]) -> list:
+    """Views into the 1-D ``flat``, end to end, one per shape."""
+    ends = np.cumsum([0] + [math.prod(shape) for shape in shapes]).tolist()
+    return [flat[a:b].reshape(shape) for a, b, shape in zip(ends, ends[1:], shapes)]
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
@@ -427,7 +421,9 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         state.p_memory_dict[idx] = xp.empty(p_size, dtype)
         state.q_memory_dict[idx] = xp.empty(q_size, dtype)
     p_memory, q_memory = state.p_memory_dict[idx], state.q_memory_dict[idx]
-    ps, qs = _low_rank_views(state, idx, compress)
+    ranks = [min(*matrix.shape, state.matrix_approximation_rank) for matrix in compress]
+    ps = _views(p_memory, [(matrix.shape[0], rank) for matrix, rank in zip(compress, ranks)])   # n x r
+    qs = _views(q_memory, [(matrix.shape[1], rank) for matrix, rank in zip(compress, ranks)])   # m x r
     eps = state.orthogonalization_epsilon
     if fresh:  # drawn on the host from the shared seed: the same Q on every rank and device
         gen = np.random.default_rng(state.rng.randint(1_000_000_000))
@@ -444,10 +440,8 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         with on_device(buffer):
             if world > 1:
                 xp.divide(plain_memory, world, out=plain_memory)
-            at = 0
-            for t in plain:
-                t[...] = plain_memory[at:at + t.size].reshape(t.shape)
-                at += t.size
+            for t, reduced in zip(plain, _views(plain_memory, [t.shape for t in plain])):
+                t[...] = reduced
             all_reduce(p_memory, ReduceOp.SUM, g)  # no division: P gets orthogonalized
             for p in ps:
                 _orthogonalize(p, eps)
