@@ -296,12 +296,6 @@ class PowerSGDState:
         return rate, self.total_numel_before_compression, after
 
 
-def _should_compress(rows: int, cols: int, rank: int, min_rate: float) -> Tuple[bool, int, int]:
-    """torch's rule: (compress?, numel uncompressed, numel of P and Q)."""
-    uncompressed, compressed = rows * cols, (rows + cols) * rank
-    return compressed * min_rate < uncompressed, uncompressed, compressed
-
-
 def _orthogonalize(matrix: Any, epsilon: float = 0) -> None:
     """Orthonormalize the columns of ``matrix`` (n x r, r <= n) in place.
 
@@ -338,18 +332,15 @@ def _report_compression_stats(bucket: GradBucket, state: PowerSGDState) -> None:
         state.next_stats_report = state.iter + state.compression_stats_logging_frequency
 
 
-def _as_matrix(t: Any) -> Any:
-    return t.reshape(t.shape[0] if t.ndim else 1, -1)
-
-
 def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, int]:
     """(matrices to compress, tensors to all-reduce as they are, numel of P, numel of Q)."""
     compress, plain, p_size, q_size = [], [], 0, 0
     for t in tensors:
-        matrix = _as_matrix(t)
+        matrix = t.reshape(t.shape[0] if t.ndim else 1, -1)
         n, m = matrix.shape
         rank = min(n, m, state.matrix_approximation_rank)
-        ok, before, after = _should_compress(n, m, rank, state.min_compression_rate)
+        before, after = n * m, (n + m) * rank   # torch's _should_compress: numel of M, and of P and Q
+        ok = after * state.min_compression_rate < before
         state.total_numel_before_compression += before
         if ok:
             compress.append(matrix)
