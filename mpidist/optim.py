@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from mpidist.nn._data import DataArray
-from mpidist.nn._util import check_device, device_of, like, prefix, to_host
+from mpidist.nn._util import check_bool, check_device, like, like_checked, prefix, to_host
 from mpidist.nn.parameter import Parameter
 
 __all__ = ["SGD"]
@@ -31,18 +31,10 @@ def _check_hyper(op: str, lr: Any, momentum: Any, dampening: Any, weight_decay: 
     for name, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
         if v < 0:
             raise ValueError(f"{prefix(op)} {name} must be >= 0, got {v}")
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"{prefix(op)} nesterov must be a bool, got {type(nesterov).__name__}")
+    check_bool(nesterov, "nesterov", op)
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError(f"{prefix(op)} nesterov requires momentum > 0 and dampening == 0, "
                          f"got momentum={momentum}, dampening={dampening}")
-
-
-def _follow(buf: Any, data: Any) -> Any:
-    """``buf``, or a copy of it on ``data``'s device if the parameter moved since (``Module.to``)."""
-    if type(buf) is np.ndarray and type(data) is np.ndarray or device_of(buf) == device_of(data):
-        return buf
-    return like(buf, data, "SGD.step")
 
 
 class SGD:
@@ -108,7 +100,9 @@ class SGD:
                 if buf is None:
                     buf = self._momentum_buffers[i] = g.copy()
                 else:
-                    buf = self._momentum_buffers[i] = _follow(buf, data)
+                    if type(buf) is not np.ndarray or type(data) is not np.ndarray:
+                        # a copy on the parameter's device if it moved since (Module.to); else buf itself
+                        buf = self._momentum_buffers[i] = like(buf, data, "SGD.step")
                     buf *= m
                     buf += (1 - d) * g
                 g = g + m * buf if self.nesterov else buf
@@ -170,13 +164,7 @@ class SGD:
             i = int(k[len(_BUF):])
             if i >= len(self.params):
                 raise ValueError(f"{prefix(op)} {k!r}: index out of range for {len(self.params)} params")
-            p = self.params[i]
-            src = like(v, p.data, op)
-            if tuple(src.shape) != p.shape:
-                raise ValueError(f"{prefix(op)} {k!r}: expected shape {p.shape}, got {tuple(src.shape)}")
-            if src.dtype != p.dtype:
-                raise TypeError(f"{prefix(op)} {k!r}: expected dtype {p.dtype}, got {src.dtype}")
-            buffers[i] = src.copy()
+            buffers[i] = like_checked(v, self.params[i].data, k, op).copy()
         for k, v in hyper.items():
             setattr(self, k, v)
         self._momentum_buffers = buffers

@@ -32,13 +32,6 @@ _IDX_DTYPES = {
 _IDX_CODE_LIST = ", ".join(f"0x{code:02x}" for code in _IDX_DTYPES)
 _IDX_CODES = {dt.newbyteorder("="): code for code, dt in _IDX_DTYPES.items()}
 
-_MNIST_FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
-
 
 def load_digits_split(test_size: float = 0.2, seed: int = 0, dtype: DTypeLike = np.float32) -> Split:
     """scikit-learn's 8x8 digits, scaled to [0, 1] and split with stratification.
@@ -202,7 +195,6 @@ def load_mnist(root: PathLike, dtype: DTypeLike = np.float32) -> Split:
             labels not 1-D, or image and label counts that differ.
     """
     root = Path(root)
-    f = _MNIST_FILES
-    x_train, y_train = _mnist_pair(root, f["train_images"], f["train_labels"], dtype)
-    x_test, y_test = _mnist_pair(root, f["test_images"], f["test_labels"], dtype)
+    x_train, y_train = _mnist_pair(root, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", dtype)
+    x_test, y_test = _mnist_pair(root, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", dtype)
     return x_train, y_train, x_test, y_test

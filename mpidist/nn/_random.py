@@ -11,12 +11,11 @@ of constructions and forwards gives the same values, on every rank that was give
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
-from mpidist.nn._util import prefix
+from mpidist.nn._util import check_int, prefix
 
 __all__ = ["manual_seed", "initial_seed", "generator"]
 
@@ -41,8 +40,7 @@ def manual_seed(seed: int) -> np.random.Generator:
     Raises:
         TypeError: ``seed`` is not an int.  ValueError: out of range.
     """
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise TypeError(f"{prefix('manual_seed')} seed must be an int, got {type(seed).__name__}")
+    check_int(seed, "seed", "manual_seed")
     if not _MIN_SEED <= seed <= _MAX_SEED:
         raise ValueError(f"{prefix('manual_seed')} seed must be in [{_MIN_SEED}, {_MAX_SEED}], got {seed}")
     _Default.seed = int(seed) % 2**64

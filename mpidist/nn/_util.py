@@ -16,10 +16,11 @@ from typing import Any, Callable, ContextManager, Optional, Tuple, Union
 import numpy as np
 
 from mpidist._array import array_module, is_device_array
+from mpidist.errors import prefix
 from mpidist.nn._data import DataArray
 
-__all__ = ["prefix", "check_array", "cupy_module", "parse_device", "device_of", "on_device", "move",
-           "to_host", "like", "check_device", "HOST_TYPES"]
+__all__ = ["prefix", "check_array", "check_bool", "check_int", "cupy_module", "parse_device", "device_of", "on_device",
+           "move", "to_host", "like", "like_checked", "copy_into", "check_device", "HOST_TYPES"]
 
 #: Exact types of the host arrays the toolkit handles (for ``type(x) in HOST_TYPES`` fast paths).
 HOST_TYPES = (np.ndarray, DataArray)
@@ -27,20 +28,26 @@ HOST_TYPES = (np.ndarray, DataArray)
 _CUDA = re.compile(r"cuda(?::(\d+))?")
 
 
-def prefix(op: str) -> str:
-    """The mpidist error prefix ``"[rank r/n] op:"``; plain ``"op:"`` without a runtime."""
-    try:
-        from mpidist.errors import prefix as _prefix  # noqa: PLC0415
-
-        return _prefix(op)
-    except ImportError:  # the runtime module is optional for purely local code
-        return f"{op}:"
-
-
-def check_array(value: Any, what: str, op: str) -> None:
-    """Raise TypeError unless ``value`` looks like a numpy/cupy array."""
+def check_array(value: Any, what: str, op: str, floating: bool = False) -> None:
+    """Raise TypeError unless ``value`` looks like a numpy/cupy array (``floating``: of a floating dtype)."""
     if not (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "ndim")):
         raise TypeError(f"{prefix(op)} {what} must be a numpy or cupy array, got {type(value).__name__}")
+    if floating and value.dtype.kind != "f":
+        raise TypeError(f"{prefix(op)} {what} must have a floating dtype, got {value.dtype}")
+
+
+def check_bool(value: Any, what: str, op: str) -> None:
+    """Raise TypeError unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{prefix(op)} {what} must be a bool, got {type(value).__name__}")
+
+
+def check_int(value: Any, what: str, op: str, low: Optional[int] = None) -> None:
+    """Raise TypeError unless ``value`` is an int (not a bool); ValueError if it is below ``low``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{prefix(op)} {what} must be an int, got {type(value).__name__}")
+    if low is not None and value < low:
+        raise ValueError(f"{prefix(op)} {what} must be >= {low}, got {value}")
 
 
 def cupy_module(op: str) -> ModuleType:
@@ -119,6 +126,22 @@ def like(value: Any, ref: Any, op: str) -> Any:
     if array_module(ref) is np:
         return to_host(value)
     return move(value, "cuda", ref.device.id, op)
+
+
+def like_checked(value: Any, ref: Any, key: str, op: str) -> Any:
+    """:func:`like`, with ``ref``'s shape (else ValueError) and dtype (else TypeError); ``key`` names it."""
+    src = like(value, ref, op)
+    if tuple(src.shape) != tuple(ref.shape):
+        raise ValueError(f"{prefix(op)} {key!r}: expected shape {tuple(ref.shape)}, got {tuple(src.shape)}")
+    if src.dtype != ref.dtype:
+        raise TypeError(f"{prefix(op)} {key!r}: expected dtype {ref.dtype}, got {src.dtype}")
+    return src
+
+
+def copy_into(dst: Any, src: Any, op: str) -> None:
+    """Copy ``src`` (any device, ``dst``'s size) into ``dst`` in place (``xp.copyto``, same_kind casting)."""
+    with on_device(dst):
+        array_module(dst).copyto(dst, like(src, dst, op).reshape(dst.shape), casting="same_kind")
 
 
 def check_device(value: Any, ref: Any, what: str, owner: Union[str, Callable[[], str]], op: str) -> None:

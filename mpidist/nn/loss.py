@@ -13,7 +13,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from mpidist._array import array_module
-from mpidist.nn._util import check_array, check_device, like, prefix
+from mpidist.nn._util import check_array, like, prefix
 from mpidist.nn.modules import Module
 
 __all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss"]
@@ -151,12 +151,8 @@ class NLLLoss(Module):
             w = like(self.weight, log_probs, op).astype(log_probs.dtype)[safe_t] * counted
         rows = xp.arange(n)
         total = -float((w * log_probs[rows, safe_t]).sum())
-        if self.reduction == "sum":
-            scale, loss = 1.0, total
-        else:
-            denom = float(w.sum())
-            scale = 1.0 / denom if denom else float("nan")
-            loss = total / denom if denom else float("nan")
+        denom = 1.0 if self.reduction == "sum" else float(w.sum())
+        scale, loss = (1.0 / denom, total / denom) if denom else (float("nan"), float("nan"))
         self._cache = (log_probs, safe_t, w, scale)
         return np.float64(loss)
 
@@ -193,15 +189,12 @@ class MSELoss(Module):
 
     def forward(self, input: Any, target: Any) -> np.float64:  # noqa: A002  (torch's argument name)
         op = "MSELoss"
-        check_array(input, "input", op)
-        if input.dtype.kind != "f":
-            raise TypeError(f"{prefix(op)} input must have a floating dtype, got {input.dtype}")
+        check_array(input, "input", op, floating=True)
         check_array(target, "target", op)
         if tuple(target.shape) != tuple(input.shape):
             raise ValueError(f"{prefix(op)} target must have the input's shape {tuple(input.shape)}, "
                              f"got {tuple(target.shape)}")
         t = like(target, input, op)
-        check_device(t, input, "target", "the input", op)
         diff = input - t.astype(input.dtype, copy=False)
         total = float((diff * diff).sum())
         n = diff.size

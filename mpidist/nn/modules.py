@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from mpidist._array import array_module
-from mpidist.nn._util import check_array, check_device, cupy_module, like, move, on_device, parse_device, prefix
+from mpidist.nn._util import (check_array, check_bool, check_device, check_int, copy_into, cupy_module, like,
+                              like_checked, move, parse_device, prefix)
 from mpidist.nn._random import generator
 from mpidist.nn.parameter import Parameter
 
@@ -209,20 +210,9 @@ class Module:
         missing, unexpected = mismatched_keys(state, own, op)
         if strict and (missing or unexpected):
             raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unexpected}")
-        copies = []
-        for key, dst in own.items():
-            if key not in state:
-                continue
-            xp = array_module(dst)
-            src = like(state[key], dst, op)
-            if tuple(src.shape) != tuple(dst.shape):
-                raise ValueError(f"{prefix(op)} {key!r}: expected shape {tuple(dst.shape)}, got {tuple(src.shape)}")
-            if src.dtype != dst.dtype:
-                raise TypeError(f"{prefix(op)} {key!r}: expected dtype {dst.dtype}, got {src.dtype}")
-            copies.append((xp, dst, src))
-        for xp, dst, src in copies:
-            with on_device(dst):
-                xp.copyto(dst, src)
+        copies = [(dst, like_checked(state[key], dst, key, op)) for key, dst in own.items() if key in state]
+        for dst, src in copies:
+            copy_into(dst, src, op)
 
     # -- devices --------------------------------------------------------------
     def to(self, device: Union[str, int]) -> "Module":
@@ -282,8 +272,7 @@ class Module:
 
     def train(self, mode: bool = True) -> "Module":
         """Set ``training`` on this module and all submodules; returns self. Raises TypeError."""
-        if not isinstance(mode, bool):
-            raise TypeError(f"{prefix('Module.train')} mode must be a bool, got {type(mode).__name__}")
+        check_bool(mode, "mode", "Module.train")
         for _, mod in self.named_modules():
             mod.training = mode
         return self
@@ -342,11 +331,8 @@ class Linear(Module):
                  rng: Union[np.random.Generator, int, None] = None, xp: Any = np,
                  device: Optional[Union[str, int]] = None) -> None:
         super().__init__()
-        for arg, v in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
-                raise TypeError(f"{prefix('Linear')} {arg} must be an int, got {type(v).__name__}")
-            if v < 1:
-                raise ValueError(f"{prefix('Linear')} {arg} must be >= 1, got {v}")
+        check_int(in_features, "in_features", "Linear", 1)
+        check_int(out_features, "out_features", "Linear", 1)
         dt = np.dtype(dtype)
         if dt.kind != "f":
             raise TypeError(f"{prefix('Linear')} dtype must be a floating dtype, got {dt}")
@@ -450,8 +436,7 @@ class Dropout(Module):
             raise TypeError(f"{prefix('Dropout')} p must be a real number, got {type(p).__name__}")
         if not 0 <= p <= 1:
             raise ValueError(f"{prefix('Dropout')} dropout probability has to be between 0 and 1, but got {p}")
-        if not isinstance(inplace, bool):
-            raise TypeError(f"{prefix('Dropout')} inplace must be a bool, got {type(inplace).__name__}")
+        check_bool(inplace, "inplace", "Dropout")
         self.p, self.inplace = float(p), inplace
         self._rng = None if rng is None else generator(rng, "Dropout")
         self._scale: Optional[Any] = None   # the mask times 1/(1-p); None: identity
@@ -459,9 +444,7 @@ class Dropout(Module):
 
     def forward(self, x: Any) -> Any:
         op = "Dropout.forward"
-        check_array(x, "x", op)
-        if x.dtype.kind != "f":
-            raise TypeError(f"{prefix(op)} x must have a floating dtype, got {x.dtype}")
+        check_array(x, "x", op, floating=True)
         self._input = x
         if not self.training or self.p == 0:
             self._scale = None
@@ -512,9 +495,7 @@ class LogSoftmax(Module):
 
     def forward(self, x: Any) -> Any:
         op = "LogSoftmax.forward"
-        check_array(x, "x", op)
-        if x.dtype.kind != "f":
-            raise TypeError(f"{prefix(op)} x must have a floating dtype, got {x.dtype}")
+        check_array(x, "x", op, floating=True)
         dim = self.dim
         if dim is None:
             dim = _softmax_dim(x.ndim)

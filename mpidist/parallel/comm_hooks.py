@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import numbers
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -46,7 +47,7 @@ from mpidist._dispatch import member
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
-from mpidist.nn._util import like, on_device
+from mpidist.nn._util import check_bool, check_int, copy_into, on_device
 from mpidist._reduce_op import ReduceOp
 
 __all__ = ["GradBucket", "then", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
@@ -104,10 +105,7 @@ class GradBucket:
 
     def set_buffer(self, buffer: Any) -> None:
         """Copy ``buffer`` (same size, any device) into the bucket's buffer (torch replaces the tensor)."""
-        own = self._buffer
-        with on_device(own):
-            array_module(own).copyto(own, like(buffer, own, "GradBucket.set_buffer").reshape(own.shape),
-                                     casting="same_kind")
+        copy_into(self._buffer, buffer, "GradBucket.set_buffer")
 
     def __repr__(self) -> str:
         return (f"GradBucket(index={self._index}, numel={self._buffer.size}, dtype={self._buffer.dtype}, "
@@ -169,8 +167,7 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
     work = all_reduce(compressed, ReduceOp.SUM, g, async_op=True)
 
     def decompress(done: Future) -> Any:
-        with on_device(buffer):
-            xp.copyto(buffer, done.result()[0], casting="same_kind")
+        copy_into(buffer, done.result()[0], op)
         return buffer
 
     return then(work.get_future(), decompress)
@@ -207,13 +204,6 @@ def bf16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket
 
 
 # -- PowerSGD ------------------------------------------------------------------------------
-def _check_int(op: str, name: str, value: Any, low: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{prefix(op)} {name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{prefix(op)} {name} must be >= {low}, got {value}")
-
-
 def _check_real(op: str, name: str, value: Any) -> None:
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
         raise ValueError(f"{prefix(op)} {name} must be a real number >= 0, got {value!r}")
@@ -261,16 +251,15 @@ class PowerSGDState:
                  random_seed: int = 0, compression_stats_logging_frequency: int = 10_000,
                  batch_tensors_with_same_shape: bool = False) -> None:
         op = "PowerSGDState"
-        _check_int(op, "matrix_approximation_rank", matrix_approximation_rank, 1)
-        _check_int(op, "start_powerSGD_iter", start_powerSGD_iter, 0)
-        _check_int(op, "random_seed", random_seed, 0)
-        _check_int(op, "compression_stats_logging_frequency", compression_stats_logging_frequency, 1)
+        check_int(matrix_approximation_rank, "matrix_approximation_rank", op, 1)
+        check_int(start_powerSGD_iter, "start_powerSGD_iter", op, 0)
+        check_int(random_seed, "random_seed", op, 0)
+        check_int(compression_stats_logging_frequency, "compression_stats_logging_frequency", op, 1)
         _check_real(op, "min_compression_rate", min_compression_rate)
         _check_real(op, "orthogonalization_epsilon", orthogonalization_epsilon)
         for name, flag in (("use_error_feedback", use_error_feedback), ("warm_start", warm_start),
                            ("batch_tensors_with_same_shape", batch_tensors_with_same_shape)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{prefix(op)} {name} must be a bool, got {type(flag).__name__}")
+            check_bool(flag, name, op)
         if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
             raise ValueError(f"{prefix(op)} expect start_powerSGD_iter > 1 if use_error_feedback or warm_start "
                              f"is enabled, because PowerSGD can only be applied after the first two iterations "
@@ -305,12 +294,6 @@ class PowerSGDState:
         after = self.total_numel_after_compression
         rate = self.total_numel_before_compression / after if after > 0 else 0
         return rate, self.total_numel_before_compression, after
-
-
-def _should_compress(rows: int, cols: int, rank: int, min_rate: float) -> Tuple[bool, int, int]:
-    """torch's rule: (compress?, numel uncompressed, numel of P and Q)."""
-    uncompressed, compressed = rows * cols, (rows + cols) * rank
-    return compressed * min_rate < uncompressed, uncompressed, compressed
 
 
 def _orthogonalize(matrix: Any, epsilon: float = 0) -> None:
@@ -349,18 +332,15 @@ def _report_compression_stats(bucket: GradBucket, state: PowerSGDState) -> None:
         state.next_stats_report = state.iter + state.compression_stats_logging_frequency
 
 
-def _as_matrix(t: Any) -> Any:
-    return t.reshape(t.shape[0] if t.ndim else 1, -1)
-
-
 def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, int]:
     """(matrices to compress, tensors to all-reduce as they are, numel of P, numel of Q)."""
     compress, plain, p_size, q_size = [], [], 0, 0
     for t in tensors:
-        matrix = _as_matrix(t)
+        matrix = t.reshape(t.shape[0] if t.ndim else 1, -1)
         n, m = matrix.shape
         rank = min(n, m, state.matrix_approximation_rank)
-        ok, before, after = _should_compress(n, m, rank, state.min_compression_rate)
+        before, after = n * m, (n + m) * rank   # torch's _should_compress: numel of M, and of P and Q
+        ok = after * state.min_compression_rate < before
         state.total_numel_before_compression += before
         if ok:
             compress.append(matrix)
@@ -373,17 +353,10 @@ def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, i
     return compress, plain, p_size, q_size
 
 
-def _low_rank_views(state: PowerSGDState, idx: int, matrices: list) -> Tuple[list, list]:
-    """P (n x r) and Q (m x r) views into the bucket's P and Q memories."""
-    ps, qs, p_at, q_at = [], [], 0, 0
-    for matrix in matrices:
-        n, m = matrix.shape
-        rank = min(n, m, state.matrix_approximation_rank)
-        ps.append(state.p_memory_dict[idx][p_at:p_at + n * rank].reshape(n, rank))
-        qs.append(state.q_memory_dict[idx][q_at:q_at + m * rank].reshape(m, rank))
-        p_at += n * rank
-        q_at += m * rank
-    return ps, qs
+def _views(flat: Any, shapes: List[Tuple[int, ...]]) -> list:
+    """Views into the 1-D ``flat``, end to end, one per shape."""
+    ends = np.cumsum([0] + [math.prod(shape) for shape in shapes]).tolist()
+    return [flat[a:b].reshape(shape) for a, b, shape in zip(ends, ends[1:], shapes)]
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
@@ -439,7 +412,9 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         state.p_memory_dict[idx] = xp.empty(p_size, dtype)
         state.q_memory_dict[idx] = xp.empty(q_size, dtype)
     p_memory, q_memory = state.p_memory_dict[idx], state.q_memory_dict[idx]
-    ps, qs = _low_rank_views(state, idx, compress)
+    ranks = [min(*matrix.shape, state.matrix_approximation_rank) for matrix in compress]
+    ps = _views(p_memory, [(matrix.shape[0], rank) for matrix, rank in zip(compress, ranks)])   # n x r
+    qs = _views(q_memory, [(matrix.shape[1], rank) for matrix, rank in zip(compress, ranks)])   # m x r
     eps = state.orthogonalization_epsilon
     if fresh:  # drawn on the host from the shared seed: the same Q on every rank and device
         gen = np.random.default_rng(state.rng.randint(1_000_000_000))
@@ -456,10 +431,8 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         with on_device(buffer):
             if world > 1:
                 xp.divide(plain_memory, world, out=plain_memory)
-            at = 0
-            for t in plain:
-                t[...] = plain_memory[at:at + t.size].reshape(t.shape)
-                at += t.size
+            for t, reduced in zip(plain, _views(plain_memory, [t.shape for t in plain])):
+                t[...] = reduced
             all_reduce(p_memory, ReduceOp.SUM, g)  # no division: P gets orthogonalized
             for p in ps:
                 _orthogonalize(p, eps)

@@ -16,7 +16,7 @@ import numbers
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Iterator, List, Optional
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
 from mpidist.errors import prefix
 from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist._group import ProcessGroup
-from mpidist.nn._util import device_of
+from mpidist.nn._util import check_bool, device_of
 from mpidist.nn.modules import mismatched_keys
 from mpidist.parallel.reducer import DEFAULT_FIRST_BUCKET_BYTES, Reducer
 from mpidist.parallel.timeline import Timeline, timeline_from_env
@@ -52,11 +52,6 @@ class _JoinInfo:
     authority: int         # global rank of the highest active rank (-1: none)
     grads: bool            # some active rank reduces gradients this step
     buffers: bool          # some active rank broadcasts buffers this step
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{prefix(_OP)} {name} must be a bool, got {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -254,10 +249,10 @@ class DistributedDataParallel:
                            ("static_graph", static_graph),
                            ("skip_all_reduce_unused_params", skip_all_reduce_unused_params),
                            ("batched_grad_copy", batched_grad_copy)):
-            _check_bool(name, flag)
+            check_bool(flag, name, _OP)
         for name, flag in (("broadcast_buffers", broadcast_buffers), ("forward_sync_buffers", forward_sync_buffers)):
             if flag is not None:
-                _check_bool(name, flag)
+                check_bool(flag, name, _OP)
         _refuse_unsupported(delay_all_reduce_named_params, param_to_hook_all_reduce, mixed_precision)
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
@@ -394,10 +389,6 @@ class DistributedDataParallel:
                     setattr(mod, phase, _timed(tl, f"{phase}:{name}", getattr(mod, phase)))
 
     # -- the step ---------------------------------------------------------------------
-    def _will_sync_buffers(self) -> bool:
-        return (self.require_forward_param_sync and self.forward_sync_buffers and self.process_group.size() > 1
-                and bool(self.module.buffers()))
-
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the module's forward, after the step's join and buffer synchronization.
 
@@ -408,15 +399,22 @@ class DistributedDataParallel:
         start = tl.now() if tl is not None else 0.0
         self._sync_this_step = self.require_backward_grad_sync
         self._div = self.process_group.size()
-        buffers, src = self._will_sync_buffers(), self._src
+        buffers = (self.require_forward_param_sync and self.forward_sync_buffers and self.process_group.size() > 1
+                   and bool(self.module.buffers()))
+        src = self._src
         if self._join_config is not None:
             info = self._join_all_reduce(active=True, buffers=buffers)
-            self._check_early_termination(info)
+            if self._join_config.throw_on_early_termination and info.active < self.process_group.size():
+                raise RuntimeError(f"{prefix(_OP)} detected at least one rank that exhausted inputs; throwing "
+                                   f"across all ranks (throw_on_early_termination=True)")
             if not self._join_config.divide_by_initial_world_size:
                 self._div = info.active
             buffers, src = info.buffers, info.authority
         if buffers:
-            self._timed_broadcast_buffers(src)
+            sync = tl.now() if tl is not None else 0.0
+            self._broadcast_buffers(src)
+            if tl is not None:
+                tl.complete("broadcast_buffers", "step", sync, args={"src": src})
         out = self.module(*inputs, **kwargs)
         self.require_forward_param_sync = self._sync_this_step
         if tl is not None:
@@ -424,13 +422,6 @@ class DistributedDataParallel:
         return out
 
     __call__ = forward
-
-    def _timed_broadcast_buffers(self, src: int) -> None:
-        tl = self._timeline
-        start = tl.now() if tl is not None else 0.0
-        self._broadcast_buffers(src)
-        if tl is not None:
-            tl.complete("broadcast_buffers", "step", start, args={"src": src})
 
     def backward(self, grad_output: Any) -> Any:
         """Backward through the module, averaging gradients across the group on the way.
@@ -510,7 +501,7 @@ class DistributedDataParallel:
 
     # -- join (uneven inputs) -------------------------------------------------------------
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
-             throw_on_early_termination: bool = False) -> "_Join":
+             throw_on_early_termination: bool = False) -> ContextManager[None]:
         """Context manager for ranks with different numbers of inputs (torch's DDP ``join``).
 
         Inside it every forward first joins one small all-reduce of "still active" flags.
@@ -533,8 +524,22 @@ class DistributedDataParallel:
         """
         for name, flag in (("divide_by_initial_world_size", divide_by_initial_world_size), ("enable", enable),
                            ("throw_on_early_termination", throw_on_early_termination)):
-            _check_bool(name, flag)
-        return _Join(self, _JoinConfig(enable, divide_by_initial_world_size, throw_on_early_termination))
+            check_bool(flag, name, _OP)
+        return self._join(_JoinConfig(enable, divide_by_initial_world_size, throw_on_early_termination))
+
+    @contextlib.contextmanager
+    def _join(self, config: _JoinConfig) -> Iterator[None]:
+        if not config.enable:
+            yield
+            return
+        if self._join_config is not None:
+            raise RuntimeError(f"{prefix('DistributedDataParallel.join')} join() contexts cannot be nested")
+        self._join_config = config
+        try:
+            yield
+            self._shadow_until_all_joined(config)
+        finally:
+            self._join_config = None
 
     def _join_all_reduce(self, active: bool, buffers: bool = False) -> _JoinInfo:
         """The per-step join all-reduce: [active flag per group rank..., grads, buffers] summed."""
@@ -549,11 +554,6 @@ class DistributedDataParallel:
         alive = np.flatnonzero(flags[:n])
         authority = g.ranks[int(alive[-1])] if alive.size else -1
         return _JoinInfo(int(alive.size), authority, bool(flags[n]), bool(flags[n + 1]))
-
-    def _check_early_termination(self, info: _JoinInfo) -> None:
-        if self._join_config.throw_on_early_termination and info.active < self.process_group.size():
-            raise RuntimeError(f"{prefix(_OP)} detected at least one rank that exhausted inputs; throwing "
-                               f"across all ranks (throw_on_early_termination=True)")
 
     def _shadow_until_all_joined(self, config: _JoinConfig) -> None:
         """A rank out of inputs: mirror the others' collectives until every rank is out."""
@@ -648,32 +648,6 @@ class DistributedDataParallel:
     def bucket_parameter_names(self) -> list:
         """Names of the parameters in each bucket, in launch order."""
         return [[p.name for p in b.params] for b in self.reducer.buckets]
-
-
-class _Join:
-    """What :meth:`DistributedDataParallel.join` returns (a context manager)."""
-
-    def __init__(self, ddp: DistributedDataParallel, config: _JoinConfig) -> None:
-        self._ddp = ddp
-        self._config = config
-
-    def __enter__(self) -> "_Join":
-        if not self._config.enable:
-            return self
-        if self._ddp._join_config is not None:
-            raise RuntimeError(f"{prefix('DistributedDataParallel.join')} join() contexts cannot be nested")
-        self._ddp._join_config = self._config
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if not self._config.enable:
-            return False
-        try:
-            if exc_type is None:
-                self._ddp._shadow_until_all_joined(self._config)
-        finally:
-            self._ddp._join_config = None
-        return False
 
 
 def _same_device(value: Any, allowed: tuple) -> bool:

@@ -28,7 +28,7 @@ from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist.nn._data import as_data_array
-from mpidist.nn._util import like, on_device
+from mpidist.nn._util import copy_into, on_device
 from mpidist.parallel.comm_hooks import GradBucket
 from mpidist.parallel.timeline import Timeline
 from mpidist._reduce_op import ReduceOp
@@ -140,17 +140,11 @@ class Reducer:
         self._used_counts: Optional[np.ndarray] = None
         self.skipped: frozenset = frozenset()   # buckets not reduced (skip_all_reduce_unused_params)
         self._skip_decided = False
-        if self.view_mode:
-            self._adopt_existing_grads()
-        self.handles = [p.register_post_accumulate_grad_hook(self.mark_ready) for p in params]
-
-    def _adopt_existing_grads(self) -> None:
-        """gradient_as_bucket_view: grads that exist already become bucket views (torch)."""
-        for b in self.buckets:
-            for p, view in zip(b.params, b.views):
+        if self.view_mode:  # grads that exist already become bucket views (torch)
+            for p in params:
                 if p.grad is not None:
-                    view[...] = p.grad
-                    p.grad = view
+                    self._copy_in(p, *self._where[id(p)][1:])
+        self.handles = [p.register_post_accumulate_grad_hook(self.mark_ready) for p in params]
 
     # -- during backward -----------------------------------------------------------------
     def prepare(self, div: int) -> None:
@@ -195,15 +189,13 @@ class Reducer:
             self._launch(self.buckets[self._next])
             self._next += 1
 
-    def _algo(self, dtype: np.dtype) -> Optional[str]:
-        return self.algorithm if self.algorithm != "mpi" or mpi_reducible(dtype) else None
-
     def _reduce(self, index: int, flat: Any, views: Optional[list], divided: bool) -> Any:
         """Start reducing one bucket's ``flat``: the built-in all-reduce or the comm hook."""
         if self.hook is None:
             if not divided and self.div != 1:
                 flat /= self.div
-            return all_reduce(flat, ReduceOp.SUM, self.group, async_op=True, algorithm=self._algo(flat.dtype))
+            algorithm = self.algorithm if self.algorithm != "mpi" or mpi_reducible(flat.dtype) else None
+            return all_reduce(flat, ReduceOp.SUM, self.group, async_op=True, algorithm=algorithm)
         b = self.buckets[index]
         bucket = GradBucket(index, flat, b.params, b.offsets, index == len(self.buckets) - 1, views)
         fut = self.hook(self.hook_state, bucket)
@@ -274,14 +266,11 @@ class Reducer:
                 f"pass: {names}; every parameter must take part in the loss, or construct "
                 f"DistributedDataParallel with find_unused_parameters=True")
 
-    def _needs_used_map(self) -> bool:
-        return self.find_unused or (self.static_graph and self._static_global is None)
-
     def _global_used(self, local: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         """Which parameters got a gradient on any rank (one small all-reduce), or None.
 
         ``local``: the counts to contribute instead of this backward's (a joined rank's)."""
-        if not self._needs_used_map():
+        if not (self.find_unused or (self.static_graph and self._static_global is None)):
             return self._static_global
         counts = self.used.astype(np.int32) if local is None else local
         all_reduce(counts, ReduceOp.SUM, self.group)
@@ -341,11 +330,8 @@ class Reducer:
             raise ValueError(f"{prefix('DistributedDataParallel')} the comm hook's future must hold an array of "
                              f"{b.flat.size} elements for bucket {b.index}, got "
                              f"{getattr(result, 'shape', type(result).__name__)}")
-        if copy and result is not b.flat:
-            if type(result) is not type(b.flat):  # e.g. a host result for a GPU bucket: copied over, as torch
-                result = like(result, b.flat, "DistributedDataParallel")
-            with on_device(b.flat):
-                b.xp.copyto(b.flat, result.reshape(-1), casting="same_kind")
+        if copy and result is not b.flat:  # from any device (a host result for a GPU bucket), as torch
+            copy_into(b.flat, result, "DistributedDataParallel")
 
     def _write_back(self, global_used: Optional[np.ndarray]) -> None:
         for b in self.buckets:
