@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 import mpidist
 from mpidist import ReduceOp
 from mpidist.data import DistributedSampler
-from mpidist.examples._job import STOP_SIGNALS  # noqa: F401  (this job's stop signals, as before the split)
+from mpidist.examples._job import STOP_SIGNALS  # noqa: F401  (the stop signals; tests import them from here)
 from mpidist.examples._job import Job, StopFlag, checked_arguments, job_arguments
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential
 from mpidist.optim import SGD

@@ -168,7 +168,8 @@ class TorchJob(Job):
         tdist.all_reduce(torch.from_numpy(arr), op=getattr(tdist.ReduceOp, op))
 
     def all_gather(self, out: np.ndarray, arr: np.ndarray) -> None:
-        tdist.all_gather_single(torch.from_numpy(out).view(-1), torch.from_numpy(arr))  # all_gather_into_tensor
+        # torch 2.13's all_gather_into_tensor, into a flat view of ``out``
+        tdist.all_gather_single(torch.from_numpy(out).view(-1), torch.from_numpy(arr))
 
     barrier = staticmethod(tdist.barrier)
 
