@@ -38,13 +38,10 @@ numpy job's: only when stdout is a terminal, or with ``--progress``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
 import sys
-import time
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -53,22 +50,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from mpidist.examples.train_digits import (
-    StopFlag,
-    _json_bytes,
-    checked_arguments,
-    diverged,
-    divergence_record,
-    job_arguments,
-    load_data,
-    progress_bar,
-    resumed,
-    resume_path,
-    write_outputs,
-)
+from mpidist.examples._job import Job, StopFlag, checked_arguments, job_arguments
 
-# A resumed run must use the same values as the checkpointed one (--epochs may grow).
-RESUME_KEYS = ("dataset", "seed", "batch_size", "lr", "momentum", "channels")
 BACKENDS = ("mpidist", "gloo")
 
 
@@ -79,22 +62,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--channels", type=int, default=16,
                    help="channels of the first convolution (twice that in the second)")
     return checked_arguments(p, argv, ("channels",))
-
-
-class TorchStopFlag(StopFlag):
-    """:class:`~mpidist.examples.train_digits.StopFlag` agreed through torch.distributed (the job's group)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._tensor = torch.from_numpy(self._buf)  # shares the buffer that ``name`` reads
-
-    def agreed(self, loss_finite: bool = True) -> bool:
-        """Collective: True on every rank once any rank got a stop signal or a non-finite loss
-        (one 2-element all_reduce MAX, as the numpy job's)."""
-        self._buf[0] = self.signum
-        self._buf[1] = not loss_finite
-        tdist.all_reduce(self._tensor, op=tdist.ReduceOp.MAX)
-        return bool(self._buf.any())
 
 
 def _free_port() -> int:
@@ -161,52 +128,6 @@ def as_images(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(len(x), 1, side, side)
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, world: int) -> float:
-    """Accuracy over the whole test set: each rank scores rank::world, then one all_reduce."""
-    model.eval()
-    with torch.no_grad():
-        xs, ys = x[rank::world], y[rank::world]
-        right = int((model(xs).argmax(dim=1) == ys).sum()) if len(ys) else 0
-    model.train()
-    counts = torch.tensor([right, len(ys)], dtype=torch.int64)
-    tdist.all_reduce(counts)
-    right, total = counts.tolist()
-    return right / total
-
-
-def training_state(model: nn.Module, optimizer: torch.optim.SGD, epoch: int, step: int, totals: np.ndarray,
-                   history: list[dict], config: dict) -> dict[str, np.ndarray]:
-    """Everything a resumed run needs, as named arrays (layout of the numpy job's checkpoint).
-
-    ``model.<name>``: the module's state_dict; ``optimizer.<i>.<key>``: SGD's per-parameter
-    state (its momentum buffers), i in parameter order; ``epoch``: epochs completed; ``step``:
-    steps completed in the next epoch; ``loss_totals``: every rank's (summed loss * samples,
-    samples) of that epoch so far, shape (world, 2); history and config as JSON bytes.
-    """
-    state = {f"model.{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    for i, per_param in optimizer.state_dict()["state"].items():
-        state.update({f"optimizer.{i}.{k}": v.detach().numpy().copy() for k, v in per_param.items()
-                      if isinstance(v, torch.Tensor)})
-    state.update({"epoch": np.array(epoch), "step": np.array(step), "loss_totals": totals,
-                  "history": _json_bytes(history), "config": _json_bytes(config)})
-    return state
-
-
-def restore(path: Path, model: nn.Module, optimizer: torch.optim.SGD, config: dict, world: int,
-            rank: int) -> tuple[int, int, np.ndarray, list[dict]]:
-    """Load ``path`` into model and optimizer; return (epoch, step, this rank's loss totals,
-    history). ValueError as :func:`mpidist.examples.train_digits.resumed`."""
-    ckpt, epoch, step, mine, history = resumed(path, config, RESUME_KEYS, world, rank)
-    model.load_state_dict({k[6:]: torch.from_numpy(v) for k, v in ckpt.items() if k.startswith("model.")})
-    per_param: dict[int, dict[str, torch.Tensor]] = {}
-    for k, v in ckpt.items():
-        if k.startswith("optimizer."):
-            i, key = k[10:].split(".", 1)
-            per_param.setdefault(int(i), {})[key] = torch.from_numpy(v)
-    optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
-    return epoch, step, mine, history
-
-
 def prime_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
     """One forward and backward whose gradients are thrown away, so that DDP lays out its buckets.
 
@@ -221,115 +142,90 @@ def prime_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
     ddp.module.zero_grad(set_to_none=True)
 
 
-def train_steps(ddp: DistributedDataParallel, optimizer: torch.optim.SGD, x: torch.Tensor, y: torch.Tensor,
-                order: torch.Tensor, batch: int, step: int, steps: int, totals: np.ndarray, stop: TorchStopFlag,
-                bar: Any, losses: list) -> tuple[int, bool]:
-    """Run steps ``step..steps-1`` of an epoch, adding (loss * samples, samples) to ``totals``
-    and (step, loss) to ``losses``.
+class TorchJob(Job):
+    """The CNN, trained with torch's DistributedDataParallel; every collective through
+    torch.distributed (the job's group), on tensors that share the numpy arrays' memory."""
 
-    Returns (steps done, stopped): after each step every rank learns whether any rank got a
-    stop signal or a non-finite loss (``stop.diverged``), so all of them stop after the same step.
-    """
-    criterion = nn.CrossEntropyLoss()
-    while step < steps:
-        idx = order[step * batch:(step + 1) * batch]
-        optimizer.zero_grad(set_to_none=False)
-        loss = criterion(ddp(x[idx]), y[idx])
+    name = "train_torch"
+    # A resumed run must use the same values as the checkpointed one (--epochs may grow).
+    resume_keys = ("dataset", "seed", "batch_size", "lr", "momentum", "channels")
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        rank, world = tdist.get_rank(), tdist.get_world_size()
+        super().__init__(args, rank, world, channels=args.channels, backend=args.backend)
+        self.x_train, self.x_test = as_images(self.x_train), as_images(self.x_test)
+        self.y_train, self.y_test = torch.from_numpy(self.y_train), torch.from_numpy(self.y_test)
+        self.model = Net(args.channels, self.n_classes)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=args.momentum)
+        self.progress = self.resume()
+        self.ddp = DistributedDataParallel(self.model)  # broadcasts rank 0's parameters
+        prime_buckets(self.ddp, self.x_train)  # every run: a resumed one then reduces exactly as an uninterrupted one
+        self.criterion = nn.CrossEntropyLoss()
+        self.sampler = DistributedSampler(range(len(self.x_train)), num_replicas=world, rank=rank, shuffle=True,
+                                          seed=args.seed)
+
+    def all_reduce(self, arr: np.ndarray, op: str = "SUM") -> None:
+        tdist.all_reduce(torch.from_numpy(arr), op=getattr(tdist.ReduceOp, op))
+
+    def all_gather(self, out: np.ndarray, arr: np.ndarray) -> None:
+        # torch 2.13's all_gather_into_tensor, into a flat view of ``out``
+        tdist.all_gather_single(torch.from_numpy(out).view(-1), torch.from_numpy(arr))
+
+    barrier = staticmethod(tdist.barrier)
+
+    def train_step(self, idx: np.ndarray) -> float:
+        idx = torch.from_numpy(idx)
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.criterion(self.ddp(self.x_train[idx]), self.y_train[idx])
         loss.backward()  # DDP all-reduces the gradients, bucket by bucket, during backward
-        optimizer.step()
-        value = loss.item()
-        totals += (value * len(idx), len(idx))
-        step += 1
-        losses.append((step, value))
-        if bar is not None:
-            bar.update()
-        if stop.agreed(math.isfinite(value)):
-            return step, True
-    return step, False
+        self.optimizer.step()
+        return loss.item()
+
+    def count_right(self, x: torch.Tensor, y: torch.Tensor) -> int:
+        self.model.eval()
+        with torch.no_grad():
+            right = int((self.model(x).argmax(dim=1) == y).sum())
+        self.model.train()
+        return right
+
+    def model_state(self) -> dict[str, np.ndarray]:
+        """``model.<name>``: the module's state_dict; ``optimizer.<i>.<key>``: SGD's per-parameter
+        state (its momentum buffers), i in parameter order (the numpy job's checkpoint layout)."""
+        state = {f"model.{k}": v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+        for i, per_param in self.optimizer.state_dict()["state"].items():
+            state.update({f"optimizer.{i}.{k}": v.detach().numpy().copy() for k, v in per_param.items()
+                          if isinstance(v, torch.Tensor)})
+        return state
+
+    def load_model_state(self, ckpt: dict[str, np.ndarray]) -> None:
+        self.model.load_state_dict({k[6:]: torch.from_numpy(v) for k, v in ckpt.items() if k.startswith("model.")})
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for k, v in ckpt.items():
+            if k.startswith("optimizer."):
+                i, key = k[10:].split(".", 1)
+                per_param.setdefault(int(i), {})[key] = torch.from_numpy(v)
+        groups = self.optimizer.state_dict()["param_groups"]
+        self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+    def banner(self, steps: int) -> str:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return (f"mpidist: {self.world} ranks, torch {torch.__version__} DDP over {self.args.backend}, {self.dataset}: "
+                f"{len(self.x_train)} train / {len(self.x_test)} test samples, CNN of {n_params:,} parameters, {steps} "
+                f"steps/epoch of {self.args.batch_size} per rank")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    stop = TorchStopFlag()
+    stop = StopFlag()
     stop.install()  # before anything slow, so an early SIGTERM is not fatal
     init_backend(args.backend)
-    rank, world = tdist.get_rank(), tdist.get_world_size()
     # Ranks sharing a node must not each start a thread per core (oversubscribed threads
     # slow every rank down several times).
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world_size()))
     torch.manual_seed(args.seed)
-    dataset, x_train, y_train, x_test, y_test = load_data(args)
-    n_classes = int(max(y_train.max(), y_test.max())) + 1
-    x_train, x_test = as_images(x_train), as_images(x_test)
-    y_train, y_test = torch.from_numpy(y_train), torch.from_numpy(y_test)
-    config = {"dataset": dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
-              "momentum": args.momentum, "channels": args.channels, "backend": args.backend,
-              "world_size": world}
-
-    model = Net(args.channels, n_classes)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    epoch, step, totals, history = 0, 0, np.zeros(2), []
-    source = resume_path(args)
-    if source is not None:
-        epoch, step, totals, history = restore(source, model, optimizer, config, world, rank)
-    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
-    prime_buckets(ddp, x_train)  # every run, so that a resumed one reduces exactly as an uninterrupted one
-    sampler = DistributedSampler(range(len(x_train)), num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    steps = -(-len(sampler) // args.batch_size)
-
-    bar = None
-    if rank == 0:
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"mpidist: {world} ranks, torch {torch.__version__} DDP over {args.backend}, {dataset}: "
-              f"{len(x_train)} train / {len(x_test)} test samples, CNN of {n_params:,} parameters, {steps} "
-              f"steps/epoch of {args.batch_size} per rank", flush=True)
-        if source is not None:
-            print(f"resumed from {source}: {epoch} epochs and {step}/{steps} steps done", flush=True)
-        bar = progress_bar(args, steps * args.epochs, min(steps * epoch + step, steps * args.epochs))
-
-    stopped = False
-    while epoch < args.epochs and not stopped:
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), dtype=torch.int64)
-        resumed_samples, start, step_losses = totals[1], time.perf_counter(), []
-        step, stopped = train_steps(ddp, optimizer, x_train, y_train, order, args.batch_size, step, steps,
-                                    totals, stop, bar, step_losses)
-        if step < steps or stop.diverged:  # stopped mid-epoch: the checkpoint keeps every rank's partial sums
-            break
-        summed = torch.tensor([totals[0], totals[1], totals[1] - resumed_samples], dtype=torch.float64)
-        tdist.all_reduce(summed)
-        elapsed = time.perf_counter() - start
-        accuracy = evaluate(model, x_test, y_test, rank, world)
-        history.append({"epoch": epoch + 1, "loss": float(summed[0] / summed[1]), "test_accuracy": accuracy,
-                        "samples_per_s": float(summed[2]) / elapsed, "dataset": dataset, "world_size": world})
-        if rank == 0:
-            line = (f"epoch {epoch + 1:3d}/{args.epochs}  loss {history[-1]['loss']:.4f}  "
-                    f"test acc {accuracy:.4f}  {history[-1]['samples_per_s']:,.0f} samples/s")
-            (bar.write(line) if bar is not None else print(line, flush=True))
-        epoch, step, totals = epoch + 1, 0, np.zeros(2)
-    if bar is not None:
-        bar.close()
-    stop.ignore()  # the ranks agreed for the last time: a late signal must not kill a rank at exit
-
-    if stop.diverged:
-        diverged(args, divergence_record(epoch, step, steps, step_losses, dataset, world), history, rank, world,
-                 tdist.barrier, "train_torch")
-        tdist.destroy_process_group()
-        return 1
-    every = torch.zeros(world * 2, dtype=torch.float64)
-    if step:
-        tdist.all_gather_single(every, torch.from_numpy(totals))  # torch 2.13's all_gather_into_tensor
-    state = training_state(model, optimizer, epoch, step, every.numpy().reshape(world, 2), history, config)
-    ckpt = write_outputs(args, state, history, rank, world, tdist.barrier)
-    if rank == 0:
-        if stopped:
-            print(f"stopped by {stop.name} after {epoch} epochs and {step}/{steps} steps; wrote {ckpt}; "
-                  f"continue with --resume", flush=True)
-        else:
-            final = f"final test accuracy {history[-1]['test_accuracy']:.4f}; " if history else ""
-            print(f"{final}wrote {ckpt}, {args.out / 'metrics.json'}, {args.out / 'training.png'}", flush=True)
+    rc = TorchJob(args).run(stop)
     tdist.destroy_process_group()
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
