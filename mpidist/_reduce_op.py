@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import numbers
-from functools import lru_cache
+from functools import cache
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -172,7 +172,7 @@ def scaled(op: Any, src: np.ndarray, out: Optional[np.ndarray] = None) -> tuple[
     return ReduceOp.SUM, out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _user_op(op: ReduceOp) -> MPI.Op:
     """A commutative user-defined MPI op applying ``op``'s numpy ufunc (created once)."""
     ufunc = getattr(np, _UFUNCS[op])
@@ -199,17 +199,6 @@ def to_mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
     return _user_op(op)
 
 
-def _check_premul(op: PremulSum, dtype: np.dtype, kind: str, where: str) -> None:
-    factor = np.asarray(op.factor)
-    if kind not in "iufc":
-        raise ValueError(f"{where} {op!r} needs a numeric dtype, got {dtype}")
-    if kind in "iu" and (factor.dtype.kind == "c" or not float(factor).is_integer()):
-        raise ValueError(f"{where} {op!r} on integer dtype {dtype} needs an integral factor, "
-                         f"got {op.factor!r}")
-    if kind != "c" and factor.dtype.kind == "c":
-        raise ValueError(f"{where} {op!r} on real dtype {dtype} needs a real factor, got {op.factor!r}")
-
-
 def check_op_dtype(op: Any, dtype: np.dtype, where: str) -> Union[ReduceOp, PremulSum]:
     """Validate ``op`` for arrays of ``dtype``; return it.
 
@@ -223,7 +212,14 @@ def check_op_dtype(op: Any, dtype: np.dtype, where: str) -> Union[ReduceOp, Prem
     if kind == "V":  # ml_dtypes' bfloat16, float8_*: what they hold
         kind = value_kind(dtype)
     if type(op) is PremulSum:
-        _check_premul(op, dtype, kind, where)
+        factor = np.asarray(op.factor)
+        if kind not in "iufc":
+            raise ValueError(f"{where} {op!r} needs a numeric dtype, got {dtype}")
+        if kind in "iu" and (factor.dtype.kind == "c" or not float(factor).is_integer()):
+            raise ValueError(f"{where} {op!r} on integer dtype {dtype} needs an integral factor, "
+                             f"got {op.factor!r}")
+        if kind != "c" and factor.dtype.kind == "c":
+            raise ValueError(f"{where} {op!r} on real dtype {dtype} needs a real factor, got {op.factor!r}")
         return op
     if not isinstance(op, ReduceOp):
         raise TypeError(f"{where} op must be a mpidist.ReduceOp, got {op!r} (PREMUL_SUM is made by "

@@ -26,6 +26,7 @@ Imports nothing of the package: a leaf that the check (``_debug``) and the watch
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import numpy as np
@@ -35,10 +36,8 @@ __all__ = ["OP", "COUNT", "DTYPE", "ROOT", "REDOP", "LAYOUT", "WORDS", "OWN", "f
 
 OP, COUNT, DTYPE, ROOT, REDOP, LAYOUT = range(6)
 
-# Fingerprint layout (int64 words).
-_SEQ, _SIZE, _COUNT, _ROOT, _LAYOUT, _OWN = range(6)
-#: The word of a fingerprint that may differ between ranks (this rank's own count).
-OWN = _OWN
+# Fingerprint layout (int64 words). OWN: the word that may differ between ranks (this rank's own count).
+_SEQ, _SIZE, _COUNT, _ROOT, _LAYOUT, OWN = range(6)
 _OP_WORDS = slice(6, 10)      # op name, 32 bytes
 _DTYPE_WORDS = slice(10, 12)  # dtype text, 16 bytes
 _REDOP_WORDS = slice(12, 14)  # reduction name, 16 bytes
@@ -48,18 +47,15 @@ _FIELDS = (("op", _OP_WORDS), ("sequence number", _SEQ), ("count", _COUNT), ("dt
            ("root", _ROOT), ("reduce op", _REDOP_WORDS), ("sizes", _LAYOUT), ("group size", _SIZE))
 #: How :func:`describe` names a layout, per op.
 _LAYOUT_NAMES = {"all_reduce_multigpu": "arrays", "reduce_multigpu": "arrays"}
-_texts: dict = {}
 
 
+@functools.cache
 def dtype_text(dtype: Any) -> str:
     """``dtype``'s name as messages show it (``float64``; ``>f8`` for a non-native byte order)."""
     if isinstance(dtype, str):
         return dtype
-    text = _texts.get(dtype)
-    if text is None:
-        d = np.dtype(dtype)
-        text = _texts[dtype] = d.name if d.isnative else d.str
-    return text
+    d = np.dtype(dtype)
+    return d.name if d.isnative else d.str
 
 
 def _pack(words: np.ndarray, where: slice, text: str) -> None:
@@ -67,15 +63,12 @@ def _pack(words: np.ndarray, where: slice, text: str) -> None:
     words[where].view(np.uint8)[: len(raw)] = np.frombuffer(raw, np.uint8)
 
 
-def _layout_hash(layout: Optional[tuple]) -> int:
-    return 0 if layout is None else hash(layout) & ((1 << 63) - 1) | 1
-
-
 def fingerprint(key: tuple, seq: int, size: int, own: int = -1) -> np.ndarray:
     """The :data:`WORDS` int64 of call ``key``, number ``seq`` on a group of ``size``."""
     fp = np.zeros(WORDS, np.int64)
     fp[_SEQ], fp[_SIZE], fp[_COUNT], fp[_ROOT] = seq, size, key[COUNT], key[ROOT]
-    fp[_LAYOUT], fp[_OWN] = _layout_hash(key[LAYOUT]), own
+    fp[_LAYOUT] = 0 if key[LAYOUT] is None else hash(key[LAYOUT]) & ((1 << 63) - 1) | 1
+    fp[OWN] = own
     _pack(fp, _OP_WORDS, key[OP])
     if key[DTYPE] is not None:
         _pack(fp, _DTYPE_WORDS, dtype_text(key[DTYPE]))
@@ -86,7 +79,7 @@ def fingerprint(key: tuple, seq: int, size: int, own: int = -1) -> np.ndarray:
 
 def mismatched(rows: np.ndarray) -> bool:
     """True when the fingerprints ``rows`` (one per member) differ in a word that must agree."""
-    return bool((rows[:, :_OWN] != rows[0, :_OWN]).any() or (rows[:, _OWN + 1:] != rows[0, _OWN + 1:]).any())
+    return bool((rows[:, :OWN] != rows[0, :OWN]).any() or (rows[:, OWN + 1:] != rows[0, OWN + 1:]).any())
 
 
 def differ(rows: np.ndarray) -> list[str]:

@@ -34,12 +34,8 @@ def ring_chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
     if count < 0 or n < 1:
         raise ValueError(f"ring_chunk_bounds needs count >= 0 and n >= 1, got {count}, {n}")
     q, extra = divmod(count, n)
-    bounds, start = [], 0
-    for i in range(n):
-        stop = start + q + (i < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    starts = [i * q + min(i, extra) for i in range(n + 1)]  # chunk i: q elements, one more if i < extra
+    return list(zip(starts, starts[1:]))
 
 
 def ring_all_reduce(comm: MPI.Comm, buf: Any, op: ReduceOp) -> None:

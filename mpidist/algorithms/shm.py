@@ -46,6 +46,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist._buffers import host_array
+from mpidist._signature import dtype_text
 from mpidist.errors import prefix
 from mpidist._reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
 
@@ -84,12 +85,6 @@ class _Differ(Exception):
     """Raised by a call's first barrier when the ranks' headers differ (see ``_mismatch``)."""
 
 
-def _code(dtype: np.dtype, op: ReduceOp) -> int:
-    """One int64 for (dtype, op), the same in every process (the dtype's text, hashed)."""
-    text = dtype.name if dtype.isnative else dtype.str
-    return (zlib.crc32(text.encode()) << 8) | list(ReduceOp).index(op)
-
-
 def shm_applicable(comm: MPI.Comm) -> bool:
     """True when all ranks of ``comm`` share memory (one node), on every rank.
 
@@ -102,17 +97,6 @@ def shm_applicable(comm: MPI.Comm) -> bool:
     finally:
         node.Free()
     return bool(comm.allreduce(local, op=MPI.LAND))
-
-
-def _ufunc(op: ReduceOp, dtype: np.dtype) -> np.ufunc:
-    """The numpy ufunc of ``op`` on ``dtype`` (bool: the logical one), as local_reduce uses."""
-    return getattr(np, _BOOL_OPS[op][1] if dtype.kind == "b" else _UFUNCS[op])
-
-
-def _part(m: int, n: int, align: int) -> int:
-    """Length of the first ``n - 1`` parts of ``m`` elements cut in cache-line multiples."""
-    part = -(-m // n)
-    return -(-part // align) * align
 
 
 class _Views:
@@ -283,30 +267,31 @@ class ShmAllReduce:
                 if code >= 0:  # nothing to reduce, but the others must learn that this rank has nothing
                     self._barrier(0, code)
                 return
-            views = self._views.get(buf.dtype) or self._make_views(buf.dtype)
+            views = self._views.get(buf.dtype)
+            if views is None:
+                views = self._views[buf.dtype] = _Views(self._mems, self.parts, self.part_bytes, buf.dtype)
+            ufunc = getattr(np, _BOOL_OPS[op][1] if buf.dtype.kind == "b" else _UFUNCS[op])  # as local_reduce's
             run = self._pairwise if self.size == 2 else self._scatter_gather
-            run(buf.reshape(-1), views, _ufunc(op, buf.dtype), code)
+            run(buf.reshape(-1), views, ufunc, code)
         except _Differ:
             self._mismatch(buf.size, buf.dtype, op)
 
     def _check_op(self, dtype: np.dtype, op: Any) -> int:
+        """Validate ``op`` on ``dtype``; their code in call headers: one int64, the same in every
+        process (the dtype's text, hashed), kept in ``_checked``."""
         if not isinstance(op, ReduceOp):
             raise TypeError(f"{prefix('shm_all_reduce')} op must be a ReduceOp (apply a PremulSum's factor "
                             f"first), got {op!r}")
         check_op_dtype(op, dtype, prefix("shm_all_reduce"))
-        code = self._checked[(dtype, op)] = _code(dtype, op)
+        code = self._checked[(dtype, op)] = (zlib.crc32(dtype_text(dtype).encode()) << 8) | list(ReduceOp).index(op)
         return code
 
     def _mismatch(self, count: int, dtype: np.dtype, op: ReduceOp) -> None:
         """A call's first barrier found the headers differ: every rank saw the same ones, so
         every rank is here. Tell each other the calls, raise ShmMismatch."""
-        calls = self.comm.allgather((count, dtype.name if dtype.isnative else dtype.str, op.value))
+        calls = self.comm.allgather((count, dtype_text(dtype), op.value))
         text = "; ".join(f"rank {r}: count={c}, dtype={d}, op={o.upper()}" for r, (c, d, o) in enumerate(calls))
         raise ShmMismatch(f"{prefix('shm_all_reduce')} the ranks called mismatched all-reduces: {text}", calls)
-
-    def _make_views(self, dtype: np.dtype) -> _Views:
-        views = self._views[dtype] = _Views(self._mems, self.parts, self.part_bytes, dtype)
-        return views
 
     def _pairwise(self, flat: np.ndarray, views: _Views, ufunc: np.ufunc, code: int) -> None:
         """n == 2: copy a chunk in, barrier, fold the whole chunk from the peer's copy. The
@@ -347,9 +332,11 @@ class ShmAllReduce:
         self._gather(views, *pending)
 
     def _tail_bounds(self, m: int, align: int) -> list:
-        """Slices of a last chunk of ``m`` elements: cache-line multiples, the last ones
-        shorter or empty. Slice j still lives in region j of each slot."""
-        part, n = _part(m, self.size, align), self.size
+        """Slices of a last chunk of ``m`` elements: cache-line multiples (``align`` elements),
+        the last ones shorter or empty. Slice j still lives in region j of each slot."""
+        n = self.size
+        part = -(-m // n)  # ceil(m / n) elements, rounded up to a cache-line multiple:
+        part = -(-part // align) * align
         return [(min(j * part, m), min((j + 1) * part, m)) for j in range(n)]
 
     def _deposit(self, views: _Views, chunk: np.ndarray, bounds: list) -> None:

@@ -91,31 +91,35 @@ def is_receive(p: Any) -> bool:
     return getattr(p.op, "__name__", None) == "irecv"
 
 
-def _p2p_role(p: Any) -> int:
-    return OUT if is_receive(p) else IN
-
-
-def leaves(op: str, args: dict) -> Iterator[tuple[str, Any, int]]:
-    """Every array-like argument of a call: (name in messages, object, role). None
-    entries (an absent gather_list) and non-sequences where a list belongs are skipped:
-    the MPI backend's own validation reports those."""
+def _rebuild(op: str, args: dict, conv: Callable[[str, Any, int], Any], make_p2p: Callable[..., Any]) -> dict:
+    """``args`` with every array argument ``x`` replaced by ``conv(name in messages, x, role)``
+    and each P2POp by ``make_p2p(p, new_tensor)``. None entries (an absent gather_list) and
+    non-sequences where a list belongs are kept as given: the MPI backend's own validation
+    reports those."""
+    out = dict(args)
     for name, role, kind in SIGNATURES[op]:
         value = args.get(name)
-        if value is None:
+        if value is None or (kind != ONE and not _is_seq(value)):
             continue
         if kind == ONE:
-            yield name, value, role
-        elif kind == P2P:
-            for i, p in enumerate(value if _is_seq(value) else ()):
-                if hasattr(p, "tensor") and hasattr(p, "op"):
-                    yield f"{name}[{i}].tensor", p.tensor, _p2p_role(p)
-        elif _is_seq(value):
-            for i, x in enumerate(value):
-                if kind == LISTS and _is_seq(x):
-                    for j, y in enumerate(x):
-                        yield f"{name}[{i}][{j}]", y, role
-                elif kind == LIST:
-                    yield f"{name}[{i}]", x, role
+            out[name] = conv(name, value, role)
+        elif kind == LIST:
+            out[name] = [conv(f"{name}[{i}]", x, role) for i, x in enumerate(value)]
+        elif kind == LISTS:
+            out[name] = [[conv(f"{name}[{i}][{j}]", y, role) for j, y in enumerate(x)] if _is_seq(x) else x
+                         for i, x in enumerate(value)]
+        else:
+            out[name] = [make_p2p(p, conv(f"{name}[{i}].tensor", p.tensor, OUT if is_receive(p) else IN))
+                         if hasattr(p, "tensor") and hasattr(p, "op") else p for i, p in enumerate(value)]
+    return out
+
+
+def leaves(op: str, args: dict) -> list[tuple[str, Any, int]]:
+    """Every array-like argument of a call: (name in messages, object, role), in the order of
+    :data:`SIGNATURES`; what :func:`replace` keeps as given is skipped."""
+    found: list = []
+    _rebuild(op, args, lambda name, x, role: found.append((name, x, role)), lambda p, _: p)  # (args dropped)
+    return found
 
 
 def device_label(x: Any, runtime: Optional[DeviceRuntime] = None) -> str:
@@ -187,20 +191,4 @@ def overlapping(rt: DeviceRuntime, found: list) -> bool:
 def replace(op: str, args: dict, conv: Callable[[Any, int], Any], make_p2p: Callable[..., Any]) -> dict:
     """``args`` with every array argument ``x`` replaced by ``conv(x, role)``; P2POp
     lists get new P2POp made by ``make_p2p(p, new_tensor)``. Other arguments as given."""
-    out = dict(args)
-    for name, role, kind in SIGNATURES[op]:
-        value = args.get(name)
-        if value is None:
-            continue
-        if kind == ONE:
-            out[name] = conv(value, role)
-        elif not _is_seq(value):
-            continue
-        elif kind == LIST:
-            out[name] = [conv(x, role) for x in value]
-        elif kind == LISTS:
-            out[name] = [[conv(y, role) for y in x] if _is_seq(x) else x for x in value]
-        else:
-            out[name] = [make_p2p(p, conv(p.tensor, _p2p_role(p))) if hasattr(p, "tensor") else p
-                         for p in value]
-    return out
+    return _rebuild(op, args, lambda _, x, role: conv(x, role), make_p2p)

@@ -27,15 +27,13 @@ def parse_device(device_id: Any, where: str) -> Optional[int]:
     Raises:
         TypeError / ValueError: anything else, or a negative index.
     """
-    if device_id is None:
-        return None
     index: Any = device_id
     if hasattr(device_id, "index") and not isinstance(device_id, (str, int)):
         if getattr(device_id, "type", "cuda") not in ("cuda",):
             raise ValueError(f"{where} device_id must be a CUDA device, got {device_id!r}")
         index = device_id.index
-        if index is None:
-            return None
+    if index is None:
+        return None
     if isinstance(index, str):
         m = re.fullmatch(r"cuda(?::(\d+))?|(\d+)", index.strip())
         if m is None:

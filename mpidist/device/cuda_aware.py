@@ -24,7 +24,6 @@ class CudaAwareMpi:
     compute views (cupy arrays) that MPI reads and writes directly; an async call's Work
     is a :class:`~mpidist.device.staging.DeviceWork` whose ``result()`` gives the caller's arrays."""
 
-
     def run(self, op: str, g: ProcessGroup, args: dict, runtime: Optional[DeviceRuntime] = None) -> Any:
         """As :meth:`CommBackend.run`; ``runtime``: the arrays' device runtime when the caller
         (the router) found it already, else looked up here."""

@@ -89,15 +89,6 @@ def query_library(paths: Optional[list] = None) -> tuple[Optional[bool], str]:
     return None, "no loaded MPI library exports MPIX_Query_cuda_support"
 
 
-def _cuda_kind(kinds: str) -> bool:
-    """True if an ``mpi_memory_alloc_kinds`` value lists CUDA device memory."""
-    for kind in kinds.split(","):
-        name, _, restrictors = kind.strip().partition(":")
-        if name == "cuda" and (not restrictors or {"device", "managed"} & set(restrictors.split(":"))):
-            return True
-    return False
-
-
 def info_key(comm: Any = None) -> tuple[Optional[bool], str]:
     """The MPI-4.1 ``mpi_memory_alloc_kinds`` info key of ``comm`` (default MPI_COMM_WORLD)."""
     try:
@@ -114,7 +105,10 @@ def info_key(comm: Any = None) -> tuple[Optional[bool], str]:
         return None, f"mpi_memory_alloc_kinds unavailable ({exc})"
     if kinds is None:
         return None, "MPI_COMM_WORLD has no mpi_memory_alloc_kinds info key"
-    return _cuda_kind(kinds), f"mpi_memory_alloc_kinds={kinds!r}"
+    # CUDA-aware: a kind "cuda" listed, unrestricted or restricted to "device" or "managed" memory
+    cuda = any(name == "cuda" and (not rest or {"device", "managed"} & set(rest.split(":")))
+               for name, _, rest in (kind.strip().partition(":") for kind in kinds.split(",")))
+    return cuda, f"mpi_memory_alloc_kinds={kinds!r}"
 
 
 def detect(env: Optional[Mapping[str, str]] = None, paths: Optional[list] = None, comm: Any = None) -> Detection:

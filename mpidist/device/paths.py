@@ -54,12 +54,8 @@ def mpi_cuda_ok(op: str, dtype: Optional[np.dtype], redop: Any, algorithm: Any, 
 
     if op not in MPI_CUDA_OPS or overlap:
         return False
-    if op in REDUCING_OPS:
-        if type(redop) is not ReduceOp or dtype is None or not mpi_reducible(np.dtype(dtype)):
-            return False
-        if op == "all_reduce" and algorithm not in DEVICE_ALGORITHMS:
-            return False
-    return True
+    return op not in REDUCING_OPS or (type(redop) is ReduceOp and dtype is not None and mpi_reducible(np.dtype(dtype))
+                                      and (op != "all_reduce" or algorithm in DEVICE_ALGORITHMS))
 
 
 def choose(device: bool, backend: str, cuda_aware: bool, mpi_cuda_possible: bool) -> str:

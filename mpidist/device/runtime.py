@@ -22,8 +22,6 @@ class DeviceRuntime:
     """What mpidist needs from a GPU array library. ``x`` is a device array as the caller
     passed it (a cupy array, or any ``__cuda_array_interface__`` / DLPack device object)."""
 
-    name = "abstract"
-
     def owns(self, x: Any) -> bool:
         """True if this runtime handles ``x``."""
         raise NotImplementedError
@@ -67,15 +65,10 @@ class DeviceRuntime:
         """Copy host ``src`` into ``x``; done on return (``src`` may be reused at once)."""
         raise NotImplementedError
 
-    def device_count(self) -> int:
-        raise NotImplementedError
-
 
 class CupyRuntime(DeviceRuntime):
     """:class:`DeviceRuntime` on CuPy (13 or 14). Handles every device array: cupy arrays
     directly, other ``__cuda_array_interface__`` and DLPack objects as zero-copy cupy views."""
-
-    name = "cupy"
 
     def __init__(self) -> None:
         import cupy  # noqa: PLC0415  (optional dependency, loaded on the first device array)
@@ -121,14 +114,11 @@ class CupyRuntime(DeviceRuntime):
         cai = None if isinstance(x, cp.ndarray) else getattr(x, "__cuda_array_interface__", None)
         if cai is None:  # cupy array or DLPack object: ready on cupy's current stream
             self._array(x)
-            cp.cuda.get_current_stream().synchronize()
-            return
-        stream = cai.get("stream", -1) if cai.get("version", 0) >= 3 else -1
-        if stream is None:  # the producer says: no synchronization needed
-            return
+        stream = cai.get("stream", -1) if cai is not None and cai.get("version", 0) >= 3 else -1
         if stream == -1:  # no stream given: the current stream
             cp.cuda.get_current_stream().synchronize()
-        else:  # 1 = legacy default, 2 = per-thread default: valid handles themselves
+        elif stream is not None:  # None: the producer says no synchronization is needed
+            # 1 = legacy default, 2 = per-thread default: valid handles themselves
             cp.cuda.ExternalStream(int(stream)).synchronize()
 
     def compute_view(self, x: Any) -> Any:
@@ -148,9 +138,6 @@ class CupyRuntime(DeviceRuntime):
         with a.device:
             a.set(src)
             self.cp.cuda.get_current_stream().synchronize()  # src is a pooled buffer
-
-    def device_count(self) -> int:
-        return int(self.cp.cuda.runtime.getDeviceCount())
 
 
 _registered: list = []

@@ -41,21 +41,16 @@ class PinnedPool:
     handed out again), ``in_use`` (handed out, not yet back).
     """
 
-    def __init__(self, runtime: DeviceRuntime, limit: int = POOL_LIMIT) -> None:
+    def __init__(self, runtime: DeviceRuntime) -> None:
         self.runtime = runtime
-        self.limit = limit
         self._free: dict[int, list] = {}
         self._free_bytes = 0
         self._lock = threading.Lock()
         self.allocated = self.reused = self.in_use = 0
 
-    @staticmethod
-    def capacity(nbytes: int) -> int:
-        return max(_MIN_BUFFER, 1 << max(nbytes - 1, 0).bit_length())
-
     def acquire(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of at least ``nbytes`` that nobody else holds."""
-        cap = self.capacity(nbytes)
+        cap = max(_MIN_BUFFER, 1 << max(nbytes - 1, 0).bit_length())  # the power of two >= nbytes
         with self._lock:
             self.in_use += 1
             free = self._free.get(cap)
@@ -73,7 +68,7 @@ class PinnedPool:
             self._free.setdefault(buf.nbytes, []).append(buf)
             self._free_bytes += buf.nbytes
             for cap in sorted(self._free, reverse=True):
-                while self._free_bytes > self.limit and self._free[cap]:
+                while self._free_bytes > POOL_LIMIT and self._free[cap]:
                     self._free[cap].pop()
                     self._free_bytes -= cap
 
@@ -89,10 +84,9 @@ _pools_lock = threading.Lock()
 def pool_for(runtime: DeviceRuntime) -> PinnedPool:
     """The process's pool for ``runtime`` (made on first use)."""
     with _pools_lock:
-        pool = _pools.get(id(runtime))
-        if pool is None or pool.runtime is not runtime:
-            pool = _pools[id(runtime)] = PinnedPool(runtime)
-        return pool
+        if id(runtime) not in _pools:  # (the pool holds its runtime: the id is never reused)
+            _pools[id(runtime)] = PinnedPool(runtime)
+        return _pools[id(runtime)]
 
 
 _warned = False
@@ -240,7 +234,6 @@ class Staging:
     """Host staging: the MPI backend's body on host copies of the call's device arrays; the
     written ones are copied back at once (sync) or when the returned Work completes
     (async). Warns once per process (:func:`warn_once`)."""
-
 
     def run(self, op: str, g: ProcessGroup, args: dict, runtime: Optional[DeviceRuntime] = None) -> Any:
         """As :meth:`CommBackend.run`; ``runtime``: the arrays' device runtime when the caller
