@@ -15,7 +15,7 @@ dtype it is reducing (:func:`dtype_of`).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -23,8 +23,8 @@ from mpi4py import MPI
 from mpidist._array import is_device_array
 from mpidist.errors import prefix
 
-__all__ = ["host_array", "mpi_datatype", "mpi_reducible", "same_dtype", "group_blocks", "holds", "value_kind",
-           "dtype_of", "split_sizes"]
+__all__ = ["host_array", "array_list", "mpi_datatype", "mpi_reducible", "same_dtype", "group_blocks", "holds",
+           "value_kind", "dtype_of", "split_sizes"]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
 # (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
@@ -146,6 +146,45 @@ def dtype_of(datatype: MPI.Datatype) -> np.dtype:
 def mpi_reducible(dtype: np.dtype) -> bool:
     """True if MPI's predefined reduction ops work on ``dtype``."""
     return dtype.isnative and (dtype.kind, dtype.itemsize) in _PREDEFINED
+
+
+def array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, expected: str = "",
+                dtype_of: Optional[tuple[np.ndarray, str]] = None) -> list[np.ndarray]:
+    """Validate argument ``arg`` of ``op``: a list or tuple of ``n`` arrays (any length >= 1 if
+    ``n`` is None), each a :func:`host_array` (writable if asked), of one dtype; returns them
+    as a list.
+
+    ``expected`` explains ``n`` in the message; ``dtype_of`` = (array, its argument name)
+    whose dtype every element must have (default: the first element's).
+
+    Raises:
+        TypeError: not a list or tuple; an entry that is not a host array; dtypes differ.
+        ValueError: the wrong length; an entry not C-contiguous, or read-only where written.
+    """
+    if (type(xs) is list or type(xs) is tuple) and xs and (n is None or len(xs) == n):
+        # fast path: one cheap test per element; anything unusual takes the full checks below,
+        # which raise the same errors in the same order
+        ref_dtype = (dtype_of[0] if dtype_of is not None
+                     else host_array(xs[0], op, f"{arg}[0]", writable=writable)).dtype
+        for x in xs:
+            if type(x) is not np.ndarray or x.dtype != ref_dtype:
+                break
+            flags = x.flags
+            if not flags.c_contiguous or (writable and not flags.writeable):
+                break
+        else:
+            return list(xs)
+    if not isinstance(xs, (list, tuple)):
+        raise TypeError(f"{prefix(op)} {arg} must be a list of numpy arrays, got {type(xs).__name__}")
+    if n is not None and len(xs) != n:
+        raise ValueError(f"{prefix(op)} {arg} must hold {expected} = {n} arrays, got {len(xs)}")
+    if n is None and not xs:
+        raise ValueError(f"{prefix(op)} {arg} must hold at least one array, got an empty list")
+    arrs = [host_array(x, op, f"{arg}[{i}]", writable=writable) for i, x in enumerate(xs)]
+    ref, ref_arg = dtype_of if dtype_of is not None else (arrs[0], f"{arg}[0]")
+    for i, a in enumerate(arrs):
+        same_dtype(ref, a, op, ref_arg, f"{arg}[{i}]")
+    return arrs
 
 
 def same_dtype(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_arg: str) -> None:

@@ -7,12 +7,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mpidist._buffers import array_list
 from mpidist._dispatch import launch
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import check_op_dtype
 from mpidist._mpi.collectives import Op, all_reduce_body
 from mpidist.errors import prefix
-from mpidist._mpi.gather_scatter import _array_list, gather_slots, output_lists
+from mpidist._mpi.gather_scatter import gather_slots, output_lists
 from mpidist.work import Work
 
 __all__ = ["all_reduce_coalesced", "all_gather_coalesced"]
@@ -35,7 +36,7 @@ def _all_reduce_packed(g: ProcessGroup, arrays: list, op: Op) -> None:
 def all_reduce_coalesced(tensors: Any, op: Op, g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce_coalesced`."""
     name = "all_reduce_coalesced"
-    arrays = _array_list(tensors, name, "tensors", None, True)
+    arrays = array_list(tensors, name, "tensors", None, True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
     return launch(g, name, _all_reduce_packed, (g, arrays, op), async_op, tuple(tensors),
                   shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=sum(a.size for a in arrays),
@@ -46,7 +47,7 @@ def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], in
                          g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_coalesced`."""
     name = "all_gather_coalesced"
-    inps = _array_list(input_tensor_list, name, "input_tensor_list", None, False)
+    inps = array_list(input_tensor_list, name, "input_tensor_list", None, False)
     rows = output_lists(output_tensor_lists, name, inps, g.size(), "one list per group rank", len(inps),
                         "len(input_tensor_list)", (g.rank(), 0))
     results = tuple(a for lst in output_tensor_lists for a in lst)

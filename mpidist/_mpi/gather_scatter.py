@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _recorder as R
-from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
+from mpidist._buffers import array_list, group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
 from mpidist._dispatch import _guarded, launch, root_list, root_rank, signature
 from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
@@ -161,39 +161,6 @@ def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op
 
 # -- argument checks ------------------------------------------------------------------------
 
-def _array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, expected: str = "",
-                dtype_of: Optional[tuple[np.ndarray, str]] = None) -> list[np.ndarray]:
-    """Validate a list of ``n`` arrays (any length >= 1 if ``n`` is None) of one dtype.
-
-    ``expected`` explains ``n`` in the message; ``dtype_of`` = (array, its argument name)
-    whose dtype every element must have (default: the first element's).
-    """
-    if (type(xs) is list or type(xs) is tuple) and xs and (n is None or len(xs) == n):
-        # fast path: one cheap test per element; anything unusual takes the full checks below,
-        # which raise the same errors in the same order
-        ref_dtype = (dtype_of[0] if dtype_of is not None
-                     else host_array(xs[0], op, f"{arg}[0]", writable=writable)).dtype
-        for x in xs:
-            if type(x) is not np.ndarray or x.dtype != ref_dtype:
-                break
-            flags = x.flags
-            if not flags.c_contiguous or (writable and not flags.writeable):
-                break
-        else:
-            return list(xs)
-    if not isinstance(xs, (list, tuple)):
-        raise TypeError(f"{prefix(op)} {arg} must be a list of numpy arrays, got {type(xs).__name__}")
-    if n is not None and len(xs) != n:
-        raise ValueError(f"{prefix(op)} {arg} must hold {expected} = {n} arrays, got {len(xs)}")
-    if n is None and not xs:
-        raise ValueError(f"{prefix(op)} {arg} must hold at least one array, got an empty list")
-    arrs = [host_array(x, op, f"{arg}[{i}]", writable=writable) for i, x in enumerate(xs)]
-    ref, ref_arg = dtype_of if dtype_of is not None else (arrs[0], f"{arg}[0]")
-    for i, a in enumerate(arrs):
-        same_dtype(ref, a, op, ref_arg, f"{arg}[{i}]")
-    return arrs
-
-
 def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str, why: str = "") -> None:
     if a.shape != ref.shape:
         raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, "
@@ -203,14 +170,14 @@ def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str,
 def _root_list(xs: Any, g: ProcessGroup, rank: Any, group_rank: Any, tensor: np.ndarray, op: str, arg: str,
                root_arg: str, writable: bool, why: str) -> tuple[int, Optional[list[np.ndarray]]]:
     """gather's/scatter's root (:func:`root_rank`: ``root_arg`` or group_``root_arg``, default 0)
-    and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype (:func:`_array_list`),
+    and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype (:func:`~mpidist._buffers.array_list`),
     entry root of its shape; elsewhere None. ValueError when missing on the root or given elsewhere
     (:func:`mpidist._dispatch.root_list`)."""
     root = root_rank(g, rank, group_rank, op, root_arg, f"group_{root_arg}", default=0)
     root_list(xs, g.rank() == root, op, arg, root_arg, g.ranks[root], g.size())
     if g.rank() != root:
         return root, None
-    arrs = _array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
+    arrs = array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
     if arrs[root].shape != tensor.shape:
         _same_shape(arrs[root], tensor, op, f"{arg}[{root}]", "tensor", why)
     return root, arrs
@@ -250,7 +217,7 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, g: ProcessGrou
     """The MPI backend's :func:`mpidist.all_gather`."""
     op = "all_gather"
     inp = host_array(tensor, op, "tensor", writable=False)
-    outs = _array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
+    outs = array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
                        dtype_of=(inp, "tensor"))
     me = g.rank()
     if outs[me].shape != inp.shape:  # (checked first: the argument's name is formatted only on error)
@@ -275,7 +242,7 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
                         g: ProcessGroup, async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_multigpu`."""
     op = "all_gather_multigpu"
-    inps = _array_list(input_tensor_list, op, "input_tensor_list", None, False)
+    inps = array_list(input_tensor_list, op, "input_tensor_list", None, False)
     n_dev = len(inps)
     lists = output_lists(output_tensor_lists, op, inps, n_dev, "len(input_tensor_list)", g.size() * n_dev,
                          "group size * len(input_tensor_list)", (0, g.rank() * n_dev))
@@ -291,14 +258,14 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
 def output_lists(xss: Any, op: str, inps: list, n: int, expected: str, row_n: int, row_expected: str,
                  own: tuple[int, int]) -> list[list[np.ndarray]]:
     """``output_tensor_lists``: ``n`` lists (``expected`` says why) of ``row_n`` writable arrays of
-    the inputs' dtype (:func:`_array_list`), list ``own[0]`` having input j's shape at ``own[1] + j``.
+    the inputs' dtype (:func:`~mpidist._buffers.array_list`), list ``own[0]`` having input j's shape at ``own[1] + j``.
     TypeError for a non-list, ValueError for a wrong length or shape."""
     if not isinstance(xss, (list, tuple)):
         raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
                         f"got {type(xss).__name__}")
     if len(xss) != n:
         raise ValueError(f"{prefix(op)} output_tensor_lists must hold {expected} = {n} lists, got {len(xss)}")
-    rows = [_array_list(lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected,
+    rows = [array_list(lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected,
                         dtype_of=(inps[0], "input_tensor_list[0]")) for i, lst in enumerate(xss)]
     i, start = own
     for j, inp in enumerate(inps):
@@ -397,8 +364,8 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
                async_op: bool) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_to_all`."""
     op = "all_to_all"
-    inps = _array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
-    outs = _array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
+    inps = array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
+    outs = array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
                        dtype_of=(inps[0], "input_tensor_list[0]"))
     return _all_to_allv(g, op, _pack(inps), tuple([a.size for a in inps]), outs, tuple([o.size for o in outs]),
                         async_op, tuple(output_tensor_list))
@@ -425,7 +392,7 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int], g: Pro
                        src_tensor: int, group_src: Optional[int] = None) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.broadcast_multigpu`."""
     op = "broadcast_multigpu"
-    arrs = _array_list(tensor_list, op, "tensor_list", None, True)
+    arrs = array_list(tensor_list, op, "tensor_list", None, True)
     root = root_rank(g, src, group_src, op, "src", "group_src")
     src = g.ranks[root]
     if not isinstance(src_tensor, (int, np.integer)) or isinstance(src_tensor, bool):

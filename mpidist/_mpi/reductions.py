@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from mpidist._buffers import group_blocks, host_array, mpi_datatype, same_dtype
+from mpidist._buffers import array_list, group_blocks, host_array, mpi_datatype
 from mpidist._dispatch import launch, root_rank
 from mpidist._mpi.collectives import Op, all_reduce_body
 from mpidist.errors import prefix
@@ -34,21 +34,16 @@ __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_mult
 
 def _array_list(arrays: Any, op: str, arg: str, *, writable: bool, length: Optional[int] = None,
                 ref: Optional[np.ndarray] = None, ref_arg: str = "", distinct: bool = False) -> list:
-    """Validate a list of arrays: a list/tuple (of ``length`` if given), each a host array
-    with the dtype and shape of ``ref`` (default: its first entry), and with ``distinct``
+    """:func:`~mpidist._buffers.array_list` (of ``length`` if given, each with the dtype of
+    ``ref``, default its first entry), plus: each with ``ref``'s shape, and with ``distinct``
     no array twice (the multi-array forms write each entry as its own "device")."""
-    if not isinstance(arrays, (list, tuple)):
-        raise TypeError(f"{prefix(op)} {arg} must be a list of numpy arrays, got {type(arrays).__name__}")
-    if length is not None and len(arrays) != length:
+    if isinstance(arrays, (list, tuple)) and length is not None and len(arrays) != length:
         raise ValueError(f"{prefix(op)} {arg} must hold one array per group rank: expected {length}, "
                          f"got {len(arrays)}")
-    if not arrays:
-        raise ValueError(f"{prefix(op)} {arg} must hold at least one array, got an empty list")
-    out = [host_array(x, op, f"{arg}[{i}]", writable=writable) for i, x in enumerate(arrays)]
+    out = array_list(arrays, op, arg, None, writable, dtype_of=None if ref is None else (ref, ref_arg))
     if ref is None:
         ref, ref_arg = out[0], f"{arg}[0]"
     for i, x in enumerate(out):
-        same_dtype(ref, x, op, ref_arg, f"{arg}[{i}]")
         if x.shape != ref.shape:
             raise ValueError(f"{prefix(op)} {arg}[{i}] has shape {x.shape}, expected the shape of {ref_arg} {ref.shape}")
     if distinct and len({id(x) for x in out}) != len(out):

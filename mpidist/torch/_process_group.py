@@ -261,8 +261,14 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp
         else:
             red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
-        return self._one_or_many(_tensors(tensors), op, mpidist.all_reduce, mpidist.all_reduce_multigpu, red,
-                                 self._arg, async_op)
+        ts = _tensors(tensors)  # written out, not _one_or_many: one call less on the 8-byte path
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
+        else:
+            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, mpidist.all_reduce_multigpu, arrays, red, self._arg, async_op)
+        return self._done(w, ts, staged)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         """torch ``allreduce_coalesced``: each tensor reduced on its own, in list order."""
