@@ -47,7 +47,8 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
             body resolves it (point-to-point).
 
     Raises:
-        TypeError: at import, when ``body``'s parameters do not match the stub's.
+        TypeError: at import, when ``body``'s parameters do not match the stub's, or the
+            stub has code besides its docstring.
     """
     def make(stub: Callable[..., Any]) -> Callable[..., Any]:
         name, op = stub.__name__, body.__name__
@@ -58,6 +59,8 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
         expected = [("g" if p == "group" and resolve else p) for p in names]
         if got != expected:
             raise TypeError(f"public_op {name}: body {body.__qualname__} must take {expected}, got {got}")
+        if stub.__code__.co_names or len(stub.__code__.co_varnames) > len(names):  # code that would never run
+            raise TypeError(f"public_op {name}: the stub must hold only its signature and docstring")
         primary = SIGNATURES.get(op, ((None, None, None),))[0]
         params, star = [], False
         for p in sig.parameters.values():

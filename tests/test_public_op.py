@@ -19,6 +19,17 @@ def test_the_body_must_take_the_stubs_parameters():
             """A stub."""
 
 
+def test_the_stub_holds_no_code():
+    def all_reduce(tensor, g):
+        return None
+
+    with pytest.raises(TypeError, match=r"public_op entry: the stub must hold only its signature and docstring"):
+        @public_op(all_reduce)
+        def entry(tensor, group=None):
+            """A stub with a body that would never run."""
+            return np.asarray(tensor)
+
+
 def _entry_over(calls: list):
     def all_reduce(tensor, op, g, async_op, algorithm):
         calls.append((tensor, op, g, async_op, algorithm))
