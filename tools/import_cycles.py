@@ -125,8 +125,6 @@ def main(argv: list[str]) -> int:
     if root is None:
         return 2
     graph = package_graph(root)
-    files = graph
-
     comps = strongly_connected(graph)
     comp_of = {m: i for i, c in enumerate(comps) for m in c}
     layer: dict[int, int] = {}
@@ -142,9 +140,9 @@ def main(argv: list[str]) -> int:
             inside = sorted(w for w in graph[v] if w in members)
             if inside:
                 print(f"  {v} -> {', '.join(inside)}")
-    print(f"{len(cycles)} cycle(s); {sum(map(len, cycles))} of {len(files)} modules are in one")
+    print(f"{len(cycles)} cycle(s); {sum(map(len, cycles))} of {len(graph)} modules are in one")
     print("layers (0 = imports nothing of the package):")
-    for m in sorted(files, key=lambda m: (layer[comp_of[m]], m)):
+    for m in sorted(graph, key=lambda m: (layer[comp_of[m]], m)):
         mark = "  (in a cycle)" if len(comps[comp_of[m]]) > 1 else ""
         print(f"  {layer[comp_of[m]]:2d}  {m}{mark}")
     return 1 if cycles else 0
