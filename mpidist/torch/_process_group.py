@@ -232,18 +232,6 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         works = [self._call(staged, fn, *args, async_op=async_op) for fn, args in calls]
         return [w for w in works if w is not None] if async_op else None
 
-    def _one_or_many(self, ts: list, op: str, one: Callable[..., Any], many: Callable[..., Any], *args: Any,
-                     **many_kwargs: Any) -> Any:
-        """``one(tensor, *args)`` for a single tensor, else ``many(arrays, *args, **many_kwargs)``
-        (the _multigpu form: a list of tensors)."""
-        staged = Staged()
-        if len(ts) == 1:
-            w = self._call(staged, one, staged.out(ts[0], op, "tensor"), *args)
-        else:
-            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, many, arrays, *args, **many_kwargs)
-        return self._done(w, ts, staged)
-
     def _pairs(self, fn: Callable[..., Any], op: str, outputs: Any, inputs: Any, async_op: bool, *extra: Any) -> Any:
         """The _coalesced forms: ``fn(outputs[i], inputs[i], *extra)`` for each pair, in order."""
         outs = list(outputs)
@@ -261,7 +249,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp
         else:
             red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
-        ts = _tensors(tensors)  # written out, not _one_or_many: one call less on the 8-byte path
+        ts = _tensors(tensors)  # allreduce, broadcast, reduce written out: a shared helper cost 0.2-0.6 us
         staged = Staged()
         if len(ts) == 1:
             w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
@@ -288,8 +276,15 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             opts = _options(None, BroadcastOptions, rootRank=opts)
         opts = _options(opts, BroadcastOptions)
         src = self._global(opts.rootRank, op, "rootRank")
-        return self._one_or_many(_tensors(tensors), op, mpidist.broadcast, mpidist.broadcast_multigpu, src,
-                                 self._arg, opts.asyncOp, src_tensor=opts.rootTensor)
+        ts = _tensors(tensors)
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, mpidist.broadcast, staged.out(ts[0], op, "tensor"), src, self._arg, opts.asyncOp)
+        else:
+            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, mpidist.broadcast_multigpu, arrays, src, self._arg, opts.asyncOp,
+                           src_tensor=opts.rootTensor)
+        return self._done(w, ts, staged)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Any:
         """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
@@ -299,8 +294,16 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, ReduceOptions)
         red = _reduce_op(opts.reduceOp, name)
         dst = self._global(opts.rootRank, name, "rootRank")
-        return self._one_or_many(_tensors(tensors), name, mpidist.reduce, mpidist.reduce_multigpu, dst, red,
-                                 self._arg, opts.asyncOp, dst_tensor=opts.rootTensor)
+        ts = _tensors(tensors)
+        staged = Staged()
+        if len(ts) == 1:
+            w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg,
+                           opts.asyncOp)
+        else:
+            arrays = [staged.out(t, name, f"tensors[{i}]") for i, t in enumerate(ts)]
+            w = self._call(staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, opts.asyncOp,
+                           dst_tensor=opts.rootTensor)
+        return self._done(w, ts, staged)
 
     # -- gathers ---------------------------------------------------------------------------
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
