@@ -38,6 +38,9 @@ class ProcessGroup:
         self.engine = Engine(name)
         self.destroyed = False
         self._resources: dict[str, Any] = {}
+        #: this group's own timeout in seconds (``new_group(timeout=...)``); None: the
+        #: default group's (init_process_group's), read at each op
+        self.timeout_s: Optional[float] = None
 
     def resource(self, key: str, make: Callable[["ProcessGroup"], Any]) -> Any:
         """The group's resource ``key`` (an intra-node shared-memory window, an NCCL

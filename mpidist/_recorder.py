@@ -104,7 +104,7 @@ def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str =
     else:
         seq = -1
     t = _now()
-    rec = [seq, op, g, shapes, dtype, root, t, t, 0.0, state, timeout, None]
+    rec = [seq, op, g, shapes, dtype, root, t, t, 0.0, state, g.timeout_s or timeout, None]
     _append(rec)
     if state is STARTED:
         eng.current = rec
@@ -117,7 +117,7 @@ def begin_p2p(g: Any, op: str, shapes: Any, dtype: Any, peer: int) -> list:
     seq = eng.p2p_seq
     eng.p2p_seq = seq + 1
     t = _now()
-    rec = [seq, op, g, shapes, dtype, peer, t, t, 0.0, STARTED, timeout, None]
+    rec = [seq, op, g, shapes, dtype, peer, t, t, 0.0, STARTED, g.timeout_s or timeout, None]
     _append(rec)
     return rec
 

@@ -330,7 +330,7 @@ def _check_locally(backend: Optional[str], init_method: Optional[str], timeout: 
             raise TypeError(f"{where} timeout must be a datetime.timedelta, got {type(timeout).__name__}")
         if timeout is not None and timeout.total_seconds() <= 0:
             raise ValueError(f"{where} timeout must be positive, got {timeout}")
-        settings.timeout = _env_timeout(where) or timeout or DEFAULT_TIMEOUT
+        settings.timeout = env_timeout(where) or timeout or DEFAULT_TIMEOUT
         settings.abort, settings.level, settings.buffer = _env_reliability(where)
         settings.abort_on_exception = _env_flag("MPIDIST_ABORT_ON_EXCEPTION", where)
         try:
@@ -433,7 +433,7 @@ def get_local_world_size() -> int:
 
 # -- reliability settings ------------------------------------------------------------------
 
-def _env_timeout(where: str) -> Optional[datetime.timedelta]:
+def env_timeout(where: str) -> Optional[datetime.timedelta]:
     """MPIDIST_TIMEOUT in seconds (it overrides init_process_group's timeout), or None."""
     text = os.environ.get("MPIDIST_TIMEOUT", "").strip()
     if not text:

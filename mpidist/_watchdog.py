@@ -360,7 +360,7 @@ def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
         notes = [f"rank {p}: {answers[p].get('latest') or 'no op yet'}" if p in answers
                  else f"rank {p}: did not answer" for p in peers]
         return f"{head}; what the peer is doing: {'; '.join(notes)}"
-    head += f" on group {g.group_name!r} (ranks {list(g.ranks)}) at sequence number {seq}{_shape_text(rec)}"
+    head += f", the timeout of group {g.group_name!r} (ranks {list(g.ranks)}) at sequence number {seq}{_shape_text(rec)}"
     if answers is None:
         return f"{head}; ranks that had not arrived: unknown (no other rank to ask)"
     missing, other, silent, notes = [], [], [], []

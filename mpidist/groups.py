@@ -141,7 +141,9 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     without communicating. (torch's process-group plugins are created this way: torch
     calls the creator on members only.)
 
-    ``timeout``, ``pg_options``, ``group_desc`` and ``device_id`` are accepted for torch
+    ``timeout`` (a positive ``datetime.timedelta``): the group's own timeout for its ops
+    (as torch's; None: init_process_group's; ``MPIDIST_TIMEOUT``, when set, overrides
+    both). ``pg_options``, ``group_desc`` and ``device_id`` are accepted for torch
     compatibility (``group_desc`` names the group; torch's ``device_id`` makes NCCL
     create its communicator at once, mpidist's NCCL path creates it at first use).
     ``backend``: as init_process_group's (``"mpi"``, ``"nccl"``, ``"cpu:mpi,cuda:nccl"``);
@@ -149,11 +151,12 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
 
     Raises:
         TypeError / ValueError: ranks not ints, out of range, repeated or empty; an
-            unsupported backend.
+            unsupported backend; ``timeout`` not a timedelta, or not positive.
     """
     op = "new_group"
     st = _runtime.state()
     backend = _check_backend(backend, op) or st.backend
+    timeout_s = _timeout_seconds(timeout, op)
     members = (list(range(st.world_size)) if ranks is None
                else _check_ranks(ranks, st.world_size, op, sort=bool(sort_ranks)))
     world = st.world
@@ -177,7 +180,21 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     key = _key(members)  # counted on every rank that makes the group, member or not
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
-    return _register(comm, members, name, backend, key)
+    pg = _register(comm, members, name, backend, key)
+    pg.timeout_s = timeout_s
+    return pg
+
+
+def _timeout_seconds(timeout: Any, op: str) -> Optional[float]:
+    """A new group's own timeout in seconds: None for ``timeout=None`` (the default
+    group's applies) or when MPIDIST_TIMEOUT is set (it overrides every group's)."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"{prefix(op)} timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"{prefix(op)} timeout must be positive, got {timeout}")
+    return None if _runtime.env_timeout(prefix(op)) is not None else timeout.total_seconds()
 
 
 def _digest(obj: Any) -> int:

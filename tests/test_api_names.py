@@ -171,7 +171,7 @@ def test_barrier_past_its_timeout_aborts_the_job(tmp_path):
     out = job(2, script, MPIDIST_TRACE_DIR=str(tmp_path))
     assert out.returncode == 1
     assert time.monotonic() - t0 < 30
-    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] barrier: timed out after 1.5 s on group 'default_pg' "
+    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] barrier: timed out after 1.5 s, the timeout of group 'default_pg' "
             "(ranks [0, 1]) at sequence number 0") in out.stderr, out.stderr
 
 

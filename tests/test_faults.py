@@ -182,7 +182,7 @@ def test_rank_that_never_arrives_trips_the_timeout_and_the_recorder(tmp_path):
     assert found, err
     first = int(found.group(1))
     assert first in (0, 2), err
-    assert (f"[rank {first}] mpidist.errors.DistError: [rank {first}/3] all_reduce: timed out after 2 s on group "
+    assert (f"[rank {first}] mpidist.errors.DistError: [rank {first}/3] all_reduce: timed out after 2 s, the timeout of group "
             f"'default_pg' (ranks [0, 1, 2]) at sequence number 3 (shape (3,), dtype float64); ranks that had "
             f"not arrived: [1] (rank 1 has issued 3 collectives on this group; its latest op: broadcast #0 on "
             f"group 'group1:[0, 1, 2]' (completed)). flight recorder written to {trace_dir}/rank{first}.json "

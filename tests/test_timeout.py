@@ -141,12 +141,12 @@ def test_no_abort_mode_raises_dist_error_in_the_caller(tmp_path):
     where = f"flight recorder written to {trace_dir}/rank0.json (and by every rank that answered); " \
             f"run `python -m mpidist.tools.trace {trace_dir}`"
     assert errors[0] == (
-        "[rank 0/2] all_reduce: timed out after 1 s on group 'default_pg' (ranks [0, 1]) at sequence number 1 "
+        "[rank 0/2] all_reduce: timed out after 1 s, the timeout of group 'default_pg' (ranks [0, 1]) at sequence number 1 "
         "(shape (3,), dtype float64); ranks that had not arrived: [1] (rank 1 has issued 1 collectives on this "
         f"group; its latest op: all_reduce #0 on group 'default_pg' (completed)). {where}")
     assert errors[1] == ("[rank 0/2] broadcast: group 'default_pg' is unusable: all_reduce #1 timed out; destroy "
                          "the group (or exit)")
-    assert re.fullmatch(r"\[rank 0/2\] all_reduce: timed out after 1 s on group 'group1:\[0, 1\]' \(ranks "
+    assert re.fullmatch(r"\[rank 0/2\] all_reduce: timed out after 1 s, the timeout of group 'group1:\[0, 1\]' \(ranks "
                         r"\[0, 1\]\) at sequence number 0 \(shape \(3,\), dtype float64\); ranks that had not "
                         r"arrived: \[1\] \(rank 1 has issued 0 collectives on this group; its latest op: .*\)\. "
                         + re.escape(where), errors[2]), errors[2]
@@ -176,7 +176,7 @@ def test_work_wait_past_the_timeout_aborts_the_job(tmp_path):
     out = job(2, script, MPIDIST_TIMEOUT="1.5", MPIDIST_TRACE_DIR=str(tmp_path))
     assert out.returncode == 1
     assert time.monotonic() - t0 < 20
-    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1.5 s on group "
+    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1.5 s, the timeout of group "
             "'default_pg' (ranks [0, 1]) at sequence number 0 (shape (4,), dtype float64); ranks that had not "
             "arrived: [1]") in out.stderr
 

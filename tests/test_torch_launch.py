@@ -156,10 +156,15 @@ def test_init_forms_without_env_and_no_listening_socket(tmp_path):
     assert out.count("gloo: ") == 2 and "MASTER_ADDR" in out  # gloo: torch's own env:// error, untouched
 
 
-def test_master_addr_set_by_the_program_is_unused_with_one_warning(tmp_path):
+def test_master_addr_set_by_the_program_is_unused_and_said_only_when_asked(tmp_path):
+    """Frameworks (Lightning, Accelerate, DeepSpeed) set MASTER_ADDR/MASTER_PORT on their
+    own: no warning by default; one, on rank 0, at debug level INFO."""
     rc, out, err, _ = _run(tmp_path, SEED_SETUP)
     assert rc == 0, err
     assert "rank 0 of 2 sum 1.0" in out and "rank 1 of 2 sum 1.0" in out
+    assert "set but unused" not in err, err
+    rc, out, err, _ = _run(tmp_path, SEED_SETUP, MPIDIST_DEBUG="INFO")
+    assert rc == 0, err
     assert err.count("MASTER_ADDR and MASTER_PORT are set but unused") == 1, err
 
 

@@ -121,7 +121,8 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                 seq = eng.seq
                 eng.seq = seq + 1
                 t = _now()
-                rec = [seq, "all_reduce", g, tensor.shape, tensor.dtype, -1, t, t, 0.0, _STARTED, R.timeout, None]
+                rec = [seq, "all_reduce", g, tensor.shape, tensor.dtype, -1, t, t, 0.0, _STARTED, g.timeout_s or R.timeout,
+                       None]
                 R._append(rec)
                 eng.current = rec
                 ok[3].last = (seq, ok[4])  # decided (what a peer's stalled check asks)
@@ -357,9 +358,9 @@ def _mb_tag(g: ProcessGroup) -> int:
     return monitored_barrier_tag(seq)
 
 
-def _seconds(timeout: Any, op: str) -> float:
+def _seconds(timeout: Any, op: str, g: Optional[ProcessGroup] = None) -> float:
     if timeout is None:
-        timeout = _runtime.state().timeout
+        timeout = (g.timeout_s if g is not None else None) or _runtime.state().timeout
     if isinstance(timeout, datetime.timedelta):
         secs = timeout.total_seconds()
     elif isinstance(timeout, (int, float, np.integer, np.floating)) and not isinstance(timeout, bool):
@@ -426,7 +427,7 @@ def monitored_barrier(g: ProcessGroup, timeout: Union[datetime.timedelta, float,
                       wait_all_ranks: bool) -> None:
     """The MPI backend's :func:`mpidist.monitored_barrier`."""
     op = "monitored_barrier"
-    secs = _seconds(timeout, op)
+    secs = _seconds(timeout, op, g)
     tag = _mb_tag(g)
     if g.size() == 1:
         return None

@@ -82,5 +82,6 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpidist:
     if not mpidist.is_initialized():
         raise RuntimeError("new_group(backend='mpidist'): mpidist is not initialized; initialize the default "
                            "group with backend 'mpidist' (or call mpidist.init_process_group() on every rank first)")
-    group = mpidist.new_group(ranks, use_local_synchronization=True, group_desc=f"torch:{options.group_id}")
+    group = mpidist.new_group(ranks, timeout=options.timeout, use_local_synchronization=True,
+                              group_desc=f"torch:{options.group_id}")
     return ProcessGroupMpidist(group, rank, size, False)

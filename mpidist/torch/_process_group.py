@@ -31,9 +31,10 @@ from torch._C._distributed_c10d import (
 )
 
 import mpidist
-from mpidist import _runtime
-from mpidist.errors import prefix
-from mpidist.torch._views import Staged, array
+from mpidist import _coalesced, _runtime, gather_scatter, reductions
+from mpidist.errors import DistError, prefix
+from mpidist.torch._profile import profiled, record, recording
+from mpidist.torch._views import SparseTensor, Staged, array
 from mpidist.torch._work import TorchWork, seconds
 
 __all__ = ["ProcessGroupMpidist", "BACKEND_NAME"]
@@ -52,7 +53,7 @@ _OPS = {
     int(_RedOpType.BXOR): mpidist.ReduceOp.BXOR,
 }
 _SUM, _PREMUL = dist.ReduceOp.SUM, int(_RedOpType.PREMUL_SUM)
-_MSUM = mpidist.ReduceOp.SUM
+_MSUM, _MAVG = mpidist.ReduceOp.SUM, mpidist.ReduceOp.AVG
 
 
 def _reduce_op(red: Any, op: str) -> Any:
@@ -67,13 +68,19 @@ def _reduce_op(red: Any, op: str) -> Any:
         raise TypeError(f"{prefix(op)} op must be a torch.distributed.ReduceOp, got {red!r}") from None
     if value == _PREMUL:
         factor = red.factor
-        if isinstance(factor, torch.Tensor):
+        if isinstance(factor, torch.Tensor):  # one element (torch checks): 0-d, or torch.tensor([f]) as its tests
+            factor = factor.reshape(())
             factor = float(factor.item()) if factor.is_cuda else array(factor, op, "PREMUL_SUM factor")
         return mpidist.make_premul_sum(factor)
     found = _OPS.get(value)
     if found is None:
         raise ValueError(f"{prefix(op)} unsupported reduce op {red!r}")
     return found
+
+
+def _is_integer(t: Any) -> bool:
+    """An integer tensor (not bool, floating point or complex)."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype is torch.bool)
 
 
 def _tensors(x: Any) -> list:
@@ -161,6 +168,15 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         ``batch_isend_irecv`` asks it whether it coalesces: no)."""
         return self
 
+    @property
+    def _device_types(self) -> list:
+        """The devices whose tensors the group takes (torch's ``ProcessGroup._device_types``,
+        which lists a C++ group's registered backends): CPU, and CUDA where torch has it.
+        torch's object collectives and ``torch.distributed.checkpoint.async_save`` (which
+        needs CPU) read it."""
+        cpu = torch.device("cpu")
+        return [cpu, torch.device("cuda")] if torch.cuda.is_available() else [cpu]
+
     def _get_sequence_number_for_group(self) -> int:
         """Collectives issued on the group so far (mpidist's sequence number)."""
         return self._mg.engine.seq
@@ -215,7 +231,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             return None
         if not isinstance(works, list):
             works = [works]
-        work = TorchWork(works, outputs, staged.finish if staged.backs else None, source, staged.stream)
+        work = TorchWork(works, outputs, staged.finish if staged.backs or staged.after else None, source,
+                         staged.stream)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -240,10 +257,27 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                  for i, (o, x) in enumerate(zip(outs, inputs))]
         return self._done(self._each(staged, async_op, calls), outs, staged)
 
+    def _avg(self, red: Any, staged: Staged, outputs: list, written: bool = True) -> Any:
+        """``red``, except AVG of integer tensors: SUM, then each of ``outputs`` divided by
+        the group size rounding toward zero once the op completed (NCCL's integer AVG, which
+        Lightning's ``sync_dist`` sends; mpidist's own AVG takes floating point only).
+        ``written``: False where this rank gets no result (a reduce's non-root)."""
+        if red is not _MAVG or not outputs or not _is_integer(outputs[0]):
+            return red
+        if written:
+            n = len(self._ranks)
+            staged.after.append(lambda: [t.div_(n, rounding_mode="trunc") for t in outputs])
+        return _MSUM
+
     # -- all-reduce ------------------------------------------------------------------------
-    def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
+    def allreduce(self, tensors: Any, opts: Any = None, timeout: Any = None, _traced: bool = False) -> Any:
         """torch ``allreduce``: ``tensors`` (one tensor, or a list reduced together as
-        ``all_reduce_multigpu``) reduced in place on every rank."""
+        ``all_reduce_multigpu``) reduced in place on every rank. A sparse COO tensor is
+        summed as gloo sums one (:meth:`_sparse_allreduce`); AVG of integer tensors is
+        NCCL's (:meth:`_avg`). While a torch profiler records: event ``mpidist:all_reduce``."""
+        if recording() and not _traced:
+            return record("mpidist:all_reduce", 0, ProcessGroupMpidist.allreduce, self, (tensors, opts, timeout),
+                          {"_traced": True})
         op = "all_reduce"
         if type(opts) is AllreduceOptions:
             red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp
@@ -251,26 +285,67 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
         ts = _tensors(tensors)  # allreduce, broadcast, reduce written out: a shared helper cost 0.2-0.6 us
         staged = Staged()
-        if len(ts) == 1:
-            w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
-        else:
-            arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.all_reduce_multigpu, arrays, red, self._arg, async_op)
+        if red is _MAVG:
+            red = self._avg(red, staged, ts)
+        try:
+            if len(ts) == 1:
+                w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
+            else:
+                arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
+                w = self._call(staged, mpidist.all_reduce_multigpu, arrays, red, self._arg, async_op)
+        except SparseTensor:
+            return self._sparse_allreduce(ts, red, async_op)
         return self._done(w, ts, staged)
 
+    def _sparse_allreduce(self, ts: list, red: Any, async_op: bool) -> Any:
+        """all_reduce of one sparse COO tensor, as torch's gloo backend does it: the sum of
+        every member's tensor, coalesced, replaces the tensor on every member (its ``nnz``
+        may change). Every member's coalesced indices and values are gathered
+        (``all_gather_object``, in group-rank order) and summed in that order, so every
+        member gets the same tensor. SUM only.
+
+        Raises:
+            ValueError: an op other than SUM, several tensors, a tensor that is not sparse
+                COO, or members whose tensors' sizes differ (on every member).
+        """
+        op = "all_reduce"
+        if red is not _MSUM:
+            raise ValueError(f"{prefix(op)} sparse tensors are summed only (ReduceOp.SUM), got {red!r}")
+        if len(ts) != 1 or ts[0].layout is not torch.sparse_coo:
+            raise ValueError(f"{prefix(op)} expects one sparse COO tensor, or dense tensors only; got "
+                             f"{[str(t.layout) for t in ts]}")
+        t = ts[0]
+        local = t.detach().coalesce()
+        parts: list = [None] * len(self._ranks)
+        mpidist.all_gather_object(parts, (tuple(t.shape), local.indices(), local.values()), self._arg)
+        sizes = [p[0] for p in parts]
+        if any(size != sizes[0] for size in sizes):
+            raise ValueError(f"{prefix(op)} the members' sparse tensors differ in size (group rank: size): "
+                             f"{dict(enumerate(sizes))}")
+        total = torch.sparse_coo_tensor(torch.cat([p[1] for p in parts], 1), torch.cat([p[2] for p in parts]),
+                                        t.shape, dtype=t.dtype).coalesce()
+        with torch.no_grad():
+            t.copy_(total)
+        return TorchWork([], [t]) if async_op else None
+
+    @profiled("mpidist:all_reduce_coalesced", 0)
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         """torch ``allreduce_coalesced``: each tensor reduced on its own, in list order."""
         op = "all_reduce"
         opts = _options(opts, AllreduceCoalescedOptions)
-        red = _reduce_op(opts.reduceOp, op)
         ts = _tensors(tensors)
         staged = Staged()
+        red = self._avg(_reduce_op(opts.reduceOp, op), staged, ts)
         calls = [(mpidist.all_reduce, (staged.out(t, op, f"tensors[{i}]"), red, self._arg)) for i, t in enumerate(ts)]
         return self._done(self._each(staged, opts.asyncOp, calls), ts, staged)
 
     # -- broadcast / reduce ----------------------------------------------------------------
-    def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
-        """torch ``broadcast`` from group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
+    def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, _traced: bool = False) -> Any:
+        """torch ``broadcast`` from group rank ``opts.rootRank`` (tensor ``opts.rootTensor``).
+        While a torch profiler records: event ``mpidist:broadcast``."""
+        if recording() and not _traced:
+            return record("mpidist:broadcast", 0, ProcessGroupMpidist.broadcast, self, (tensors, opts, timeout),
+                          {"_traced": True})
         op = "broadcast"
         if isinstance(opts, int):  # (tensor, root)
             opts = _options(None, BroadcastOptions, rootRank=opts)
@@ -286,8 +361,13 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                            src_tensor=opts.rootTensor)
         return self._done(w, ts, staged)
 
-    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None) -> Any:
-        """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``)."""
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
+               _traced: bool = False) -> Any:
+        """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``).
+        While a torch profiler records: event ``mpidist:reduce``."""
+        if recording() and not _traced:
+            return record("mpidist:reduce", 0, ProcessGroupMpidist.reduce, self, (tensors, opts, op, timeout),
+                          {"_traced": True})
         name = "reduce"
         if isinstance(opts, int):  # (tensor, root, op)
             opts = _options(None, ReduceOptions, rootRank=opts, reduceOp=op)
@@ -296,6 +376,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         dst = self._global(opts.rootRank, name, "rootRank")
         ts = _tensors(tensors)
         staged = Staged()
+        if red is _MAVG:
+            red = self._avg(red, staged, ts, self.rank() == opts.rootRank)
         if len(ts) == 1:
             w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg,
                            opts.asyncOp)
@@ -306,6 +388,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, ts, staged)
 
     # -- gathers ---------------------------------------------------------------------------
+    @profiled("mpidist:all_gather", 1)
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         """torch ``allgather``: ``output_tensors[0][r]`` receives group rank r's input."""
         op = "all_gather"
@@ -325,17 +408,23 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             w = self._call(staged, mpidist.all_gather_multigpu, out, inp, self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
+    @profiled("mpidist:all_gather_coalesced", 1)
     def allgather_coalesced(self, output_lists: Any, input_list: Any, opts: Any = None) -> Any:
-        """torch ``allgather_coalesced``: ``output_lists[i][r]`` receives rank r's ``input_list[i]``."""
-        op = "all_gather"
+        """torch ``allgather_coalesced``: ``output_lists[r][i]`` receives group rank r's
+        ``input_list[i]`` (torch's layout: one list per rank), in one collective
+        (``mpidist.all_gather_coalesced``)."""
+        op = "all_gather_coalesced"
         opts = _options(opts, AllgatherOptions)
         outs = [list(lst) for lst in output_lists]
         staged = Staged()
-        calls = [(mpidist.all_gather, ([staged.out(t, op, f"output_lists[{i}][{r}]") for r, t in enumerate(lst)],
-                                       staged.inp(inp, op, f"input_list[{i}]"), self._arg))
-                 for i, (lst, inp) in enumerate(zip(outs, input_list))]
-        return self._done(self._each(staged, opts.asyncOp, calls), outs, staged)
+        w = self._call(staged, _coalesced.all_gather_coalesced,
+                       [[staged.out(t, op, f"output_lists[{r}][{i}]") for i, t in enumerate(lst)]
+                        for r, lst in enumerate(outs)],
+                       [staged.inp(t, op, f"input_list[{i}]") for i, t in enumerate(_tensors(input_list))],
+                       self._arg, opts.asyncOp)
+        return self._done(w, outs, staged)
 
+    @profiled("mpidist:all_gather_into_tensor", 1)
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """torch ``_allgather_base`` / ``all_gather_single``: ``output`` holds every rank's
         ``input`` in group-rank order; ``input`` may be this rank's slot of ``output``
@@ -343,20 +432,22 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         op = "all_gather_into_tensor"
         opts = _options(opts, AllgatherOptions)
         staged = Staged()
-        w = self._call(staged, mpidist.all_gather_into_tensor, staged.out(output, op, "output"),
+        w = self._call(staged, gather_scatter.all_gather_into_tensor, staged.out(output, op, "output"),
                        staged.inp(input, op, "input"), self._arg, opts.asyncOp)
         return self._done(w, [output], staged)
 
     all_gather_single = _allgather_base
 
+    @profiled("mpidist:all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
         ``_allgather_base`` per (output, input) pair, in order."""
         opts = _options(opts, AllgatherOptions)
-        return self._pairs(mpidist.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, opts.asyncOp)
+        return self._pairs(gather_scatter.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, opts.asyncOp)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @profiled("mpidist:gather", 1)
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``gather`` to group rank ``opts.rootRank``: on the root ``output_tensors[0]``
         receives every rank's input; elsewhere ``output_tensors`` is empty."""
@@ -374,6 +465,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        dst, self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
+    @profiled("mpidist:scatter", 1)
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``scatter`` from group rank ``opts.rootRank``: ``output_tensors[0]`` receives
         the root's ``input_tensors[0][my rank]``."""
@@ -392,6 +484,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, outs, staged)
 
     # -- reduce-scatter --------------------------------------------------------------------
+    @profiled("mpidist:reduce_scatter", 1)
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``reduce_scatter``: ``output_tensors[0]`` receives the reduction of every
         rank's ``input_tensors[0][my rank]``."""
@@ -406,35 +499,39 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             raise ValueError(f"{prefix(op)} expects one output tensor and one input list (one device per "
                              f"process), got {len(outs)} and {len(input_tensors)}")
         staged = Staged()
+        red = self._avg(red, staged, outs)
         inputs = [staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
         w = self._call(staged, mpidist.reduce_scatter, staged.out(outs[0], op, "output_tensors[0]"), inputs, red,
                        self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
+    @profiled("mpidist:reduce_scatter_tensor", 1)
     def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """torch ``_reduce_scatter_base`` / ``reduce_scatter_single``: ``output`` receives
         block ``my rank`` of the reduction of every rank's ``input``."""
         op = "reduce_scatter_tensor"
         opts = _options(opts, ReduceScatterOptions)
-        red = _reduce_op(opts.reduceOp, op)
         staged = Staged()
-        w = self._call(staged, mpidist.reduce_scatter_tensor, staged.out(output, op, "output"),
+        red = self._avg(_reduce_op(opts.reduceOp, op), staged, [output])
+        w = self._call(staged, reductions.reduce_scatter_tensor, staged.out(output, op, "output"),
                        staged.inp(input, op, "input"), red, self._arg, opts.asyncOp)
         return self._done(w, [output], staged)
 
     reduce_scatter_single = _reduce_scatter_base
 
+    @profiled("mpidist:reduce_scatter_tensor_coalesced", 1)
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """torch ``reduce_scatter_tensor_coalesced`` / ``reduce_scatter_single_coalesced``:
         one ``_reduce_scatter_base`` per (output, input) pair, in order."""
         op = "reduce_scatter_tensor"
         opts = _options(opts, ReduceScatterOptions)
-        return self._pairs(mpidist.reduce_scatter_tensor, op, outputs, inputs, opts.asyncOp,
+        return self._pairs(reductions.reduce_scatter_tensor, op, outputs, inputs, opts.asyncOp,
                            _reduce_op(opts.reduceOp, op))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # -- all-to-all ------------------------------------------------------------------------
+    @profiled("mpidist:all_to_all", 1)
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,  # noqa: A002
                       opts: Any = None) -> Any:
         """torch ``alltoall_base`` / ``all_to_all_single`` (empty split lists: equal splits)."""
@@ -448,6 +545,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @profiled("mpidist:all_to_all", 1)
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         """torch ``alltoall``: ``output_tensors[r]`` receives group rank r's ``input_tensors[my rank]``."""
         op = "all_to_all"
@@ -461,6 +559,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, outs, staged)
 
     # -- synchronization -------------------------------------------------------------------
+    @profiled("mpidist:barrier", None)
     def barrier(self, opts: Any = None) -> Any:
         """torch ``barrier`` (MPI_Barrier; ``device_ids`` do not matter)."""
         if isinstance(opts, datetime.timedelta):  # (timeout)
@@ -470,10 +569,22 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return None if w is None else TorchWork([w], [])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """mpidist's ``monitored_barrier`` on this group (torch's front end only calls gloo's)."""
-        mpidist.monitored_barrier(self._arg, seconds(timeout), wait_all_ranks)
+        """mpidist's ``monitored_barrier`` on this group (torch's front end only calls gloo's).
+
+        ``timeout``: a ``timedelta`` or seconds; None: the group's timeout. A timeout of 0
+        (or less) leaves group rank 0 no time to wait: it raises DistError at once, as
+        gloo's does ("Rank 0 timed out in monitoredBarrier"); the other members wait for
+        rank 0 up to the group's timeout, as gloo's do."""
+        limit = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        if limit is not None and limit <= 0:
+            if self.rank() == 0:
+                raise DistError(f"{prefix('monitored_barrier')} Rank 0 timed out in monitoredBarrier after 0 ms: "
+                                f"a timeout of {timeout} leaves no time to wait for the other ranks")
+            limit = None
+        mpidist.monitored_barrier(self._arg, limit, wait_all_ranks)
 
     # -- point-to-point --------------------------------------------------------------------
+    @profiled("mpidist:send", 0)
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803  (torch's names)
         """torch ``send``: start sending ``tensors[0]`` to group rank ``dstRank`` (MPI_Isend)."""
         op = "isend"
@@ -483,6 +594,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        self._arg, tag)
         return self._done(w, ts, staged)
 
+    @profiled("mpidist:recv", 0)
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         """torch ``recv``: start receiving into ``tensors[0]`` from group rank ``srcRank``."""
         op = "irecv"
@@ -492,6 +604,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        self._arg, tag)
         return self._done(w, ts, staged, self._group_rank)
 
+    @profiled("mpidist:recvAnySource", 0)
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         """torch ``recv_anysource``: receive from any member; the Work's ``_source_rank()``
         (group rank) says from whom."""

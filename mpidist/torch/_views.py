@@ -25,18 +25,26 @@ import torch
 from mpidist.errors import prefix
 from mpidist.torch._dtypes import REINTERPRET
 
-__all__ = ["Staged", "array"]
+__all__ = ["SparseTensor", "Staged", "array"]
+
+
+class SparseTensor(TypeError):
+    """A sparse tensor where an op takes dense ones (the ops that take sparse tensors
+    catch it: ``allreduce``)."""
+
 
 class Staged:
     """The copies one call needs around its op: output temporaries to copy back into the
-    caller's tensors once the op completes (``backs``), and, when a CUDA tensor is among
+    caller's tensors once the op completes (``backs``); steps to run after those
+    (``after``: callables, e.g. integer AVG's division); and, when a CUDA tensor is among
     the arguments, ``stream``: :func:`mpidist.torch._cuda.current_stream`, in which the
     call runs (torch's current stream); else None."""
 
-    __slots__ = ("backs", "stream")
+    __slots__ = ("backs", "after", "stream")
 
     def __init__(self) -> None:
         self.backs: list = []
+        self.after: list = []
         self.stream: Optional[Callable[[], Any]] = None
 
     def out(self, t: Any, op: str, arg: str) -> Any:
@@ -57,12 +65,15 @@ class Staged:
         return _slow(t, self, write, op, arg)
 
     def finish(self) -> None:
-        """Copy the temporaries back into the caller's tensors (after the op completed)."""
-        if self.backs:
+        """Copy the temporaries back into the caller's tensors, then run ``after`` (once the
+        op completed)."""
+        if self.backs or self.after:
             with torch.no_grad():
                 for dst, src in self.backs:
                     dst.copy_(src)
-            self.backs = []
+                for step in self.after:
+                    step()
+            self.backs, self.after = [], []
 
 
 def array(t: Any, op: str, arg: str) -> Any:
@@ -73,6 +84,8 @@ def array(t: Any, op: str, arg: str) -> Any:
 def _check_tensor(t: Any, op: str, arg: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{prefix(op)} {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout is torch.sparse_coo:
+        raise SparseTensor(f"{prefix(op)} {arg} is a sparse COO tensor, which only all_reduce takes (as gloo)")
     if t.layout is not torch.strided:
         raise TypeError(f"{prefix(op)} {arg} must be a dense (strided) tensor, got layout {t.layout}")
     if t.is_quantized:

@@ -21,7 +21,8 @@ check of the settings applies, with the same error on every rank: ``rank=``/``wo
 as for torch's own MPI backend (values that differ from MPI's are ignored with torch's
 warning; a renumbering of the processes is an error), RANK/WORLD_SIZE in the environment
 that say a larger world than MPI launched are an error. MASTER_ADDR/MASTER_PORT are not
-needed and, when set, unused (one warning, on rank 0).
+needed and, when set, unused (said once, on rank 0, at debug level INFO or DETAIL:
+``MPIDIST_DEBUG``/``TORCH_DISTRIBUTED_DEBUG``; frameworks set them on their own).
 
 Limits of a process-local store: torch features that need a store shared between
 ranks do not work on it: gloo or nccl groups made beside an mpidist world,
@@ -150,7 +151,9 @@ def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any)
     if not _is_ours(calling_backend()):
         return _torch_env(url, timeout=timeout, **kwargs)
     unused = [name for name in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(name)]
-    if unused and MPI.COMM_WORLD.Get_rank() == 0:
+    # Lightning, Accelerate and DeepSpeed set them themselves: said only when asked for
+    # (debug level INFO or DETAIL), where it may explain a setup, never as routine noise
+    if unused and MPI.COMM_WORLD.Get_rank() == 0 and mpidist.get_debug_level() != mpidist.DebugLevel.OFF:
         warnings.warn(f"mpidist: {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but unused: "
                       f"backend 'mpidist' takes ranks from MPI ({MPI.COMM_WORLD.Get_size()} processes) and "
                       f"listens on no port", UserWarning, stacklevel=_user_stacklevel())
