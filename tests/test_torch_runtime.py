@@ -75,7 +75,7 @@ def test_sub_group_needs_mpidist_initialized():
         mpidist.destroy_process_group()
 
     class Opts:
-        global_ranks_in_group, group_rank, group_size, group_id = [0], 0, 1, "9"
+        global_ranks_in_group, group_rank, group_size, group_id, timeout = [0], 0, 1, "9", None
 
     with pytest.raises(RuntimeError, match="not initialized"):
         _backend.create(Opts())

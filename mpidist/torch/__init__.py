@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch.distributed as _dist
 
-from mpidist.torch import rendezvous
+from mpidist.torch import _mpi_name, rendezvous
 from mpidist.torch._backend import create
 from mpidist.torch._process_group import BACKEND_NAME, ProcessGroupMpidist
 from mpidist.torch._work import TorchWork
@@ -32,12 +32,15 @@ __all__ = ["BACKEND_NAME", "ProcessGroupMpidist", "TorchWork", "create", "regist
 
 
 def register() -> None:
-    """Register backend ``"mpidist"`` (cpu and cuda) and rendezvous ``mpi://`` with torch.
+    """Register backend ``"mpidist"`` (cpu and cuda) and rendezvous ``mpi://`` with torch,
+    and make backend ``"mpi"`` mpidist on a torch built without MPI
+    (:mod:`mpidist.torch._mpi_name`).
 
     Runs on import; calling it again does nothing.
     """
     _dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
     rendezvous.register()
+    _mpi_name.install()
 
 
 register()

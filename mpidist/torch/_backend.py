@@ -24,9 +24,9 @@ from typing import Any, Optional
 import mpidist
 from mpidist import _runtime
 from mpidist._group import ProcessGroup
-from mpidist.torch._process_group import ProcessGroupMpidist
+from mpidist.torch._process_group import BACKEND_NAME, ProcessGroupMpidist
 
-__all__ = ["create", "start_runtime"]
+__all__ = ["create", "make", "start_runtime"]
 
 #: The default group of the mpidist runtime that torch's rendezvous started (for torch's
 #: default group to own), until the creator takes it.
@@ -63,25 +63,36 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpidist:
         RuntimeError: a sub-group while mpidist is not initialized (the default group is
             another backend's and mpidist was never initialized).
     """
+    return make([int(r) for r in options.global_ranks_in_group], options.timeout, BACKEND_NAME,
+                (int(options.group_rank), int(options.group_size)), f"torch:{options.group_id}")
+
+
+def make(ranks: list, timeout: Any, name: str, given: Optional[tuple] = None,
+         desc: Optional[str] = None) -> ProcessGroupMpidist:
+    """The torch group over mpidist for global ``ranks`` (empty: the default group), called
+    on its members only, for backend ``name`` ("mpidist", or "mpi": :mod:`mpidist.torch._mpi_name`).
+
+    ``timeout``: the group's (torch's ``timeout=``; the default group's starts mpidist's
+    runtime when it is not running). ``given``: torch's (rank, size) for the group, checked
+    against MPI's for the default group (None: MPI's, as torch's MPI backend takes them).
+    ``desc``: the mpidist group's name until torch sets the group's description.
+    """
     global _started
-    ranks = [int(r) for r in options.global_ranks_in_group]
-    rank, size = int(options.group_rank), int(options.group_size)
     if not ranks:  # the default group
-        if not mpidist.is_initialized():  # a store was given: torch skipped the rendezvous
-            start_runtime(options.timeout)
+        if not mpidist.is_initialized():  # "mpi", or a store was given: torch skipped the rendezvous
+            start_runtime(timeout)
         st = _runtime.state()
         owns, _started = _started is st.world, None
-        if (rank, size) != (st.rank, st.world_size):
+        if given is not None and given != (st.rank, st.world_size):
             if owns:
                 mpidist.destroy_process_group()
-            raise ValueError(f"[rank {st.rank}/{st.world_size}] init_process_group: backend 'mpidist' takes "
+            raise ValueError(f"[rank {st.rank}/{st.world_size}] init_process_group: backend {name!r} takes "
                              f"ranks from MPI, which gave this process rank {st.rank} of {st.world_size}, but "
-                             f"torch was given rank {rank} of {size}; drop rank=/world_size=/RANK/WORLD_SIZE, "
-                             f"or launch with mpiexec/srun so that they agree")
-        return ProcessGroupMpidist(st.world, rank, size, owns)
+                             f"torch was given rank {given[0]} of {given[1]}; drop rank=/world_size=/RANK/"
+                             f"WORLD_SIZE, or launch with mpiexec/srun so that they agree")
+        return ProcessGroupMpidist(st.world, st.rank, st.world_size, owns, name)
     if not mpidist.is_initialized():
-        raise RuntimeError("new_group(backend='mpidist'): mpidist is not initialized; initialize the default "
-                           "group with backend 'mpidist' (or call mpidist.init_process_group() on every rank first)")
-    group = mpidist.new_group(ranks, timeout=options.timeout, use_local_synchronization=True,
-                              group_desc=f"torch:{options.group_id}")
-    return ProcessGroupMpidist(group, rank, size, False)
+        raise RuntimeError(f"new_group(backend={name!r}): mpidist is not initialized; initialize the default "
+                           f"group with backend {name!r} (or call mpidist.init_process_group() on every rank first)")
+    group = mpidist.new_group(ranks, timeout=timeout, use_local_synchronization=True, group_desc=desc)
+    return ProcessGroupMpidist(group, group.rank(), group.size(), False, name)

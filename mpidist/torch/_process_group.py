@@ -108,7 +108,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     ``rank`` and ``size`` are the caller's rank in the group and the group's size (torch
     reads them through ``rank()`` / ``size()``); ``owns_runtime``: this group started
     mpidist's runtime (the default group of ``init_process_group("mpidist")`` when
-    mpidist was not initialized yet) and stops it on ``shutdown()``.
+    mpidist was not initialized yet) and stops it on ``shutdown()``; ``backend_name``: the
+    name torch knows the backend by (``"mpidist"``, or ``"mpi"`` on a torch without MPI:
+    :mod:`mpidist.torch._mpi_name`).
 
     Semantics are torch's for a backend: root and peer ranks in the options are group
     ranks; sync calls (``opts.asyncOp`` False) return None once the op is done; async
@@ -116,8 +118,10 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     DistError (a RuntimeError) for communication failures and timeouts.
     """
 
-    def __init__(self, group: "mpidist.ProcessGroup", rank: int, size: int, owns_runtime: bool) -> None:
+    def __init__(self, group: "mpidist.ProcessGroup", rank: int, size: int, owns_runtime: bool,
+                 backend_name: str = BACKEND_NAME) -> None:
         super().__init__(rank, size)
+        self._backend_name = backend_name
         self._mg = group
         st = _runtime.state_or_none()
         #: what mpidist's ops get as ``group``: None for the world (their fastest path)
@@ -132,7 +136,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     # -- housekeeping -----------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802  (torch's names)
-        return BACKEND_NAME
+        return self._backend_name
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
         self._name = name
@@ -276,7 +280,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         summed as gloo sums one (:meth:`_sparse_allreduce`); AVG of integer tensors is
         NCCL's (:meth:`_avg`). While a torch profiler records: event ``mpidist:all_reduce``."""
         if recording() and not _traced:
-            return record("mpidist:all_reduce", 0, ProcessGroupMpidist.allreduce, self, (tensors, opts, timeout),
+            return record("all_reduce", 0, ProcessGroupMpidist.allreduce, self, (tensors, opts, timeout),
                           {"_traced": True})
         op = "all_reduce"
         if type(opts) is AllreduceOptions:
@@ -328,7 +332,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             t.copy_(total)
         return TorchWork([], [t]) if async_op else None
 
-    @profiled("mpidist:all_reduce_coalesced", 0)
+    @profiled("all_reduce_coalesced", 0)
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         """torch ``allreduce_coalesced``: each tensor reduced on its own, in list order."""
         op = "all_reduce"
@@ -344,7 +348,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """torch ``broadcast`` from group rank ``opts.rootRank`` (tensor ``opts.rootTensor``).
         While a torch profiler records: event ``mpidist:broadcast``."""
         if recording() and not _traced:
-            return record("mpidist:broadcast", 0, ProcessGroupMpidist.broadcast, self, (tensors, opts, timeout),
+            return record("broadcast", 0, ProcessGroupMpidist.broadcast, self, (tensors, opts, timeout),
                           {"_traced": True})
         op = "broadcast"
         if isinstance(opts, int):  # (tensor, root)
@@ -366,7 +370,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``).
         While a torch profiler records: event ``mpidist:reduce``."""
         if recording() and not _traced:
-            return record("mpidist:reduce", 0, ProcessGroupMpidist.reduce, self, (tensors, opts, op, timeout),
+            return record("reduce", 0, ProcessGroupMpidist.reduce, self, (tensors, opts, op, timeout),
                           {"_traced": True})
         name = "reduce"
         if isinstance(opts, int):  # (tensor, root, op)
@@ -388,7 +392,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, ts, staged)
 
     # -- gathers ---------------------------------------------------------------------------
-    @profiled("mpidist:all_gather", 1)
+    @profiled("all_gather", 1)
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         """torch ``allgather``: ``output_tensors[0][r]`` receives group rank r's input."""
         op = "all_gather"
@@ -408,7 +412,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             w = self._call(staged, mpidist.all_gather_multigpu, out, inp, self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
-    @profiled("mpidist:all_gather_coalesced", 1)
+    @profiled("all_gather_coalesced", 1)
     def allgather_coalesced(self, output_lists: Any, input_list: Any, opts: Any = None) -> Any:
         """torch ``allgather_coalesced``: ``output_lists[r][i]`` receives group rank r's
         ``input_list[i]`` (torch's layout: one list per rank), in one collective
@@ -424,7 +428,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
-    @profiled("mpidist:all_gather_into_tensor", 1)
+    @profiled("all_gather_into_tensor", 1)
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """torch ``_allgather_base`` / ``all_gather_single``: ``output`` holds every rank's
         ``input`` in group-rank order; ``input`` may be this rank's slot of ``output``
@@ -438,7 +442,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
-    @profiled("mpidist:all_gather_into_tensor_coalesced", 1)
+    @profiled("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
         ``_allgather_base`` per (output, input) pair, in order."""
@@ -447,7 +451,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-    @profiled("mpidist:gather", 1)
+    @profiled("gather", 1)
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``gather`` to group rank ``opts.rootRank``: on the root ``output_tensors[0]``
         receives every rank's input; elsewhere ``output_tensors`` is empty."""
@@ -465,7 +469,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        dst, self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
-    @profiled("mpidist:scatter", 1)
+    @profiled("scatter", 1)
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``scatter`` from group rank ``opts.rootRank``: ``output_tensors[0]`` receives
         the root's ``input_tensors[0][my rank]``."""
@@ -484,7 +488,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, outs, staged)
 
     # -- reduce-scatter --------------------------------------------------------------------
-    @profiled("mpidist:reduce_scatter", 1)
+    @profiled("reduce_scatter", 1)
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None) -> Any:
         """torch ``reduce_scatter``: ``output_tensors[0]`` receives the reduction of every
         rank's ``input_tensors[0][my rank]``."""
@@ -505,7 +509,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        self._arg, opts.asyncOp)
         return self._done(w, outs, staged)
 
-    @profiled("mpidist:reduce_scatter_tensor", 1)
+    @profiled("reduce_scatter_tensor", 1)
     def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """torch ``_reduce_scatter_base`` / ``reduce_scatter_single``: ``output`` receives
         block ``my rank`` of the reduction of every rank's ``input``."""
@@ -519,7 +523,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
-    @profiled("mpidist:reduce_scatter_tensor_coalesced", 1)
+    @profiled("reduce_scatter_tensor_coalesced", 1)
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """torch ``reduce_scatter_tensor_coalesced`` / ``reduce_scatter_single_coalesced``:
         one ``_reduce_scatter_base`` per (output, input) pair, in order."""
@@ -531,7 +535,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # -- all-to-all ------------------------------------------------------------------------
-    @profiled("mpidist:all_to_all", 1)
+    @profiled("all_to_all", 1)
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,  # noqa: A002
                       opts: Any = None) -> Any:
         """torch ``alltoall_base`` / ``all_to_all_single`` (empty split lists: equal splits)."""
@@ -545,7 +549,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
-    @profiled("mpidist:all_to_all", 1)
+    @profiled("all_to_all", 1)
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         """torch ``alltoall``: ``output_tensors[r]`` receives group rank r's ``input_tensors[my rank]``."""
         op = "all_to_all"
@@ -559,7 +563,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, outs, staged)
 
     # -- synchronization -------------------------------------------------------------------
-    @profiled("mpidist:barrier", None)
+    @profiled("barrier", None)
     def barrier(self, opts: Any = None) -> Any:
         """torch ``barrier`` (MPI_Barrier; ``device_ids`` do not matter)."""
         if isinstance(opts, datetime.timedelta):  # (timeout)
@@ -584,7 +588,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         mpidist.monitored_barrier(self._arg, limit, wait_all_ranks)
 
     # -- point-to-point --------------------------------------------------------------------
-    @profiled("mpidist:send", 0)
+    @profiled("send", 0)
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803  (torch's names)
         """torch ``send``: start sending ``tensors[0]`` to group rank ``dstRank`` (MPI_Isend)."""
         op = "isend"
@@ -594,7 +598,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        self._arg, tag)
         return self._done(w, ts, staged)
 
-    @profiled("mpidist:recv", 0)
+    @profiled("recv", 0)
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         """torch ``recv``: start receiving into ``tensors[0]`` from group rank ``srcRank``."""
         op = "irecv"
@@ -604,7 +608,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        self._arg, tag)
         return self._done(w, ts, staged, self._group_rank)
 
-    @profiled("mpidist:recvAnySource", 0)
+    @profiled("recvAnySource", 0)
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         """torch ``recv_anysource``: receive from any member; the Work's ``_source_rank()``
         (group rank) says from whom."""

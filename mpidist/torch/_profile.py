@@ -4,7 +4,7 @@ gloo records each collective as an event named ``"gloo:all_reduce"``, ``"gloo:br
 ... with the op's input shapes, from the op's issue to its completion on gloo's worker
 thread (so the profiler marks it ``is_async``). :func:`profiled` does the same for a
 method of :class:`~mpidist.torch._process_group.ProcessGroupMpidist`: an event
-``"mpidist:<op>"`` whose inputs are the op's input tensors (``record_shapes=True``
+``"mpidist:<op>"`` (``"mpi:<op>"`` for backend "mpi") whose inputs are the op's input tensors (``record_shapes=True``
 shows their shapes), ended when the op completes, on the thread that completes it.
 
 Only while a torch profiler is recording (``torch.autograd.profiler.profile``,
@@ -46,7 +46,7 @@ def _flat(x: Any) -> list:
 
 def profiled(title: str, inputs: Optional[int]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a process-group op method so that, while a torch profiler records, it is
-    recorded as event ``title`` with the tensors of its positional argument ``inputs``
+    recorded as event ``"<backend name>:<title>"`` with the tensors of its positional argument ``inputs``
     (None: none) as the event's inputs. (A wrapper's call costs ~0.1-0.3 us: allreduce,
     broadcast and reduce call :func:`record` themselves instead.)"""
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,10 +61,11 @@ def profiled(title: str, inputs: Optional[int]) -> Callable[[Callable[..., Any]]
 
 def record(title: str, inputs: Optional[int], method: Callable[..., Any], pg: Any, args: tuple,
            kwargs: dict) -> Any:
-    """``method(pg, *args, **kwargs)`` recorded as event ``title`` (see the module); for
+    """``method(pg, *args, **kwargs)`` recorded as event ``"<pg's backend name>:<title>"``
+    (``mpidist:all_reduce``; ``mpi:all_reduce`` for backend "mpi"; see the module); for
     the hot ops, which call it themselves when :func:`recording` (no wrapper's call on
     their path), with a keyword in ``kwargs`` that stops the recursion."""
-    rec = _RecordFunctionFast(title, _flat(args[inputs]) if inputs is not None and len(args) > inputs else [])
+    rec = _RecordFunctionFast(f"{pg.getBackendName()}:{title}", _flat(args[inputs]) if inputs is not None and len(args) > inputs else [])
     rec.__enter__()
     # a synchronous call is issued asynchronously, so that the event ends where the op does
     opts = next((a for a in (*args, *kwargs.values()) if hasattr(type(a), "asyncOp")), None)
