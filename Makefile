@@ -85,7 +85,8 @@ clean:
 # bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path);
 # bench_check.py: what the default mismatch check costs (all_reduce with it on and off, paired).
 # bench_torch.py: torch's dist.all_reduce through the "mpidist" backend vs gloo, raw mpi4py and a
-# do-nothing backend, and a DDP step over mpidist vs gloo (torch_np{2,4}.md).
+# do-nothing backend, and a DDP step over mpidist vs gloo (torch_np{2,4}.md). bench_store.py: the store
+# over MPI (mpidist.torch.MPIStore) vs torch's TCPStore, and gloo's init over each (store_np{2,4}.md).
 BENCH         := $(PY) benchmarks/bench_allreduce.py
 BENCH_COLL    := $(PY) benchmarks/bench_collectives.py
 BENCH_TIMEOUT ?= 1200
@@ -125,6 +126,10 @@ bench: bench-install
 	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_torch.py
 	@echo "== torch.distributed all_reduce under mpiexec -n 4"
 	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 4 $(PY) benchmarks/bench_torch.py --no-ddp
+	@set -e; for n in 2 4; do \
+	  echo "== the store over MPI vs TCPStore, and gloo's init over each, under mpiexec -n $$n"; \
+	  OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_store.py; \
+	done
 
 # GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
 # SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI

@@ -151,7 +151,7 @@ def test_init_forms_without_env_and_no_listening_socket(tmp_path):
     assert rc == 0, err
     for form in ("env", "mpi"):
         for rank in (0, 1):
-            assert f"{form} rank {rank} size 2 sum 4.0 store HashStore new-listening 0" in out, out + err
+            assert f"{form} rank {rank} size 2 sum 4.0 store MPIStore new-listening 0" in out, out + err
     assert out.count("destroyed torch=False mpidist=False") == 6  # 3 inits, 2 ranks: runtime freed each time
     assert out.count("gloo: ") == 2 and "MASTER_ADDR" in out  # gloo: torch's own env:// error, untouched
 

@@ -81,14 +81,18 @@ def test_sub_group_needs_mpidist_initialized():
         _backend.create(Opts())
 
 
-def test_mpi_init_method_with_another_backend():
-    """mpi:// gives a process-local store: fine for a world of one, refused for more ranks."""
+def test_mpi_init_method_gives_torchs_gloo_mpis_ranks():
+    """mpi:// with torch's own gloo: ranks from MPI, the store served over MPI (no
+    MASTER_ADDR), gloo's own collectives across every rank."""
     from mpi4py import MPI  # noqa: PLC0415
 
-    if MPI.COMM_WORLD.Get_size() == 1:
-        tdist.init_process_group("gloo", init_method="mpi://")
-        assert tdist.get_world_size() == 1 and tdist.get_backend() == "gloo"
-        return
-    with pytest.raises(ValueError, match="process-local store"):
-        tdist.init_process_group("gloo", init_method="mpi://")
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    tdist.init_process_group("gloo", init_method="mpi://")
+    try:
+        assert (tdist.get_rank(), tdist.get_world_size(), tdist.get_backend()) == (rank, size, "gloo")
+        t = torch.full((3,), float(rank + 1))
+        tdist.all_reduce(t)
+        assert torch.equal(t, torch.full((3,), size * (size + 1) / 2))
+    finally:
+        tdist.destroy_process_group()
     assert not tdist.is_initialized()

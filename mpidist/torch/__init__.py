@@ -1,8 +1,10 @@
 """mpidist as a torch.distributed backend: stock PyTorch over MPI from a pip install.
 
 ``import mpidist.torch`` registers the backend ``"mpidist"`` (devices cpu and cuda)
-and the rendezvous scheme ``mpi://``; then, under ``mpiexec -n N`` or
-``srun --mpi=pmi2`` (or as a plain ``python script.py``, a world of size 1)::
+and the rendezvous scheme ``mpi://`` (whose store, :class:`MPIStore`, is served over
+MPI), and makes backend ``"mpi"`` mpidist on a torch built without MPI; then, under
+``mpiexec -n N`` or ``srun --mpi=pmi2`` (or as a plain ``python script.py``, a world of
+size 1)::
 
     import torch.distributed as dist
     import mpidist.torch  # noqa: F401
@@ -27,8 +29,9 @@ from mpidist.torch import _mpi_name, rendezvous
 from mpidist.torch._backend import create
 from mpidist.torch._process_group import BACKEND_NAME, ProcessGroupMpidist
 from mpidist.torch._work import TorchWork
+from mpidist.torch.store import MPIStore
 
-__all__ = ["BACKEND_NAME", "ProcessGroupMpidist", "TorchWork", "create", "register", "rendezvous"]
+__all__ = ["BACKEND_NAME", "MPIStore", "ProcessGroupMpidist", "TorchWork", "create", "register", "rendezvous"]
 
 
 def register() -> None:

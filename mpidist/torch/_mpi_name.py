@@ -86,5 +86,4 @@ def install() -> None:
         return
     c10d.ProcessGroupMPI = ProcessGroupMPI
     c10d._MPI_AVAILABLE = True
-    dist.ProcessGroupMPI = ProcessGroupMPI
 

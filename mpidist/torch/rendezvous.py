@@ -1,4 +1,4 @@
-"""Rendezvous without a port: ranks from MPI_COMM_WORLD, a process-local store.
+"""Rendezvous without a port: ranks from MPI_COMM_WORLD, a store served over MPI.
 
 Two ways in, both registered by ``import mpidist.torch``:
 
@@ -14,8 +14,15 @@ Two ways in, both registered by ``import mpidist.torch``:
 
 Either way the rank and world size are MPI's: under ``mpiexec -n N`` or
 ``srun --mpi=pmi2`` no MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE is needed, and a
-plain ``python script.py`` is a world of size 1. The store is a process-local
-``torch.distributed.HashStore``: nothing listens on a socket. For backend ``"mpidist"``
+plain ``python script.py`` is a world of size 1. The store is an
+:class:`~mpidist.torch.store.MPIStore` (served by rank 0 over MPI; made collectively by
+every rank in the rendezvous): nothing of mpidist's listens on a socket, and the store is
+shared between the ranks, so torch's own backends work over it too:
+``init_process_group("gloo", init_method="mpi://")`` (and ``"nccl"``) take MPI's ranks
+with no MASTER_ADDR, and gloo groups beside an mpidist world (``new_group(backend="gloo")``)
+and ``TORCH_DIST_INIT_BARRIER=1`` meet in it. Where MPI gives less than
+``MPI_THREAD_MULTIPLE`` the store is a process-local ``HashStore``: backend ``"mpidist"``
+works, torch's own backends across ranks do not. For backend ``"mpidist"``
 the handler starts mpidist's runtime (``mpidist.init_process_group``, collective), whose
 check of the settings applies, with the same error on every rank: ``rank=``/``world_size=``
 as for torch's own MPI backend (values that differ from MPI's are ignored with torch's
@@ -23,11 +30,6 @@ warning; a renumbering of the processes is an error), RANK/WORLD_SIZE in the env
 that say a larger world than MPI launched are an error. MASTER_ADDR/MASTER_PORT are not
 needed and, when set, unused (said once, on rank 0, at debug level INFO or DETAIL:
 ``MPIDIST_DEBUG``/``TORCH_DISTRIBUTED_DEBUG``; frameworks set them on their own).
-
-Limits of a process-local store: torch features that need a store shared between
-ranks do not work on it: gloo or nccl groups made beside an mpidist world,
-``TORCH_DIST_INIT_BARRIER=1`` (a store-based barrier after init). Use
-``init_method="tcp://host:port"`` (torch's own store, ranks still from MPI) for those.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from mpi4py import MPI
 
 import mpidist
 from mpidist.torch import _backend
+from mpidist.torch.store import MPIStore
 
 __all__ = ["mpi_rendezvous_handler", "install_env_handler", "SCHEME", "BACKEND"]
 
@@ -107,28 +110,30 @@ def _user_stacklevel() -> int:
 
 def mpi_rendezvous_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any
                            ) -> Iterator[tuple[Any, int, int]]:
-    """torch rendezvous handler for ``mpi://``: yields ``(HashStore, MPI rank, MPI size)``.
+    """torch rendezvous handler for ``mpi://``: yields ``(store, MPI rank, MPI size)``.
 
     ``url`` may carry ``rank=`` / ``world_size=`` (torch adds init_process_group's
     arguments). For backend ``"mpidist"`` this starts mpidist's runtime unless it runs
     already (collective over MPI_COMM_WORLD: every rank must get here), which checks them
     and the RANK / WORLD_SIZE environment variables as for torch's MPI backend (see the
     module's docstring); on a runtime started before, values that differ from MPI's are
-    ignored with torch's warning. A world of more than one rank works only with backend
-    ``"mpidist"`` (the store is process-local).
+    ignored with torch's warning. The store: :func:`store` (a new MPIStore, collective).
 
     Raises:
         ValueError: (on every rank) a renumbering of the processes, or an environment
-            that says a larger world than MPI launched; another backend with a world of
-            more than one rank.
+            that says a larger world than MPI launched; another backend than "mpidist" with
+            a world of more than one rank where the store cannot be shared (no
+            MPI_THREAD_MULTIPLE).
     """
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     query = _query(url)
     given_rank, given_size = _int(query.get("rank"), "rank"), _int(query.get("world_size"), "world_size")
     backend = calling_backend()
-    if size > 1 and backend is not None and not _is_ours(backend):
-        raise ValueError(f"{_where()} init_method 'mpi://' gives a process-local store, which backend "
-                         f"{backend!r} cannot use across {size} ranks; use backend 'mpidist' (import mpidist.torch)")
+    shared = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+    if size > 1 and not shared and backend is not None and not _is_ours(backend):
+        raise ValueError(f"{_where()} init_method 'mpi://' gives a process-local store here (MPI gives less "
+                         f"than MPI_THREAD_MULTIPLE, which the store over MPI needs), which backend {backend!r} "
+                         f"cannot use across {size} ranks; use backend 'mpidist' (import mpidist.torch)")
     if _is_ours(backend):
         if not mpidist.is_initialized():
             _backend.start_runtime(timeout, given_rank, given_size)
@@ -136,10 +141,27 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kw
             warnings.warn(f"For MPI backend, world_size ({given_size}) and rank ({given_rank}) are ignored since "
                           f"they are assigned by the MPI runtime (backend 'mpidist': rank {rank} of {size})",
                           UserWarning, stacklevel=_user_stacklevel())
-    store = dist.HashStore()
-    store.set_timeout(timeout)
-    yield store, rank, size
+    yield store(timeout, shared), rank, size
     raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")
+
+
+#: the store of the latest rendezvous (closed by the next: a new default group means the
+#: previous one was destroyed)
+_current: Optional[Any] = None
+
+
+def store(timeout: timedelta = _DEFAULT_TIMEOUT, shared: bool = True) -> Any:
+    """A new store for a rendezvous, made collectively by every rank: an MPIStore, or
+    (``shared`` False) a process-local HashStore. The previous rendezvous's is closed."""
+    global _current
+    if _current is not None and hasattr(_current, "close"):
+        _current.close()
+    if shared:
+        _current = MPIStore(timeout)
+    else:
+        _current = dist.HashStore()
+        _current.set_timeout(timeout)
+    return _current
 
 
 _torch_env: Optional[Callable[..., Iterator]] = None
