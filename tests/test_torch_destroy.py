@@ -22,7 +22,9 @@ import datetime, os, sys, time
 import torch
 import torch.distributed as dist
 import mpidist.torch  # noqa: F401
+from mpi4py import MPI
 
+MPI.COMM_WORLD.Barrier()  # both ranks have imported torch: init itself stays well within 1 s
 dist.init_process_group("mpidist", timeout=datetime.timedelta(seconds=1))
 rank = dist.get_rank()
 if rank == 0:

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,23 +44,9 @@ EXCEPTIONS = {
     "test_monitored_barrier_wait_all_ranks": f"{TORCH_C10D}:5418: as test_monitored_barrier_gloo",
 }
 
-#: Failures on today's main that are being fixed in mpidist/torch (issue 23). Run and reported;
-#: they do not fail the run, but one that passes does (remove it from this list then).
-_COALESCED = ("all_gather_coalesced: mpidist/torch/_process_group.py allgather_coalesced reads torch's "
-              "output_tensor_lists[rank][i] as [i][rank]")
-KNOWN_FAILURES = {
-    "test_all_gather_coalesced_simple": _COALESCED,
-    "test_all_gather_coalesced_complex": _COALESCED,
-    "test_all_gather_coalesced_full_group": _COALESCED,
-    "test_all_gather_coalesced_with_empty": _COALESCED,
-    "test_barrier_timeout_full_group": "a sub-group's own timeout= is ignored (the default group's 60 s applies), "
-                                       "and the message does not match ' (Timed out|closed|timeout) '",
-    "test_barrier_timeout_global": "the timeout message does not match torch's ' (Timed out|closed|timeout) '",
-    "test_monitored_barrier_gloo_rank_0_timeout": "ProcessGroup.monitored_barrier(timedelta(0)) waits for the "
-                                                  "group's timeout instead of failing at once with 'Rank 0 timed "
-                                                  "out in monitoredBarrier'",
-    "test_sparse_all_reduce_sum": "all_reduce of a sparse COO tensor is refused",
-}
+#: Failures being fixed (none today: the eight that issue 23 listed were fixed by a4b7fa5). Run and
+#: reported; they do not fail the run, but one that passes does (remove it from this list then).
+KNOWN_FAILURES: dict = {}  # test name -> the cause, e.g. "sparse COO all_reduce is refused (issue 23)"
 
 #: Left out of the default selection for time (seconds per backend on the 2-core CI machine).
 SLOW: dict = {}
@@ -166,12 +153,20 @@ def run_backend(args: argparse.Namespace, backend: str, tests: list, tmp: str, l
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace")
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith(f"[{backend}] test"):
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith(f"[{backend}] test"):
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:  # this runner was stopped (SIGTERM, Ctrl-C): end its job too
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         log.flush()
         recs = read_records(job_dir)
         done = 0
@@ -275,7 +270,12 @@ def _torch_version() -> str:
     return torch.__version__
 
 
+def _stop(signum, frame):  # SIGTERM (make's timeout): unwind, so that the job and the files go too
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
     args = parse()
     backends = [b for b in args.backends.split(",") if b]
     tmp = tempfile.mkdtemp(prefix="torch_suite_")
