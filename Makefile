@@ -60,7 +60,7 @@ test-mpi: install
 # (tests/torch_suite/README.md: how it runs, mpidist's classification, the exceptions). Fails when
 # a test that passes on gloo does not pass on mpidist. Each backend's mpiexec jobs run under
 # `timeout -k 10` (run.py); each test has $(TORCH_SUITE_TEST_TIMEOUT) s, then its job is aborted and
-# restarted at the next test. Writes out/torch_suite/results.md. About 4 minutes on 2 cores.
+# restarted at the next test. Writes out/torch_suite/results.md. 4-6 minutes on 2 cores.
 TORCH_SUITE_TIMEOUT      ?= 1500
 TORCH_SUITE_TEST_TIMEOUT ?= 120
 TORCH_SUITE_ARGS         ?=
