@@ -38,7 +38,7 @@ run-torch: install
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q -e '.[torch]' '$(TORCH_PIN)'
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
-test: test-layers test-serial test-mpi test-slurm
+test: test-layers test-serial test-mpi test-slurm test-torch-suite
 
 # The package's layers only look down and no modules import each other in a cycle
 # (tools/layers.py; docs/architecture.md, "Layers"). Needs nothing installed.
@@ -54,6 +54,20 @@ test-mpi: install
 	  echo "== pytest under mpiexec -n $$n"; \
 	  timeout -k 10 $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpidist -m pytest --with-mpi -q; \
 	done
+
+# torch's own backend-generic suite (DistributedTest._DistTestBase, shipped in the torch wheel) at
+# world size 3 under mpiexec, on gloo (the control) and on mpidist, in one harness
+# (tests/torch_suite/README.md: how it runs, mpidist's classification, the exceptions). Fails when
+# a test that passes on gloo does not pass on mpidist. Each backend's mpiexec jobs run under
+# `timeout -k 10` (run.py); each test has $(TORCH_SUITE_TEST_TIMEOUT) s, then its job is aborted and
+# restarted at the next test. Writes out/torch_suite/results.md. 4-6 minutes on 2 cores.
+TORCH_SUITE_TIMEOUT      ?= 1500
+TORCH_SUITE_TEST_TIMEOUT ?= 120
+TORCH_SUITE_ARGS         ?=
+.PHONY: test-torch-suite
+test-torch-suite: install
+	timeout -k 10 $(TORCH_SUITE_TIMEOUT) $(PY) tests/torch_suite/run.py --mpiexec $(MPIEXEC) \
+	  --test-timeout $(TORCH_SUITE_TEST_TIMEOUT) --job-timeout $$(( $(TORCH_SUITE_TIMEOUT) / 2 - 30 )) $(TORCH_SUITE_ARGS)
 
 # jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,
 # 1.5-2 min), then the main job across two "hosts" (network namespaces) through

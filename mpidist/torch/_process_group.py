@@ -200,6 +200,13 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         st = _runtime.state_or_none()
         if st is None or st is not self._state:
             return
+        # A group whose op timed out (MPIDIST_ABORT_ON_TIMEOUT=0) or mismatched is unusable and may
+        # still have that call inside MPI, waiting for peers that never come: freeing it (collective,
+        # after its engine thread ends) would wait for ever, where torch's destroy_process_group returns
+        # (gloo's does). Abort it first (local): it is then only marked destroyed, nothing of it freed.
+        for g in ([st.world, *st.groups] if self._owns else [self._mg]):
+            if g.engine.broken is not None and g.engine.pending and not g.destroyed:
+                g.abort()
         if self._owns:
             mpidist.destroy_process_group()
         elif self._mg is not st.world and not self._mg.destroyed:
