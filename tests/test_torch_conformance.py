@@ -288,6 +288,8 @@ def test_profiler_records_each_collective(world, async_op):
         events = _events(prof, name)
         assert len(events) == 1, [e.name for e in prof.function_events]
         assert events[0].count == 1 and events[0].input_shapes == shapes and events[0].cpu_time >= 0
+        if n > 1 and _runtime.state().thread_multiple:  # ended off the caller's thread, as gloo's
+            assert events[0].is_async
 
 
 def test_no_profiler_no_event_and_same_results(world):

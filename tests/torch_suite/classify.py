@@ -29,10 +29,10 @@ Classification of ``"mpidist"`` (only this; no assertion, helper or test body is
    hashes as ``"gloo"`` so that ``BACKEND in {"nccl", "gloo", "ucc"}`` answers as for gloo.
    This only matters for the comparisons made at run time (the ones at import already saw
    ``"gloo"``).
-4. Profiling: mpidist is left out of ``PROFILING_SUPPORTED_BACKENDS`` and
-   ``SEND_RECV_PROFILING_SUPPORTED_BACKENDS`` (the profiled variants then run the op but do
-   not look for ``mpidist:all_reduce``-style events). :data:`PROFILE_MPIDIST` = True (or
-   ``--profile``) adds it to both.
+4. Profiling: mpidist is added to ``PROFILING_SUPPORTED_BACKENDS`` and
+   ``SEND_RECV_PROFILING_SUPPORTED_BACKENDS`` (the backend lists of the profiled variants,
+   which then look for ``mpidist:all_reduce``-style events, as for gloo's
+   ``gloo:all_reduce``). :data:`PROFILE_MPIDIST` = False leaves it out.
 
 For the gloo control nothing is changed: ``BACKEND`` is the plain ``"gloo"``.
 """
@@ -44,7 +44,7 @@ import sys
 from typing import Any
 
 #: The one-line switch: True puts "mpidist" in the suite's profiling lists.
-PROFILE_MPIDIST = False
+PROFILE_MPIDIST = True
 
 WORLD_SIZE = 3
 #: torch's gate reasons for the CPU all_to_all tests (MPI only in torch's classification).

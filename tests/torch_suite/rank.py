@@ -238,7 +238,7 @@ def main() -> None:
         raise SystemExit(f"run under mpiexec -n {classify.WORLD_SIZE}, not {COMM.Get_size()}")
     chan = Channel()
     classify.prepare_env("file://" + os.path.join(tmp, "init_method_file"))
-    dt = classify.load(args.backend, profile=args.profile)
+    dt = classify.load(args.backend, profile=args.profile or classify.PROFILE_MPIDIST)
     if args.pg_timeout is not None:
         dt.default_pg_timeout = args.pg_timeout
     case_cls = make_case(dt, args.backend, chan)
