@@ -38,7 +38,7 @@ run-torch: install
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q -e '.[torch]' '$(TORCH_PIN)'
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
-test: test-layers test-serial test-mpi test-slurm test-torch-suite
+test: test-layers test-serial test-mpi test-slurm test-torch-suite test-frameworks
 
 # The package's layers only look down and no modules import each other in a cycle
 # (tools/layers.py; docs/architecture.md, "Layers"). Needs nothing installed.
@@ -78,6 +78,23 @@ SLURM_TEST_TIMEOUT ?= 900
 test-slurm: install
 	PY="$(abspath $(PY))" MPIDIST_VENV="$(abspath $(VENV))" timeout --foreground -k 60 $(SLURM_TEST_TIMEOUT) tests/slurm/run.sh
 	PY="$(abspath $(PY))" timeout --foreground -k 30 300 tests/slurm/two_hosts.sh
+
+# Training frameworks over backend "mpidist" (tests/frameworks; docs/torch.md, "Frameworks"):
+# PyTorch Lightning, Accelerate, the transformers Trainer, DeepSpeed ZeRO-1/2 (CPU, no compiled
+# ops) and FSDP2 with torch.distributed.checkpoint, each job at mpiexec -n 2 and -n 4 under
+# `timeout -k 10` (MPIDIST_FRAMEWORKS_JOB_TIMEOUT s, default 150). Installs the `frameworks`
+# extra into $(VENV) once (stamp) with torch held at $(TORCH_PIN), and fails if torch changed.
+# About 1 min for the install and 1.5-2.5 min for the 10 jobs on 2 quiet cores.
+FRAMEWORKS_STAMP   := $(VENV)/.frameworks-installed-stamp
+FRAMEWORKS_TIMEOUT ?= 600
+.PHONY: test-frameworks
+test-frameworks: $(FRAMEWORKS_STAMP)
+	MPIDIST_TEST_FRAMEWORKS=1 timeout -k 10 $(FRAMEWORKS_TIMEOUT) $(PYTEST) -q tests/frameworks
+
+$(FRAMEWORKS_STAMP): $(STAMP) setup.cfg
+	$(PY) -m pip install -q -e '.[$(EXTRAS),torch,frameworks]' '$(TORCH_PIN)'
+	@$(PY) -c 'import sys, torch; pin = "$(TORCH_PIN)".split("==")[-1]; sys.exit(None if torch.__version__.split("+")[0] == pin else "test-frameworks: torch is " + torch.__version__ + " after installing the frameworks extra, not $(TORCH_PIN)")'
+	@touch $@
 
 # GPU tests (tests/gpu; docs/device.md): $(PY) must import CuPy. On a GPU machine with a
 # system CuPy: `make test-gpu VENV_ARGS=--system-site-packages` on a fresh checkout (or
