@@ -9,11 +9,16 @@ marked incompatible: :func:`no_jit_ops` marks every op so (``deepspeed.ops.__com
 the module-level dict DeepSpeed consults before a JIT build), so that nothing is compiled and an
 op that were needed would fail loudly instead.
 
-``--stage 1 2`` trains one model per ZeRO stage in the same job, one after the other.
+``--stage 1 2`` (the default) trains one model per ZeRO stage in the same job, one after the
+other, from the same start: both must end with bitwise the same parameters, and each must
+match (to float32 rounding) the same model trained in one process on the global batches,
+computed on every rank beside it. DeepSpeed clips gradients to norm 1.0 unless told otherwise
+(``gradient_clipping``); the config sets 0 so that the two compare.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 
 import torch
 import torch.distributed as dist
@@ -21,7 +26,7 @@ from mpi4py import MPI
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
 
-from _fwcheck import Indexed, finish, regression_data
+from _fwcheck import Indexed, finish, param_digest, regression_data
 
 N, BATCH = 256, 16
 
@@ -34,18 +39,23 @@ def no_jit_ops() -> None:
     deepspeed.ops.__compatible_ops__ = dict.fromkeys(ALL_OPS, False)
 
 
-def train(stage: int) -> None:
+def train(stage: int) -> str:
+    """Train with ZeRO ``stage``; returns the parameters' digest."""
     import deepspeed
 
     torch.manual_seed(0)
-    data = Indexed(*regression_data(N))
+    x, y = regression_data(N)
+    data = Indexed(x, y)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    reference = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
     config = {
         "train_micro_batch_size_per_gpu": BATCH,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 500, "allgather_bucket_size": 500},
         "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,
         "steps_per_print": 10**6,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
@@ -53,16 +63,27 @@ def train(stage: int) -> None:
     assert engine.dp_world_size == MPI.COMM_WORLD.Get_size(), engine.dp_world_size
     sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
+    world = MPI.COMM_WORLD.Get_size()
+    order = torch.arange(N).reshape(-1, world)  # position i of every rank's shard: indices i*world + r
     losses = []
     for epoch in range(4):
         sampler.set_epoch(epoch)
-        for x, y in loader:
-            loss = torch.nn.functional.mse_loss(engine(x), y)
+        for step, (xb, yb) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(engine(xb), yb)
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
+            idx = order[step * BATCH:(step + 1) * BATCH].reshape(-1)  # the global batch of this step
+            ref_opt.zero_grad()
+            torch.nn.functional.mse_loss(reference(x[idx]), y[idx]).backward()
+            ref_opt.step()
+    for p, r in zip(engine.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"ZeRO-{stage}: DeepSpeed and one-process training differ: {m}")
     finish(f"deepspeed-zero{stage}", engine.module.parameters(), losses, data.served, N)
+    digest = param_digest(engine.module.parameters())
     engine.destroy()
+    return digest
 
 
 def main() -> None:
@@ -71,8 +92,9 @@ def main() -> None:
     args = p.parse_args()
     dist.init_process_group("mpidist")
     no_jit_ops()
-    for stage in args.stage:
-        train(stage)
+    digests = {stage: train(stage) for stage in args.stage}
+    # fp32, same data and order: ZeRO-1 and ZeRO-2 differ only in how gradients are partitioned
+    assert len(set(digests.values())) == 1, f"ZeRO stages ended with different parameters: {digests}"
     dist.destroy_process_group()
 
 
