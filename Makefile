@@ -92,7 +92,7 @@ test-frameworks: $(FRAMEWORKS_STAMP)
 	MPIDIST_TEST_FRAMEWORKS=1 timeout -k 10 $(FRAMEWORKS_TIMEOUT) $(PYTEST) -q tests/frameworks
 
 $(FRAMEWORKS_STAMP): $(STAMP) setup.cfg
-	$(PY) -m pip install -q -e '.[$(EXTRAS),torch,frameworks]' '$(TORCH_PIN)'
+	$(PY) -m pip install -q -e '.[$(EXTRAS),frameworks]' '$(TORCH_PIN)'
 	@$(PY) -c 'import sys, torch; pin = "$(TORCH_PIN)".split("==")[-1]; sys.exit(None if torch.__version__.split("+")[0] == pin else "test-frameworks: torch is " + torch.__version__ + " after installing the frameworks extra, not $(TORCH_PIN)")'
 	@touch $@
 

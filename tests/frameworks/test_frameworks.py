@@ -22,15 +22,20 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from conftest import launcher_free_env
 
+if os.environ.get("MPIDIST_TEST_FRAMEWORKS") != "1":
+    pytest.skip("the frameworks suite runs under `make test-frameworks` (MPIDIST_TEST_FRAMEWORKS=1)",
+                allow_module_level=True)
+
 HERE = Path(__file__).resolve().parent
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
-#: Bound on one job (s): under `timeout -k 10`, the job takes 5-30 s on 2 cores.
+#: Bound on one job (s), under `timeout -k 10`: the jobs took 7-42 s each on the 2-core machine under load.
 JOB_TIMEOUT = int(os.environ.get("MPIDIST_FRAMEWORKS_JOB_TIMEOUT", "150"))
 SIZES = [2, 4]
 
@@ -52,22 +57,25 @@ def job_env(out: Path) -> dict:
     return env
 
 
-_jobs: dict = {}
-
-
 @pytest.fixture(scope="module")
-def run_job(tmp_path_factory):
-    """``run_job(script, n)``: the job's CompletedProcess (stdout and stderr merged), run once."""
+def run_job():
+    """``run_job(script, n)``: the job's CompletedProcess (stdout and stderr merged), run once
+    per module in a private temporary directory, removed at the module's end."""
+    jobs: dict = {}
+    root = tempfile.TemporaryDirectory(prefix="mpidist-frameworks-")
+
     def run(script: str, n: int) -> subprocess.CompletedProcess:
         key = (script, n)
-        if key not in _jobs:
-            out = tmp_path_factory.mktemp(f"{Path(script).stem}-np{n}")
+        if key not in jobs:
+            out = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}-np{n}-", dir=root.name))
             cmd = ["timeout", "-k", "10", str(JOB_TIMEOUT), MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist",
                    str(HERE / script)]
-            _jobs[key] = subprocess.run(cmd, cwd=out, env=job_env(out), stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT + 30)
-        return _jobs[key]
-    return run
+            jobs[key] = subprocess.run(cmd, cwd=out, env=job_env(out), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT + 30)
+        return jobs[key]
+
+    with root:
+        yield run
 
 
 def passed(job: subprocess.CompletedProcess, name: str, n: int, known: str = "") -> str:
@@ -89,10 +97,7 @@ def completed(job: subprocess.CompletedProcess, name: str, n: int, known: str = 
     assert job.returncode == 0, f"{name} at np={n}: exit code {job.returncode} after {line!r}:\n{job.stdout[-4000:]}"
 
 
-pytestmark = [pytest.mark.skipif(os.environ.get("MPIDIST_TEST_FRAMEWORKS") != "1",
-                                  reason="the frameworks suite runs under `make test-frameworks` "
-                                         "(MPIDIST_TEST_FRAMEWORKS=1)"),
-              pytest.mark.timeout(JOB_TIMEOUT + 60)]
+pytestmark = pytest.mark.timeout(JOB_TIMEOUT + 60)
 
 
 @pytest.mark.parametrize("n", SIZES)
