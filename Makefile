@@ -84,7 +84,8 @@ test-slurm: install
 # ops) and FSDP2 with torch.distributed.checkpoint, each job at mpiexec -n 2 and -n 4 under
 # `timeout -k 10` (MPIDIST_FRAMEWORKS_JOB_TIMEOUT s, default 150). Installs the `frameworks`
 # extra into $(VENV) once (stamp) with torch held at $(TORCH_PIN), and fails if torch changed.
-# About 1 min for the install and 1.5-2.5 min for the 10 jobs on 2 quiet cores.
+# Measured only on the 2-core machine while other jobs loaded it (load average 5-12): the
+# install 1-3 min (pip's cache warm), the 10 jobs 4.5-7 min (25-55 s each); expect less on idle cores.
 FRAMEWORKS_STAMP   := $(VENV)/.frameworks-installed-stamp
 FRAMEWORKS_TIMEOUT ?= 600
 .PHONY: test-frameworks
