@@ -3,7 +3,8 @@
 
 Two fits in one job, each with its own Trainer and model: first logging with ``self.log(...)``
 (rank 0 prints ``FRAMEWORK OK lightning``), then with ``self.log(..., sync_dist=True)``
-(``FRAMEWORK OK lightning-sync-dist``).
+(``FRAMEWORK OK lightning-sync-dist``). The module overrides ``prepare_data``, which Lightning
+runs on local rank 0 inside a barrier on a gloo group of its own.
 """
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ class Regressor(pl.LightningModule):
     def __init__(self, sync_dist: bool) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-        self.sync_dist, self.losses = sync_dist, []
+        self.sync_dist, self.losses, self.prepared = sync_dist, [], False
+
+    def prepare_data(self) -> None:
+        # Overriding it makes Lightning wrap the call in a barrier on a new gloo group
+        # (_InfiniteBarrier), which needs a store shared by the ranks (mpidist's MPIStore).
+        self.prepared = True
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -53,6 +59,7 @@ def fit(sync_dist: bool) -> None:
     trainer.fit(model, loader)
     assert trainer.world_size == MPI.COMM_WORLD.Get_size()
     assert model.wrapped == "DistributedDataParallel", f"Lightning trained a {model.wrapped}, not DDP"
+    assert model.prepared == (trainer.local_rank == 0), (model.prepared, trainer.local_rank)
     finish("lightning-sync-dist" if sync_dist else "lightning", model.parameters(), model.losses, data.served, N)
 
 
