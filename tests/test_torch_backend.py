@@ -17,7 +17,8 @@ tdist = pytest.importorskip("torch.distributed")
 import mpidist  # noqa: E402
 from mpidist import _recorder  # noqa: E402
 from mpidist.torch import ProcessGroupMpidist  # noqa: E402
-from torch_helpers import torch_world  # noqa: E402
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions  # noqa: E402
+from torch_helpers import TORCH, torch_world  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -57,6 +58,11 @@ def test_all_reduce_premul_sum(world, factor):
     r, n = world
     f = torch.tensor(0.5, dtype=torch.float64) if factor == "tensor" else factor
     t = torch.full((3,), float(r + 1), dtype=torch.float64)
+    if TORCH < (2, 13):  # torch keeps the factor in C++: a clear error on every rank, the tensor untouched
+        with pytest.raises(ValueError, match="PREMUL_SUM needs torch >= 2.13"):
+            tdist.all_reduce(t, op=tdist._make_nccl_premul_sum(f))
+        assert torch.equal(t, torch.full((3,), float(r + 1), dtype=torch.float64))
+        return
     tdist.all_reduce(t, op=tdist._make_nccl_premul_sum(f))
     assert torch.equal(t, torch.full((3,), float(f) * sum(range(1, n + 1)), dtype=torch.float64))
 
@@ -118,6 +124,27 @@ def test_async_work_and_future(world):
     chained = tdist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     assert torch.equal(chained.wait(), torch.full((4,), float(n * sum(range(n)) * 2)))
 
+
+
+def test_sync_op_returns_what_this_torch_waits_on(world):
+    """torch >= 2.8 says in the options whether an op is async and takes None back from a sync
+    one; before 2.8 its front end calls ``work.wait()`` on whatever comes back (also for
+    all_gather, whose options have had ``asyncOp`` since 2.2), so mpidist returns a Work there."""
+    r, n = world
+    pg = tdist.group.WORLD
+    t = torch.full((2,), float(r))
+    gathered = [torch.empty(2) for _ in range(n)]
+    for opts, call in [(AllreduceOptions(), lambda o: pg.allreduce([t], o)),
+                       (AllgatherOptions(), lambda o: pg.allgather([gathered], [t], o))]:
+        if hasattr(opts, "asyncOp"):
+            opts.asyncOp = False  # a sync call, as torch's front end makes it
+        got = call(opts)
+        if TORCH >= (2, 8):
+            assert got is None  # done already
+        else:
+            assert isinstance(got, tdist.Work) and got.wait() is True
+    assert torch.equal(t, torch.full((2,), float(sum(range(n)))))
+    assert all(torch.equal(g, t) for g in gathered)
 
 def test_future_callback_issues_collective(world):
     """PowerSGD's pattern: a then-callback issues another all-reduce and waits on it."""

@@ -10,9 +10,14 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import torch
 import torch.distributed as tdist
 
 import mpidist.torch  # noqa: F401  (registers the backend)
+
+#: the installed torch's version, comparable with tuples (``TORCH < (2, 13)``): the tests of
+#: what older torch releases lack (docs/torch.md, "Versions")
+TORCH = torch.torch_version.TorchVersion(torch.__version__)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ C++ callers (DDP's reducer, functional collectives) and its higher layers (FSDP2
 DTensor) call its methods with torch's backend signatures; each method turns the
 tensors into zero-copy arrays (:mod:`mpidist.torch._views`), translates group ranks to
 mpidist's global ranks, calls the mpidist op of the same meaning and returns None
-(``opts.asyncOp`` False: the op is done) or a :class:`~mpidist.torch._work.TorchWork`.
+(``opts.asyncOp`` False: the op is done) or a :class:`~mpidist.torch._work.TorchWork`
+(always, on torch < 2.8: see ``_ASYNC_IN_OPTS``).
 
 The op table (torch method -> mpidist op): allreduce -> all_reduce (several tensors:
 all_reduce_multigpu); allreduce_coalesced -> all_reduce per tensor; broadcast ->
@@ -21,6 +22,7 @@ barrier; send / recv / recv_anysource -> isend / irecv; monitored_barrier.
 from __future__ import annotations
 
 import datetime
+import operator
 from typing import Any, Callable, Optional
 
 import torch
@@ -55,6 +57,18 @@ _OPS = {
 _SUM, _PREMUL = dist.ReduceOp.SUM, int(_RedOpType.PREMUL_SUM)
 _MSUM, _MAVG = mpidist.ReduceOp.SUM, mpidist.ReduceOp.AVG
 
+#: Whether torch's options say if the op is async (``opts.asyncOp``) and its front end takes
+#: None back from a sync op (torch >= 2.8: distributed_c10d.py:2911 sets
+#: ``AllreduceOptions.asyncOp``, :2926-2929 waits only on a Work that is not None, in
+#: 2.8.0). Before 2.8 most options have no ``asyncOp`` and the front end calls
+#: ``work.wait()`` on whatever a sync op returns (2.7.1 :2810-2815; also for the ops whose
+#: options have ``asyncOp`` since 2.2), so every op returns a Work there.
+_ASYNC_IN_OPTS = hasattr(AllreduceOptions(), "asyncOp")
+#: ``opts.asyncOp`` (torch >= 2.8), else True: the op returns a Work for torch to wait on
+#: (allreduce, broadcast and reduce test ``_ASYNC_IN_OPTS`` inline: no call on their path)
+_is_async: Callable[[Any], bool] = (operator.attrgetter("asyncOp") if _ASYNC_IN_OPTS
+                                    else lambda opts: True)
+
 
 def _reduce_op(red: Any, op: str) -> Any:
     """mpidist's op for torch's ``red`` (a ``ReduceOp``, a ``RedOpType``, or the PREMUL_SUM
@@ -67,7 +81,11 @@ def _reduce_op(red: Any, op: str) -> Any:
     except (TypeError, ValueError):
         raise TypeError(f"{prefix(op)} op must be a torch.distributed.ReduceOp, got {red!r}") from None
     if value == _PREMUL:
-        factor = red.factor
+        try:
+            factor = red.factor
+        except AttributeError:  # torch < 2.13 keeps the factor in C++ (``ReduceOp.factor``: pytorch#185863)
+            raise ValueError(f"{prefix(op)} PREMUL_SUM needs torch >= 2.13: torch {torch.__version__} does not "
+                             f"show its factor to a Python backend; multiply the tensor, then use SUM") from None
         if isinstance(factor, torch.Tensor):  # one element (torch checks): 0-d, or torch.tensor([f]) as its tests
             factor = factor.reshape(())
             factor = float(factor.item()) if factor.is_cuda else array(factor, op, "PREMUL_SUM factor")
@@ -114,8 +132,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     Semantics are torch's for a backend: root and peer ranks in the options are group
     ranks; sync calls (``opts.asyncOp`` False) return None once the op is done; async
-    calls return a Work. Errors are mpidist's: TypeError/ValueError for bad arguments,
-    DistError (a RuntimeError) for communication failures and timeouts.
+    calls (and, on torch < 2.8, every call) return a Work. Errors are mpidist's:
+    TypeError/ValueError for bad arguments, DistError (a RuntimeError) for communication
+    failures and timeouts.
     """
 
     def __init__(self, group: "mpidist.ProcessGroup", rank: int, size: int, owns_runtime: bool,
@@ -291,7 +310,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                           {"_traced": True})
         op = "all_reduce"
         if type(opts) is AllreduceOptions:
-            red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp
+            red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp if _ASYNC_IN_OPTS else True
         else:
             red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
         ts = _tensors(tensors)  # allreduce, broadcast, reduce written out: a shared helper cost 0.2-0.6 us
@@ -348,7 +367,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         staged = Staged()
         red = self._avg(_reduce_op(opts.reduceOp, op), staged, ts)
         calls = [(mpidist.all_reduce, (staged.out(t, op, f"tensors[{i}]"), red, self._arg)) for i, t in enumerate(ts)]
-        return self._done(self._each(staged, opts.asyncOp, calls), ts, staged)
+        return self._done(self._each(staged, _is_async(opts), calls), ts, staged)
 
     # -- broadcast / reduce ----------------------------------------------------------------
     def broadcast(self, tensors: Any, opts: Any = None, timeout: Any = None, _traced: bool = False) -> Any:
@@ -362,13 +381,14 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             opts = _options(None, BroadcastOptions, rootRank=opts)
         opts = _options(opts, BroadcastOptions)
         src = self._global(opts.rootRank, op, "rootRank")
+        async_op = opts.asyncOp if _ASYNC_IN_OPTS else True
         ts = _tensors(tensors)
         staged = Staged()
         if len(ts) == 1:
-            w = self._call(staged, mpidist.broadcast, staged.out(ts[0], op, "tensor"), src, self._arg, opts.asyncOp)
+            w = self._call(staged, mpidist.broadcast, staged.out(ts[0], op, "tensor"), src, self._arg, async_op)
         else:
             arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.broadcast_multigpu, arrays, src, self._arg, opts.asyncOp,
+            w = self._call(staged, mpidist.broadcast_multigpu, arrays, src, self._arg, async_op,
                            src_tensor=opts.rootTensor)
         return self._done(w, ts, staged)
 
@@ -385,16 +405,17 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, ReduceOptions)
         red = _reduce_op(opts.reduceOp, name)
         dst = self._global(opts.rootRank, name, "rootRank")
+        async_op = opts.asyncOp if _ASYNC_IN_OPTS else True
         ts = _tensors(tensors)
         staged = Staged()
         if red is _MAVG:
             red = self._avg(red, staged, ts, self.rank() == opts.rootRank)
         if len(ts) == 1:
             w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg,
-                           opts.asyncOp)
+                           async_op)
         else:
             arrays = [staged.out(t, name, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, opts.asyncOp,
+            w = self._call(staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, async_op,
                            dst_tensor=opts.rootTensor)
         return self._done(w, ts, staged)
 
@@ -411,12 +432,12 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if len(input_tensors) == 1:
             out = [staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])]
             w = self._call(staged, mpidist.all_gather, out, staged.inp(input_tensors[0], op, "input_tensors[0]"),
-                           self._arg, opts.asyncOp)
+                           self._arg, _is_async(opts))
         else:
             out = [[staged.out(t, op, f"output_tensors[{j}][{i}]") for i, t in enumerate(lst)]
                    for j, lst in enumerate(outs)]
             inp = [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)]
-            w = self._call(staged, mpidist.all_gather_multigpu, out, inp, self._arg, opts.asyncOp)
+            w = self._call(staged, mpidist.all_gather_multigpu, out, inp, self._arg, _is_async(opts))
         return self._done(w, outs, staged)
 
     @profiled("all_gather_coalesced", 1)
@@ -432,7 +453,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
                        [[staged.out(t, op, f"output_lists[{r}][{i}]") for i, t in enumerate(lst)]
                         for r, lst in enumerate(outs)],
                        [staged.inp(t, op, f"input_list[{i}]") for i, t in enumerate(_tensors(input_list))],
-                       self._arg, opts.asyncOp)
+                       self._arg, _is_async(opts))
         return self._done(w, outs, staged)
 
     @profiled("all_gather_into_tensor", 1)
@@ -444,7 +465,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, AllgatherOptions)
         staged = Staged()
         w = self._call(staged, gather_scatter.all_gather_into_tensor, staged.out(output, op, "output"),
-                       staged.inp(input, op, "input"), self._arg, opts.asyncOp)
+                       staged.inp(input, op, "input"), self._arg, _is_async(opts))
         return self._done(w, [output], staged)
 
     all_gather_single = _allgather_base
@@ -454,7 +475,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
         ``_allgather_base`` per (output, input) pair, in order."""
         opts = _options(opts, AllgatherOptions)
-        return self._pairs(gather_scatter.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, opts.asyncOp)
+        return self._pairs(gather_scatter.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, _is_async(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -473,7 +494,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         gather_list = ([staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])]
                        if outs and outs[0] else None)
         w = self._call(staged, mpidist.gather, staged.inp(input_tensors[0], op, "input_tensors[0]"), gather_list,
-                       dst, self._arg, opts.asyncOp)
+                       dst, self._arg, _is_async(opts))
         return self._done(w, outs, staged)
 
     @profiled("scatter", 1)
@@ -491,7 +512,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         scatter_list = ([staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
                         if input_tensors and input_tensors[0] else None)
         w = self._call(staged, mpidist.scatter, staged.out(outs[0], op, "output_tensors[0]"), scatter_list, src,
-                       self._arg, opts.asyncOp)
+                       self._arg, _is_async(opts))
         return self._done(w, outs, staged)
 
     # -- reduce-scatter --------------------------------------------------------------------
@@ -513,7 +534,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         red = self._avg(red, staged, outs)
         inputs = [staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
         w = self._call(staged, mpidist.reduce_scatter, staged.out(outs[0], op, "output_tensors[0]"), inputs, red,
-                       self._arg, opts.asyncOp)
+                       self._arg, _is_async(opts))
         return self._done(w, outs, staged)
 
     @profiled("reduce_scatter_tensor", 1)
@@ -525,7 +546,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         staged = Staged()
         red = self._avg(_reduce_op(opts.reduceOp, op), staged, [output])
         w = self._call(staged, reductions.reduce_scatter_tensor, staged.out(output, op, "output"),
-                       staged.inp(input, op, "input"), red, self._arg, opts.asyncOp)
+                       staged.inp(input, op, "input"), red, self._arg, _is_async(opts))
         return self._done(w, [output], staged)
 
     reduce_scatter_single = _reduce_scatter_base
@@ -536,7 +557,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         one ``_reduce_scatter_base`` per (output, input) pair, in order."""
         op = "reduce_scatter_tensor"
         opts = _options(opts, ReduceScatterOptions)
-        return self._pairs(reductions.reduce_scatter_tensor, op, outputs, inputs, opts.asyncOp,
+        return self._pairs(reductions.reduce_scatter_tensor, op, outputs, inputs, _is_async(opts),
                            _reduce_op(opts.reduceOp, op))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
@@ -551,7 +572,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         staged = Staged()
         w = self._call(staged, mpidist.all_to_all_single, staged.out(output, op, "output"),
                        staged.inp(input, op, "input"), list(output_split_sizes) or None,
-                       list(input_split_sizes) or None, self._arg, opts.asyncOp)
+                       list(input_split_sizes) or None, self._arg, _is_async(opts))
         return self._done(w, [output], staged)
 
     all_to_all_single = alltoall_base
@@ -566,7 +587,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         w = self._call(staged, mpidist.all_to_all,
                        [staged.out(t, op, f"output_tensors[{i}]") for i, t in enumerate(outs)],
                        [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)],
-                       self._arg, opts.asyncOp)
+                       self._arg, _is_async(opts))
         return self._done(w, outs, staged)
 
     # -- synchronization -------------------------------------------------------------------
@@ -576,7 +597,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if isinstance(opts, datetime.timedelta):  # (timeout)
             opts = None
         opts = _options(opts, BarrierOptions)
-        w = mpidist.barrier(self._arg, opts.asyncOp)
+        w = mpidist.barrier(self._arg, _is_async(opts))
         return None if w is None else TorchWork([w], [])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
