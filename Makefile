@@ -108,8 +108,37 @@ test-gpu: install
 	timeout -k 10 $(GPU_TEST_TIMEOUT) $(GPU_PY) -m pytest --with-mpi -rs -q tests/gpu
 	timeout -k 10 $(GPU_TEST_TIMEOUT) $(MPIEXEC) -n 2 $(GPU_PY) -m mpidist -m pytest --with-mpi -rs -q tests/gpu
 
+# The torch tests on other torch releases, each in a venv of its own (.venv-torchX.Y.Z), serially,
+# then under mpiexec -n 2: by default the oldest release mpidist.torch supports and the newest this
+# machine's pip reaches (docs/torch.md, "Versions"); `make test` runs them on $(TORCH_PIN) only.
+# Not part of `make test`: PyPI's Linux torch wheels are CUDA builds, so each venv is ~5 GB
+# (torch and its nvidia-* wheels) and takes minutes to build (docs/torch.md gives the figures).
+# TORCH_PIP_ARGS is passed to pip, e.g. a CPU-only index where one is reachable:
+#   make test-torch-versions TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple'
+TORCH_OLDEST   ?= 2.7.1
+TORCH_NEWEST   ?= 2.14.1
+TORCH_VERSIONS ?= $(TORCH_OLDEST) $(TORCH_NEWEST)
+TORCH_PIP_ARGS ?=
+TORCH_TESTS    := tests/test_torch_backend.py tests/test_torch_cuda.py tests/test_torch_launch.py \
+                  tests/test_torch_parallel.py tests/test_torch_runtime.py tests/test_train_torch.py
+.PHONY: test-torch-versions test-torch-oldest
+test-torch-versions: $(foreach v,$(TORCH_VERSIONS),test-torch-version-$(v))
+test-torch-oldest: test-torch-version-$(TORCH_OLDEST)
+
+test-torch-version-%: .venv-torch%/.installed-stamp
+	@echo "== torch $*: the torch tests, serially"
+	timeout -k 10 $(TEST_TIMEOUT) .venv-torch$*/bin/python -m pytest --with-mpi -q $(TORCH_TESTS)
+	@echo "== torch $*: the torch tests under mpiexec -n 2"
+	timeout -k 10 $(TEST_TIMEOUT) .venv-torch$*/bin/mpiexec -n 2 .venv-torch$*/bin/python -m mpidist -m pytest --with-mpi -q $(TORCH_TESTS)
+
+.PRECIOUS: .venv-torch%/.installed-stamp
+.venv-torch%/.installed-stamp: setup.cfg pyproject.toml
+	@test -x .venv-torch$*/bin/python || $(PYTHON) -m venv $(VENV_ARGS) .venv-torch$*
+	.venv-torch$*/bin/python -m pip install -q -e '.[mpich,examples,test,torch]' 'torch==$*' $(TORCH_PIP_ARGS)
+	@touch $@
+
 clean:
-	rm -rf $(VENV) out build *.egg-info
+	rm -rf $(VENV) .venv-torch* out build *.egg-info
 
 # Benchmarks: results land in benchmarks/results/. bench_allreduce.py: all_reduce variants;
 # bench_collectives.py: every collective vs raw mpi4py, mpidist's ring and torch.distributed

@@ -53,6 +53,8 @@ from torch.utils.data.distributed import DistributedSampler
 from mpidist.examples._job import Job, StopFlag, checked_arguments, job_arguments
 
 BACKENDS = ("mpidist", "gloo")
+#: torch's all_gather_single (2.13), under its older name all_gather_into_tensor on torch < 2.13
+_all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -169,7 +171,7 @@ class TorchJob(Job):
 
     def all_gather(self, out: np.ndarray, arr: np.ndarray) -> None:
         # torch 2.13's all_gather_into_tensor, into a flat view of ``out``
-        tdist.all_gather_single(torch.from_numpy(out).view(-1), torch.from_numpy(arr))
+        _all_gather_single(torch.from_numpy(out).view(-1), torch.from_numpy(arr))
 
     barrier = staticmethod(tdist.barrier)
 
