@@ -119,8 +119,7 @@ TORCH_OLDEST   ?= 2.7.1
 TORCH_NEWEST   ?= 2.14.1
 TORCH_VERSIONS ?= $(TORCH_OLDEST) $(TORCH_NEWEST)
 TORCH_PIP_ARGS ?=
-TORCH_TESTS    := tests/test_torch_backend.py tests/test_torch_cuda.py tests/test_torch_launch.py \
-                  tests/test_torch_parallel.py tests/test_torch_runtime.py tests/test_train_torch.py
+TORCH_TESTS    := $(sort $(wildcard tests/test_torch_*.py)) tests/test_train_torch.py
 .PHONY: test-torch-versions test-torch-oldest
 test-torch-versions: $(foreach v,$(TORCH_VERSIONS),test-torch-version-$(v))
 test-torch-oldest: test-torch-version-$(TORCH_OLDEST)

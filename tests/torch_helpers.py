@@ -18,6 +18,10 @@ import mpidist.torch  # noqa: F401  (registers the backend)
 #: the installed torch's version, comparable with tuples (``TORCH < (2, 13)``): the tests of
 #: what older torch releases lack (docs/torch.md, "Versions")
 TORCH = torch.torch_version.TorchVersion(torch.__version__)
+#: torch 2.13's all_gather_single / reduce_scatter_single, under their names before 2.13
+#: (all_gather_into_tensor / reduce_scatter_tensor, which 2.13 deprecates) on older torch
+all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
+reduce_scatter_single = getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
 
 
 @contextlib.contextmanager
