@@ -64,9 +64,11 @@ class ProcessGroupMPI:
 
 
 def _torch_fits() -> bool:
-    helper = getattr(c10d, "_new_process_group_helper", None)
-    return (hasattr(c10d, "_MPI_AVAILABLE") and helper is not None
-            and "ProcessGroupMPI" in helper.__code__.co_names
+    # who calls ProcessGroupMPI.create: _new_process_group_helper itself (torch <= 2.13), or the
+    # creator torch 2.14 registers for "mpi" (_create_mpi_process_group, which the helper calls)
+    callers = [getattr(c10d, name, None) for name in ("_new_process_group_helper", "_create_mpi_process_group")]
+    return (hasattr(c10d, "_MPI_AVAILABLE")
+            and any(f is not None and "ProcessGroupMPI" in f.__code__.co_names for f in callers)
             and getattr(dist.Backend, "MPI", None) == NAME)
 
 
