@@ -68,8 +68,8 @@ def finish(name: str, params: Iterable[torch.Tensor], losses: Sequence[float], s
     """Check the end of a run (the module's docstring) and print rank 0's ``FRAMEWORK OK`` line."""
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    backend = dist.get_backend()
-    assert backend == "mpidist", f"[rank {rank}] {name}: torch.distributed.get_backend() is {backend!r}"
+    backend, want = dist.get_backend(), os.environ.get("FW_BACKEND", "mpidist")
+    assert backend == want, f"[rank {rank}] {name}: torch.distributed.get_backend() is {backend!r}, not {want!r}"
     assert dist.get_world_size() == size and dist.get_rank() == rank, \
         f"[rank {rank}] {name}: torch's rank/world {dist.get_rank()}/{dist.get_world_size()} is not MPI's {rank}/{size}"
 

@@ -5,6 +5,7 @@ starts no distributed run and does not wrap the model: every rank would train al
 """
 from __future__ import annotations
 
+import os
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -17,7 +18,10 @@ N = 256
 
 
 def main() -> None:
-    dist.init_process_group("mpidist")
+    if os.environ.get("FW_BACKEND", "mpidist") == "mpidist":
+        dist.init_process_group("mpidist")
+    # else (FW_BACKEND=mpi): the framework picks backend "mpi" on its own (import mpidist.torch
+    # made torch.distributed.is_mpi_available() True) and initializes the group itself
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, set_seed
 

@@ -20,7 +20,10 @@ N, SEQ, VOCAB = 256, 8, 32
 
 
 def main() -> None:
-    dist.init_process_group("mpidist")
+    if os.environ.get("FW_BACKEND", "mpidist") == "mpidist":
+        dist.init_process_group("mpidist")
+    # else (FW_BACKEND=mpi): the framework picks backend "mpi" on its own (import mpidist.torch
+    # made torch.distributed.is_mpi_available() True) and initializes the group itself
     from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,
                               TrainingArguments, set_seed)
     from transformers.training_args import ParallelMode

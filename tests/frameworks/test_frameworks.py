@@ -54,13 +54,13 @@ def run_job():
     jobs: dict = {}
     root = tempfile.TemporaryDirectory(prefix="mpidist-frameworks-")
 
-    def run(script: str, n: int) -> subprocess.CompletedProcess:
-        key = (script, n)
+    def run(script: str, n: int, backend: str = "mpidist") -> subprocess.CompletedProcess:
+        key = (script, n, backend)
         if key not in jobs:
             out = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}-np{n}-", dir=root.name))
             cmd = ["timeout", "-k", "10", str(JOB_TIMEOUT), MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist",
                    str(HERE / script)]
-            jobs[key] = subprocess.run(cmd, cwd=out, env=job_env(out), stdout=subprocess.PIPE,
+            jobs[key] = subprocess.run(cmd, cwd=out, env=dict(job_env(out), FW_BACKEND=backend), stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT + 30)
         return jobs[key]
 
@@ -108,6 +108,19 @@ def test_accelerate_cpu_after_init_process_group(run_job, n):
 @pytest.mark.parametrize("n", SIZES)
 def test_transformers_trainer_use_cpu_after_init_process_group(run_job, n):
     completed(run_job("hf_trainer_train.py", n), "hf-trainer", n)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_accelerate_picks_mpi_on_its_own(run_job, n):
+    """No init_process_group of ours: under mpiexec, ``Accelerator(cpu=True)`` picks backend
+    "mpi" itself because ``import mpidist.torch`` made ``is_mpi_available()`` True (issue 24)."""
+    completed(run_job("accelerate_train.py", n, "mpi"), "accelerate", n)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_transformers_trainer_picks_mpi_on_its_own(run_job, n):
+    """``TrainingArguments(use_cpu=True)`` with no ``ddp_backend``: the Trainer's Accelerate picks "mpi"."""
+    completed(run_job("hf_trainer_train.py", n, "mpi"), "hf-trainer", n)
 
 
 @pytest.mark.parametrize("n", SIZES)
