@@ -290,7 +290,11 @@ class MPIStore(dist.Store):
     getNumKeys = num_keys  # noqa: N815
 
     def close(self) -> None:
-        """Stop serving (rank 0) and refuse further requests. Local; at exit too."""
+        """Stop serving (rank 0) and refuse further requests. Local; at exit too. The
+        duplicated communicator is kept until MPI finalizes (freeing it while a rank's last
+        unanswered write may still be on its way to rank 0 could deliver that message to a
+        later communicator that reuses its context id): one communicator per store, i.e.
+        per ``init_process_group`` over ``mpi://``."""
         if self._closed:
             return
         self._closed = True
