@@ -31,6 +31,7 @@ tdist = pytest.importorskip("torch.distributed")
 
 import mpidist  # noqa: E402
 from mpidist import _recorder, _runtime  # noqa: E402
+from mpidist.torch import _profile  # noqa: E402
 from torch_helpers import TORCH, all_gather_single, reduce_scatter_single, torch_world  # noqa: E402
 
 # torch warns when a sparse tensor is made without its invariant checks (the sparse tests)
@@ -293,7 +294,7 @@ def test_profiler_records_each_collective(world, async_op):
         events = _events(prof, name)
         assert len(events) == 1, [e.name for e in prof.function_events]
         assert events[0].count == 1 and events[0].input_shapes == shapes and events[0].cpu_time >= 0
-        if n > 1 and _runtime.state().thread_multiple:  # ended off the caller's thread, as gloo's
+        if n > 1 and _runtime.state().thread_multiple and _profile.OFF_THREAD:  # ended off the caller's thread
             assert events[0].is_async
 
 

@@ -17,6 +17,7 @@ caller's thread: on the thread that completed it, or, where the caller's ``wait`
 (mpidist's Work runs a queued op in the waiting thread), on one long-lived thread of this
 module's; so the profiler marks it ``is_async``, as it marks gloo's. An op that runs
 synchronously on the caller's thread (one rank, no ``MPI_THREAD_MULTIPLE``) ends there.
+Before torch 2.13 every event ends on the caller's thread (:data:`OFF_THREAD`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ __all__ = ["profiled", "record", "recording"]
 
 #: True while a torch profiler records (a C function: ~40 ns)
 recording = torch._C._autograd._profiler_enabled
+#: Whether this torch keeps an event ended on another thread than the one that began it:
+#: torch 2.13 and 2.14 do; 2.7.1 drops it (measured: no event at all). Versions between are
+#: not measured and treated as 2.7: there every event ends on the caller's thread, when the
+#: call returns (a sync op's event spans the op; an async op's only its issue).
+OFF_THREAD = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 
 
 def _flat(x: Any) -> list:
@@ -99,8 +105,14 @@ def record(title: str, inputs: Optional[int], method: Callable[..., Any], pg: An
     (``mpidist:all_reduce``; ``mpi:all_reduce`` for backend "mpi"; see the module); for
     the hot ops, which call it themselves when :func:`recording` (no wrapper's call on
     their path), with a keyword in ``kwargs`` that stops the recursion."""
-    rec = _RecordFunctionFast(f"{pg.getBackendName()}:{title}", _flat(args[inputs]) if inputs is not None and len(args) > inputs else [])
+    rec = _RecordFunctionFast(f"{pg.getBackendName()}:{title}",
+                              _flat(args[inputs]) if inputs is not None and len(args) > inputs else [])
     rec.__enter__()
+    if not OFF_THREAD:
+        try:
+            return method(pg, *args, **kwargs)
+        finally:
+            rec.__exit__(None, None, None)
     # a synchronous call is issued asynchronously, so that the event ends where the op does
     opts = next((a for a in (*args, *kwargs.values()) if hasattr(type(a), "asyncOp")), None)
     forced = opts is not None and not opts.asyncOp
