@@ -54,8 +54,10 @@ _REQUEST, _REPLY = 1, 2
 _UNANSWERED = frozenset({"set", "multi_set", "append"})
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
 #: polling: spin (yielding the GIL and the core) for _HOT s after the last message, then
-#: sleep with a back-off from _MIN_PAUSE to _MAX_PAUSE s (an idle server wakes ~500 times a second)
-_HOT, _MIN_PAUSE, _MAX_PAUSE = 2e-3, 5e-5, 2e-3
+#: sleep with a back-off from _MIN_PAUSE to _BUSY_PAUSE s while the store was used in the last
+#: _BUSY s (a rendezvous: requests come in bursts), to _MAX_PAUSE s after that (an idle
+#: server wakes ~500 times a second)
+_HOT, _MIN_PAUSE, _BUSY_PAUSE, _BUSY, _MAX_PAUSE = 2e-3, 5e-5, 2e-4, 1.0, 2e-3
 
 
 def _bytes(value: Any, op: str, arg: str) -> bytes:
@@ -94,11 +96,12 @@ class _Server:
             msg = self.comm.improbe(MPI.ANY_SOURCE, _REQUEST)
             if msg is None:
                 self.sends = [r for r in self.sends if not r.Test()]
-                if time.monotonic() - last < _HOT:
+                idle = time.monotonic() - last
+                if idle < _HOT:
                     time.sleep(0)
                     continue
                 time.sleep(pause)
-                pause = min(2 * pause, _MAX_PAUSE)
+                pause = min(2 * pause, _BUSY_PAUSE if idle < _BUSY else _MAX_PAUSE)
                 continue
             pause, last = _MIN_PAUSE, time.monotonic()
             status = MPI.Status()
@@ -232,7 +235,7 @@ class MPIStore(dist.Store):
                     time.sleep(0)
                     continue
                 time.sleep(pause)
-                pause = min(2 * pause, _MAX_PAUSE)
+                pause = min(2 * pause, _BUSY_PAUSE)  # the caller waits: at most 5000 wake-ups a second
             send.Wait()
         if not ok:
             raise ValueError(f"[rank {self._rank}] MPIStore.{op}: {value}")
