@@ -188,6 +188,10 @@ def test_all_reduce_sparse_other_op_is_refused(world):
     t = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (1, 1))
     with pytest.raises(ValueError, match=rf"\[rank {r}/{n}\] all_reduce: sparse tensors are summed only"):
         tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    ints = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([3]), (1, 1))
+    with pytest.raises(ValueError, match=rf"\[rank {r}/{n}\] all_reduce: sparse tensors are summed only"):
+        tdist.all_reduce(ints, op=tdist.ReduceOp.AVG)  # not summed silently
+    assert ints.to_dense().item() == 3
 
 
 # -- AVG of integer tensors ---------------------------------------------------------------------

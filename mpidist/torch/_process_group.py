@@ -323,8 +323,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             else:
                 arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
                 w = self._call(staged, mpidist.all_reduce_multigpu, arrays, red, self._arg, async_op)
-        except SparseTensor:
-            return self._sparse_allreduce(ts, red, async_op)
+        except SparseTensor:  # (an integer AVG became SUM + a division above: still AVG here)
+            return self._sparse_allreduce(ts, _MAVG if staged.after else red, async_op)
         return self._done(w, ts, staged)
 
     def _sparse_allreduce(self, ts: list, red: Any, async_op: bool) -> Any:
