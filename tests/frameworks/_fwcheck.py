@@ -52,6 +52,14 @@ def regression_data(n: int = 256, features: int = 16, seed: int = 0) -> tuple[to
     return x, x @ w + 0.01 * torch.randn(n, 1, generator=g)
 
 
+def reference_step(reference: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                   idx: torch.Tensor) -> None:
+    """One step of the one-process reference model on the global batch ``idx`` (MSE loss)."""
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(reference(x[idx]), y[idx]).backward()
+    opt.step()
+
+
 def out_dir() -> str:
     """The run's private output directory (the test's temporary directory; cwd otherwise)."""
     return os.environ.get("FW_OUT", os.getcwd())

@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
 
-from _fwcheck import Indexed, finish, param_digest, regression_data
+from _fwcheck import Indexed, finish, param_digest, reference_step, regression_data
 
 N, BATCH = 256, 16
 
@@ -73,10 +73,7 @@ def train(stage: int) -> str:
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
-            idx = order[step * BATCH:(step + 1) * BATCH].reshape(-1)  # the global batch of this step
-            ref_opt.zero_grad()
-            torch.nn.functional.mse_loss(reference(x[idx]), y[idx]).backward()
-            ref_opt.step()
+            reference_step(reference, ref_opt, x, y, order[step * BATCH:(step + 1) * BATCH].reshape(-1))
     for p, r in zip(engine.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-4, atol=1e-5,
                                    msg=lambda m: f"ZeRO-{stage}: DeepSpeed and one-process training differ: {m}")

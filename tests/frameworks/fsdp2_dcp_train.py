@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
 
-from _fwcheck import Indexed, finish, out_dir, regression_data
+from _fwcheck import Indexed, finish, out_dir, reference_step, regression_data
 
 N, BATCH = 256, 8
 
@@ -99,10 +99,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             losses.append(loss.item())
-            idx = order[step * BATCH:(step + 1) * BATCH].reshape(-1)  # the global batch of this step
-            ref_opt.zero_grad()
-            torch.nn.functional.mse_loss(reference(x[idx]), y[idx]).backward()
-            ref_opt.step()
+            reference_step(reference, ref_opt, x, y, order[step * BATCH:(step + 1) * BATCH].reshape(-1))
     for p, r in zip(full_params(model), reference.parameters()):
         torch.testing.assert_close(p, r.detach(), rtol=1e-4, atol=1e-5,
                                    msg=lambda m: f"[rank {rank}] FSDP2 and one-process training differ: {m}")
