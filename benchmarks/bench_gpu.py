@@ -10,13 +10,20 @@ Paths (each through the public API, one init_process_group per path):
   is CUDA-aware; otherwise one row says "not CUDA-aware" and why.
 * ``host-staging``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=0`` (device -> host copy, MPI
   on host memory, host -> device copy).
+* ``raw-nccl``: the baseline of the ``nccl`` path: CuPy's ``NcclCommunicator.allReduce`` /
+  ``allGather`` called directly on the same buffers (a communicator made from a unique id
+  broadcast over MPI), no mpidist in between.
 
 Timing: a barrier, ``iters`` back-to-back calls, then the current stream synchronized;
 the value is the max over ranks of the mean time per call, ``iters`` calibrated so a
 measurement lasts about 20 ms, the median of 3 measurements. Columns as nccl-tests
 (doc/PERFORMANCE.md): algbw = size / time, busbw = algbw * 2(n-1)/n (all_reduce) or
 (n-1)/n (all_gather); size(B) is the all_reduce buffer / the all_gather output. ``copy
-bw`` is ``cupy.copyto`` of ``size`` bytes (S / t), ``vs copy`` = busbw / copy bw.
+bw`` is ``cupy.copyto`` of ``size`` bytes (S / t), ``vs copy`` = busbw / copy bw. ``vs raw`` =
+raw NCCL's time / the path's time (the same op and size; the issue's target: the nccl path
+>= 0.9 from 16 MiB). ``host bw`` is the host-copy bound of staging, S / (t(device -> pinned
+host) + t(pinned host -> device)) of the same size, and ``vs host`` = algbw / host bw (the
+target for host-staging: >= 0.5).
 
 Run: ``mpiexec -n N python benchmarks/bench_gpu.py [--max-bytes 256M] [--out benchmarks/results]``;
 writes ``gpu_np{N}.md`` and ``.csv``. Without CuPy or a GPU it prints one SKIPPED line and
@@ -41,7 +48,7 @@ COMM = MPI.COMM_WORLD
 TARGET_S = 0.02
 REPEATS = 3
 FIELDS = ["path", "op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong",
-          "copy_gbps", "vs_copy", "note"]
+          "copy_gbps", "vs_copy", "vs_raw", "host_gbps", "vs_host", "note"]
 
 
 def skip_reason() -> str:
@@ -143,6 +150,30 @@ class DevicePath:
                 os.environ[key] = value
 
 
+class RawNccl(DevicePath):
+    """CuPy's NCCL communicator called directly: the baseline of the nccl path."""
+
+    def start(self, dist: Any, cupy: Any) -> str:
+        try:
+            from cupy.cuda import nccl  # noqa: PLC0415
+            uid = COMM.bcast(nccl.get_unique_id() if COMM.Get_rank() == 0 else None, root=0)
+            comm = nccl.NcclCommunicator(COMM.Get_size(), uid, COMM.Get_rank())
+        except Exception as exc:  # noqa: BLE001
+            return COMM.allreduce(f"NcclCommunicator failed: {exc}", op=MPI.MAX)
+        stream = lambda: cupy.cuda.get_current_stream().ptr  # noqa: E731
+        self.comm = comm
+        self.all_reduce = lambda x: comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32,
+                                                   nccl.NCCL_SUM, stream())
+        self.all_gather = lambda out, x: comm.allGather(x.data.ptr, out.data.ptr, x.size, nccl.NCCL_FLOAT32,
+                                                        stream())
+        return COMM.allreduce("", op=MPI.MAX)
+
+    def stop(self, dist: Any) -> None:
+        comm = getattr(self, "comm", None)
+        if comm is not None:
+            comm.destroy()
+
+
 def run_sizes(path: DevicePath, cupy: Any, sizes: list[int], copy_bw: dict, rows: list) -> None:
     n, me = COMM.Get_size(), COMM.Get_rank()
     sync = cupy.cuda.get_current_stream().synchronize
@@ -169,7 +200,35 @@ def row(path: DevicePath, op: str, size: int, count: int, redop: str, t: float, 
     cbw = copy_bw.get(size, float("nan"))
     return {"path": path.name, "op": op, "size": size, "count": count, "type": "float", "redop": redop,
             "root": -1, "time_us": t * 1e6, "algbw": algbw, "busbw": busbw,
-            "wrong": COMM.allreduce(wrong), "copy_gbps": cbw, "vs_copy": bc.ratio(busbw, cbw), "note": path.note}
+            "wrong": COMM.allreduce(wrong), "copy_gbps": cbw, "vs_copy": bc.ratio(busbw, cbw),
+            "vs_raw": float("nan"), "host_gbps": float("nan"), "vs_host": float("nan"), "note": path.note}
+
+
+def compare(rows: list, host_bw: dict) -> None:
+    """Fill vs_raw (raw NCCL's time / the row's) and host_gbps / vs_host (algbw / host bound)."""
+    raw = {(r["op"], r["size"]): r["time_us"] for r in rows if r["path"] == "raw-nccl" and r["size"]}
+    for r in rows:
+        if not r["size"]:
+            continue
+        if (r["op"], r["size"]) in raw:
+            r["vs_raw"] = bc.ratio(raw[(r["op"], r["size"])], r["time_us"])
+        r["host_gbps"] = host_bw.get(r["size"], float("nan"))
+        r["vs_host"] = bc.ratio(r["algbw"], r["host_gbps"])
+
+
+def host_bandwidths(cupy: Any, sizes: list[int]) -> dict:
+    """S / (t(device -> pinned host) + t(pinned host -> device)): the bound of host staging."""
+    import cupyx  # noqa: PLC0415
+
+    n = COMM.Get_size()
+    wanted = sorted({max(1, s // 4) * 4 for s in sizes} | {max(1, s // (4 * n)) * n * 4 for s in sizes})
+    sync = cupy.cuda.get_current_stream().synchronize
+    out = {}
+    for size in wanted:
+        dev = cupy.ones(size // 4, cupy.float32)
+        host = cupyx.empty_pinned(size // 4, cupy.float32)
+        out[size] = size / measure(lambda: (dev.get(out=host), dev.set(host)), sync) / 1e9
+    return out
 
 
 def copy_bandwidths(cupy: Any, sizes: list[int]) -> dict:
@@ -191,8 +250,9 @@ def write(rows: list, header: list[str], out_dir: Path) -> Path:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-    lines = [f"# GPU benchmark, {n} rank(s), float32", "", *header, ""]
-    cols = "| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong | copy bw(GB/s) | vs copy |"
+    lines = [f"# GPU benchmark, {n} rank(s), float32", "", *header, "", *targets(rows), ""]
+    cols = ("| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong | "
+            "copy bw(GB/s) | vs copy | vs raw | host bw(GB/s) | vs host |")
     for op in ("all_reduce", "all_gather"):
         for path in dict.fromkeys(r["path"] for r in rows):
             sel = [r for r in rows if r["op"] == op and r["path"] == path]
@@ -204,14 +264,28 @@ def write(rows: list, header: list[str], out_dir: Path) -> Path:
             if sel[0]["size"] == 0:
                 lines += ["(no measurements)", ""]
                 continue
-            lines += [cols, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [cols, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['size']} | {r['count']} | float | {r['redop']} | -1 | {bc.fmt(r['time_us'])} | "
                       f"{bc.fmt(r['algbw'], 3)} | {bc.fmt(r['busbw'], 3)} | {r['wrong']} | "
-                      f"{bc.fmt(r['copy_gbps'], 1)} | {bc.fmt(r['vs_copy'], 3)} |" for r in sel]
+                      f"{bc.fmt(r['copy_gbps'], 1)} | {bc.fmt(r['vs_copy'], 3)} | {bc.fmt(r['vs_raw'], 3)} | "
+                      f"{bc.fmt(r['host_gbps'], 1)} | {bc.fmt(r['vs_host'], 3)} |" for r in sel]
             lines.append("")
     path = out_dir / f"gpu_np{n}.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def targets(rows: list) -> list[str]:
+    """The issue's targets from 16 MiB: nccl >= 0.9 of raw NCCL, host staging >= 0.5 of the host bound."""
+    lines = []
+    for op in ("all_reduce", "all_gather"):
+        for name, col, label, bound in (("nccl", "vs_raw", "time vs raw NCCL", 0.9),
+                                        ("host-staging", "vs_host", "algbw vs host-copy bound", 0.5)):
+            sel = {r["size"]: r[col] for r in rows if r["path"] == name and r["op"] == op and r["size"]}
+            big = [s for s in sel if s >= 16 << 20]
+            lines.append("- " + bc.verdict(f"{op} {name} {label} >= {bound} from 16 MiB", big,
+                                           lambda s: sel[s], lambda v: v >= bound, min))
+    return lines
 
 
 def unavailable(name: str, why: str) -> list[dict]:
@@ -244,7 +318,9 @@ def main() -> int:
     sizes = bc.sweep(bc.parse_bytes(args.min_bytes), bc.parse_bytes(args.max_bytes), args.factor)
     copy_bw = copy_bandwidths(cupy, sizes)
     aware, how = cuda_aware_mpi()
-    paths = [("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
+    host_bw = host_bandwidths(cupy, sizes)
+    paths = [("raw-nccl", "", {}, nccl_ok(cupy, n_local)),
+             ("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
              ("cuda-aware-mpi", "mpi", {"MPIDIST_CUDA_AWARE": "1"}, "" if aware else f"not CUDA-aware ({how})"),
              ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, "")]
     rows: list = []
@@ -253,7 +329,7 @@ def main() -> int:
         if why:
             rows += unavailable(name, why)
             continue
-        path = DevicePath(name, backend, env)
+        path = (RawNccl if name == "raw-nccl" else DevicePath)(name, backend, env)
         try:
             why = path.start(mpidist, cupy)
             if why:
@@ -262,6 +338,7 @@ def main() -> int:
                 run_sizes(path, cupy, sizes, copy_bw, rows)
         finally:
             path.stop(mpidist)
+    compare(rows, host_bw)
     props = cupy.cuda.runtime.getDeviceProperties(device)
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     header = bc.machine_lines(COMM.Get_size(), load) + [
