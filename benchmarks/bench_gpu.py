@@ -10,6 +10,8 @@ Paths (each through the public API, one init_process_group per path):
   is CUDA-aware; otherwise one row says "not CUDA-aware" and why.
 * ``host-staging``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=0`` (device -> host copy, MPI
   on host memory, host -> device copy).
+* ``host-mpi``: ``backend="mpi"`` on pinned numpy arrays of the same sizes: MPI's part of
+  host staging alone (no device copies).
 * ``raw-nccl``: the baseline of the ``nccl`` path: CuPy's ``NcclCommunicator.allReduce`` /
   ``allGather`` called directly on the same buffers (a communicator made from a unique id
   broadcast over MPI), no mpidist in between.
@@ -42,6 +44,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Optional  # noqa: E402
 
+import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -133,7 +136,7 @@ class DevicePath:
             self.all_reduce = lambda x: dist.all_reduce(x)
             self.all_gather = lambda out, x: dist.all_gather_single(out, x)
             try:
-                self.all_reduce(cupy.ones(2, cupy.float32))
+                self.all_reduce(self.zeros(2) if isinstance(self, HostMpi) else cupy.ones(2, cupy.float32))
                 cupy.cuda.get_current_stream().synchronize()
                 reason = ""
             except Exception as exc:  # noqa: BLE001
@@ -174,22 +177,37 @@ class RawNccl(DevicePath):
             comm.destroy()
 
 
+class HostMpi(DevicePath):
+    """MPI alone on pinned host buffers (``backend="mpi"``, numpy arrays): the middle part of
+    host staging, with no device copy; staging's time is at least this plus the copies
+    unless the two overlap."""
+
+    def zeros(self, count: int) -> Any:
+        import cupyx  # noqa: PLC0415
+
+        return cupyx.zeros_pinned(count, np.float32)
+
+
 def run_sizes(path: DevicePath, cupy: Any, sizes: list[int], copy_bw: dict, rows: list) -> None:
     n, me = COMM.Get_size(), COMM.Get_rank()
-    sync = cupy.cuda.get_current_stream().synchronize
+    host = isinstance(path, HostMpi)
+    xp = np if host else cupy
+    sync = (lambda: None) if host else cupy.cuda.get_current_stream().synchronize
+    zeros = path.zeros if host else (lambda k: cupy.zeros(k, cupy.float32))
     for size in sizes:
         count = max(1, size // 4)
-        x = cupy.zeros(count, cupy.float32)
+        x = zeros(count)
         t = measure(lambda: path.all_reduce(x), sync)
         x[...] = me + 1
         path.all_reduce(x)
-        wrong = int(cupy.count_nonzero(x != n * (n + 1) / 2))
+        wrong = int(xp.count_nonzero(x != n * (n + 1) / 2))
         rows.append(row(path, "all_reduce", count * 4, count, "sum", t, 2 * (n - 1) / n, wrong, copy_bw))
         per = max(1, size // (4 * n))
-        inp, out = cupy.full(per, me + 1, cupy.float32), cupy.zeros(per * n, cupy.float32)
+        inp, out = zeros(per), zeros(per * n)
+        inp[...] = me + 1
         t = measure(lambda: path.all_gather(out, inp), sync)
-        want = cupy.repeat(cupy.arange(1, n + 1, dtype=cupy.float32), per)
-        wrong = int(cupy.count_nonzero(out != want))
+        want = xp.repeat(xp.arange(1, n + 1, dtype=xp.float32), per)
+        wrong = int(xp.count_nonzero(out != want))
         rows.append(row(path, "all_gather", per * n * 4, per, "none", t, (n - 1) / n, wrong, copy_bw))
 
 
@@ -285,6 +303,12 @@ def targets(rows: list) -> list[str]:
             big = [s for s in sel if s >= 16 << 20]
             lines.append("- " + bc.verdict(f"{op} {name} {label} >= {bound} from 16 MiB", big,
                                            lambda s: sel[s], lambda v: v >= bound, min))
+        stg = {r["size"]: r for r in rows if r["path"] == "host-staging" and r["op"] == op and r["size"]}
+        mpi = {r["size"]: r for r in rows if r["path"] == "host-mpi" and r["op"] == op and r["size"]}
+        parts = [f"{bc.human_bytes(z)} {stg[z]['time_us'] / (mpi[z]['time_us'] + z / stg[z]['host_gbps'] / 1e3):.2f}"
+                 for z in sorted(stg) if z in mpi and z >= 1 << 20 and stg[z]["host_gbps"] > 0]
+        if parts:
+            lines.append(f"- {op} host-staging time / (host-mpi time + device<->host copy time): " + ", ".join(parts))
     return lines
 
 
@@ -322,14 +346,15 @@ def main() -> int:
     paths = [("raw-nccl", "", {}, nccl_ok(cupy, n_local)),
              ("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
              ("cuda-aware-mpi", "mpi", {"MPIDIST_CUDA_AWARE": "1"}, "" if aware else f"not CUDA-aware ({how})"),
-             ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, "")]
+             ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, ""),
+             ("host-mpi", "mpi", {}, "")]
     rows: list = []
     for name, backend, env, why in paths:
         why = COMM.allreduce(why, op=MPI.MAX)
         if why:
             rows += unavailable(name, why)
             continue
-        path = (RawNccl if name == "raw-nccl" else DevicePath)(name, backend, env)
+        path = {"raw-nccl": RawNccl, "host-mpi": HostMpi}.get(name, DevicePath)(name, backend, env)
         try:
             why = path.start(mpidist, cupy)
             if why:

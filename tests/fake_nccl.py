@@ -206,6 +206,7 @@ class FakeShim:
         self.hold = False
         self.held: list[FakeEvent] = []
         self.fail_next = False
+        self.shared_gpu = False
         self.device_now = 0
         self.streams: dict[int, FakeStream] = {}
         self.by_ptr: dict[int, FakeStream] = {}
@@ -266,6 +267,10 @@ class FakeShim:
 
     def device_of(self, x: Any, ptr: int) -> int:
         return int(getattr(x, "device", 0))
+
+    def device_key(self, device: int) -> str:
+        """Each rank its own GPU, unless :attr:`shared_gpu` (every rank on one GPU)."""
+        return f"fake-gpu-{device}" if self.shared_gpu else f"fake-rank-{MPI.COMM_WORLD.Get_rank()}:{device}"
 
     # streams and events
     def current_stream(self) -> FakeStream:

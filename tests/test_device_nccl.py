@@ -691,6 +691,38 @@ def test_cupy13_tuple_unique_ids(dist):
         _nccl_shim.use(previous)
 
 
+@pytest.mark.parametrize("version,env,refused", [(22809, "1", True), (23000, None, True), (23000, "1", False)])
+def test_ranks_sharing_a_gpu(dist, monkeypatch, version, env, refused):
+    """Two ranks of one communicator on one GPU: refused up front on every member, naming the
+    ranks, the GPU and NCCL's version (NCCL 2.28 says only "invalid usage"), unless NCCL >= 2.30
+    with NCCL_MULTI_RANK_GPU_ENABLE=1 (found on an H200 with NCCL 2.28.9)."""
+    if env is None:
+        monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    else:
+        monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", env)
+    fake = FakeShim(version=version)
+    fake.shared_gpu = True
+    previous = _nccl_shim.use(fake)
+    try:
+        g = dist.new_group()
+        pg, n = _runtime.resolve_group(g), dist.get_world_size()
+        x = dev(np.full(2, dist.get_rank() + 1.0))
+        if refused and n > 1:
+            with pytest.raises(DistBackendError, match=PREFIX + re.escape(
+                    f"all_reduce: could not make the NCCL communicator of group ") + r".*" + re.escape(
+                    f": its ranks {list(range(n))} use the same GPU (fake-gpu-0); NCCL refuses ranks of one "
+                    f"communicator on one GPU unless NCCL >= 2.30 (found {version // 10000}.{version // 100 % 100}."
+                    f"{version % 100}) and NCCL_MULTI_RANK_GPU_ENABLE=1")):
+                nccl.run("all_reduce", pg, {"tensor": x})
+            assert not fake.comms  # refused before NCCL was asked
+        else:
+            nccl.run("all_reduce", pg, {"tensor": x})
+            np.testing.assert_array_equal(x.host, np.full(2, n * (n + 1) / 2))
+        dist.destroy_process_group(g)
+    finally:
+        _nccl_shim.use(previous)
+
+
 # -- bad input ----------------------------------------------------------------------------------------
 
 def test_bad_arrays(dist, shim):

@@ -18,6 +18,7 @@ import contextlib
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
@@ -134,11 +135,30 @@ def test_host_and_cuda_tensors_mixed_are_refused(world, fake_cuda):
         tdist.all_gather_into_tensor(torch.empty(2 * n), torch.ones(2).as_subclass(FakeCudaTensor))
 
 
-def test_runtime_backend_for_cuda_tensors(monkeypatch):
+@pytest.mark.parametrize("gpus,version,env,want", [
+    ("enough", 22809, None, "cpu:mpi,cuda:nccl"),  # a GPU per rank: any NCCL
+    ("fewer", 22809, "1", "mpi"),  # ranks share a GPU, NCCL 2.28: it would fail (H200 run)
+    ("fewer", 23000, None, "mpi"),
+    ("fewer", 23000, "1", "cpu:mpi,cuda:nccl"),
+])
+def test_runtime_backend_for_cuda_tensors(monkeypatch, gpus, version, env, want):
+    from fake_nccl import FakeShim  # noqa: PLC0415
+    from mpidist.device import _nccl_shim  # noqa: PLC0415
+
     monkeypatch.setattr(mpidist, "is_nccl_available", lambda: False)
     assert _backend._device_backend() == "mpi"
     monkeypatch.setattr(mpidist, "is_nccl_available", lambda: True)
-    assert _backend._device_backend() == "cpu:mpi,cuda:nccl"
+    on_node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: on_node if gpus == "enough" else on_node - 1)
+    if env is None:
+        monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    else:
+        monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", env)
+    previous = _nccl_shim.use(FakeShim(version=version))
+    try:
+        assert _backend._device_backend() == want
+    finally:
+        _nccl_shim.use(previous)
 
 
 def test_cuda_dtypes_map_to_numpy_and_ml_dtypes():

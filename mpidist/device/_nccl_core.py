@@ -19,6 +19,7 @@ mpidist's timeout watchdog names it if it does not complete within the group's t
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence
@@ -199,6 +200,42 @@ def mover(dtype: np.dtype) -> tuple[int, int]:
 
 # -- communicators --------------------------------------------------------------------------------
 
+#: NCCL's first version that lets ranks of one communicator share a GPU (NCCL 2.30), and
+#: only with this variable set to 1; older NCCL fails such a communicator with "invalid usage".
+MULTI_RANK_GPU_VERSION = 23000
+MULTI_RANK_GPU_VAR = "NCCL_MULTI_RANK_GPU_ENABLE"
+
+
+def version_text(code: int) -> str:
+    """NCCL's version code as text (22809 -> '2.28.9'; 0 -> 'unknown')."""
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}" if code else "unknown"
+
+
+def shared_gpu_refused(version: int) -> str:
+    """'' when ranks of one communicator may share a GPU with this NCCL, else why not."""
+    if version >= MULTI_RANK_GPU_VERSION and os.environ.get(MULTI_RANK_GPU_VAR) == "1":
+        return ""
+    return (f"NCCL refuses ranks of one communicator on one GPU unless NCCL >= 2.30 (found "
+            f"{version_text(version)}) and {MULTI_RANK_GPU_VAR}=1")
+
+
+def check_gpus_distinct(shim: Any, mpi_comm: MPI.Comm, device: int, name: str, what: str) -> None:
+    """Raise on every member when members of ``mpi_comm`` would share a GPU that NCCL does
+    not let them share (collective over ``mpi_comm``: one allgather of (host, GPU) keys)."""
+    keys = mpi_comm.allgather(shim.device_key(device))
+    ranks: dict = {}
+    for r, key in enumerate(keys):
+        ranks.setdefault(key, []).append(r)
+    shared = [(key, rs) for key, rs in ranks.items() if len(rs) > 1]
+    why = shared_gpu_refused(shim.version()) if shared else ""
+    if why:
+        key, rs = shared[0]
+        raise DistBackendError(f"{prefix(name)} could not make the NCCL communicator of {what}: its ranks "
+                               f"{rs} use the same GPU ({key}); {why}. Give each rank a GPU of its own "
+                               f"(device = local rank), or use host staging or a CUDA-aware MPI "
+                               f"(backend 'mpi')")
+
+
 def nccl_failure(name: str, what: str, exc: BaseException) -> DistBackendError:
     text = str(exc)
     hint = (" (two ranks of one communicator on one GPU need NCCL >= 2.30 and "
@@ -220,6 +257,7 @@ class NcclComm:
         self.rank = mpi_comm.Get_rank()
         self.spare: list = []  # done events of finished sync ops, for reuse
         self.scratch: Any = None  # barrier's 1-element buffer
+        check_gpus_distinct(shim, mpi_comm, device, name, what)
         uid = shim.unique_id() if self.rank == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         try:

@@ -19,6 +19,7 @@ CuPy 13 and 14 differ in two places the NCCL path meets, both handled here:
 from __future__ import annotations
 
 import contextlib
+import socket
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -79,6 +80,10 @@ class CupyShim:
     def device(self, device: int) -> Any:
         """Context manager making ``device`` current."""
         return self.cupy.cuda.Device(device)
+
+    def device_key(self, device: int) -> str:
+        """What names GPU ``device`` among the machines of a job: host name and PCI bus id."""
+        return f"{socket.gethostname()}:{self.cupy.cuda.Device(device).pci_bus_id}"
 
     def device_of(self, x: Any, ptr: int) -> int:
         """The CUDA device holding array ``x`` (data pointer ``ptr``)."""

@@ -35,9 +35,30 @@ _started: Optional[ProcessGroup] = None
 
 def _device_backend() -> str:
     """mpidist's backend for a runtime the torch backend starts: CUDA tensors through NCCL
-    where CuPy has it (loaded only when a CUDA tensor first needs it), else MPI (CUDA-aware
-    where detected, host staging otherwise)."""
-    return "cpu:mpi,cuda:nccl" if mpidist.is_nccl_available() else "mpi"
+    where CuPy has it and NCCL can run this node's ranks, else MPI (CUDA-aware where
+    detected, host staging otherwise).
+
+    NCCL can run them when there are no more ranks on the node than GPUs torch sees (each
+    rank on a GPU of its own), or when NCCL lets ranks share a GPU (>= 2.30 with
+    NCCL_MULTI_RANK_GPU_ENABLE=1); an older NCCL fails every collective of ranks sharing a
+    GPU (seen with NCCL 2.28.9, two ranks on one H200). Collective over MPI_COMM_WORLD (one
+    ``Split_type`` to count the node's ranks, when CuPy has NCCL).
+    """
+    if not mpidist.is_nccl_available():
+        return "mpi"
+    import torch  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from mpidist.device import _nccl_core, _nccl_shim  # noqa: PLC0415
+
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        ranks_on_node = node.Get_size()
+    finally:
+        node.Free()
+    if ranks_on_node > torch.cuda.device_count() and _nccl_core.shared_gpu_refused(_nccl_shim.get().version()):
+        return "mpi"
+    return "cpu:mpi,cuda:nccl"
 
 
 def start_runtime(timeout: Any, rank: int = -1, world_size: int = -1) -> None:
