@@ -73,11 +73,11 @@ def fake_cuda(monkeypatch):
     stream, entered = FakeStream(), []
 
     @contextlib.contextmanager
-    def context():
+    def context(device=None):
         entered.append(True)
         yield
 
-    monkeypatch.setattr(_cuda, "stream_of", lambda: stream)
+    monkeypatch.setattr(_cuda, "stream_of", lambda device=None: stream)
     monkeypatch.setattr(_cuda, "current_stream", context)
     return stream, entered
 

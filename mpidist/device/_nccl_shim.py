@@ -24,6 +24,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from mpidist.device import _streams
+
 __all__ = ["CupyShim", "get", "use"]
 
 _MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
@@ -107,7 +109,7 @@ class CupyShim:
 
     def external_stream(self, ptr: int) -> Any:
         """A stream object for raw handle ``ptr`` made elsewhere (a producer's stream)."""
-        return self.cupy.cuda.ExternalStream(ptr)
+        return _streams.wrap(self.cupy, ptr)
 
     def new_stream(self) -> Any:
         return self.cupy.cuda.Stream(non_blocking=True)

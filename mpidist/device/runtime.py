@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpidist.device import _streams
 from mpidist.errors import prefix
 
 __all__ = ["DeviceRuntime", "CupyRuntime", "register", "unregister", "runtime_for"]
@@ -119,7 +120,7 @@ class CupyRuntime(DeviceRuntime):
             cp.cuda.get_current_stream().synchronize()
         elif stream is not None:  # None: the producer says no synchronization is needed
             # 1 = legacy default, 2 = per-thread default: valid handles themselves
-            cp.cuda.ExternalStream(int(stream)).synchronize()
+            _streams.wrap(cp, int(stream)).synchronize()
 
     def compute_view(self, x: Any) -> Any:
         return self._array(x)

@@ -25,16 +25,17 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from mpidist.device import runtime as device_runtime
+from mpidist.device import _streams, runtime as device_runtime
 from mpidist.errors import prefix
 from mpidist.torch._dtypes import REINTERPRET
 
 __all__ = ["CudaTensor", "TorchRuntime", "device_array", "current_stream", "stream_of"]
 
 
-#: How the stream a CUDA tensor is ready on is found: torch's current CUDA stream on this
-#: thread (tests replace it on machines without CUDA).
-stream_of: Callable[[], Any] = torch.cuda.current_stream
+#: How the stream a CUDA tensor is ready on is found: torch's current CUDA stream of the
+#: tensor's device on this thread (tests replace it on machines without CUDA). Called with the
+#: device: without one torch looks the current device up in Python on every call.
+stream_of: Callable[..., Any] = torch.cuda.current_stream
 
 
 @lru_cache(maxsize=None)
@@ -108,26 +109,27 @@ def device_array(t: torch.Tensor, staged: Any, write: bool, op: str, arg: str) -
     dtype = _numpy_dtype(t.dtype, op, arg)
     base = t.detach()
     if base.is_contiguous() and not base.is_conj() and not base.is_neg():
-        return CudaTensor(base, stream_of(), dtype)
+        return CudaTensor(base, stream_of(base.device), dtype)
     tmp = base.clone(memory_format=torch.contiguous_format).resolve_conj().resolve_neg()
     if write:
         staged.backs.append((base, tmp))
-    return CudaTensor(tmp, stream_of(), dtype)
+    return CudaTensor(tmp, stream_of(base.device), dtype)
 
 
 @contextlib.contextmanager
-def current_stream() -> Iterator[None]:
-    """Make torch's current CUDA stream CuPy's current stream for the block (the NCCL and
-    CUDA-aware paths order their work after, and before, what runs on it); nothing
-    without CuPy (host staging synchronizes the tensors' own streams)."""
+def current_stream(device: Any = None) -> Iterator[None]:
+    """Make torch's current CUDA stream (of ``device``; None: the current device) CuPy's
+    current stream for the block (the NCCL and CUDA-aware paths order their work after,
+    and before, what runs on it); nothing without CuPy (host staging synchronizes the
+    tensors' own streams)."""
     try:
         import cupy  # noqa: PLC0415
     except ImportError:
         yield
         return
-    stream = stream_of()
-    with cupy.cuda.ExternalStream(int(stream.cuda_stream), stream.device.index if stream.device.index is not None
-                                  else -1):
+    stream = stream_of(device) if device is not None else stream_of()
+    index = stream.device.index
+    with _streams.wrap(cupy, int(stream.cuda_stream), index if index is not None else -1):
         yield
 
 

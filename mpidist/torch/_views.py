@@ -17,6 +17,8 @@ CUDA-aware MPI or host-staging path: never to the host path.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -56,6 +58,8 @@ class Staged:
         return self._array(t, False, op, arg)
 
     def _array(self, t: Any, write: bool, op: str, arg: str) -> Any:
+        if getattr(t, "is_cuda", False):  # before numpy(): its TypeError costs microseconds
+            return _slow(t, self, write, op, arg)
         try:
             a = t.numpy()  # the common case: a contiguous CPU tensor numpy can view
         except (RuntimeError, TypeError, AttributeError):
@@ -127,7 +131,7 @@ def _slow(t: Any, staged: Staged, write: bool, op: str, arg: str) -> Any:
     if t.is_cuda:
         from mpidist.torch import _cuda  # noqa: PLC0415  (CUDA tensors only)
 
-        staged.stream = _cuda.current_stream
+        staged.stream = functools.partial(_cuda.current_stream, t.device)
         return _cuda.device_array(t, staged, write, op, arg)
     if t.device.type != "cpu":
         raise TypeError(f"{prefix(op)} {arg} is on device {t.device}; mpidist takes CPU and CUDA tensors")

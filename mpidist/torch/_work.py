@@ -12,6 +12,12 @@ one mpidist :class:`~mpidist.Work`, or several for the coalesced and list forms.
   done-callback of mpidist's future: on the thread running the group's ops, so a
   ``then`` callback that issues another collective and waits on it (torch's PowerSGD
   hook) runs it there at once instead of queueing behind itself.
+  An op on the NCCL path (CUDA tensors, every Work stream-ordered) gets torch's CUDA
+  future instead, as torch's own NCCL backend gives: completed at once, on a side stream
+  that waits (on the device) for the op, so ``wait()``/``value()`` make the caller's
+  current stream wait for it and never block the host. DDP's reducer waits on this
+  future at the end of every backward: a future completed by the host once the op is
+  done cost DDP a host round trip per step (1.9x NCCL's step time at 1 rank on an H200).
 * Temporaries (non-contiguous tensors) are copied back before either returns.
 """
 from __future__ import annotations
@@ -115,6 +121,9 @@ class TorchWork(dist._Work):
         with self._lock:
             if self._future is not None:
                 return self._future
+            fut = self._future = self._stream_future()
+            if fut is not None:
+                return fut
             fut = self._future = torch.futures.Future()
         state = {"left": len(self._works), "settled": False}
         count_lock = threading.Lock()
@@ -142,3 +151,35 @@ class TorchWork(dist._Work):
         for w in self._works:
             w.get_future().add_done_callback(done)
         return fut
+
+    def _stream_future(self) -> Optional[torch.futures.Future]:
+        """torch's CUDA future for an op whose Works are all NCCL's (stream-ordered) on one
+        device and that has nothing to copy back; None otherwise (the host-completed future)."""
+        if not self._works or self._finish is not None or not torch.cuda.is_available():
+            return None
+        from mpidist.device._nccl_core import NcclWork  # noqa: PLC0415  (CUDA tensors only)
+
+        if not all(type(w) is NcclWork for w in self._works) or len({w._device for w in self._works}) != 1:
+            return None
+        device = self._works[0]._device
+        shim = self._works[0]._shim
+        side = _side_stream(device)
+        with shim.device(device):
+            waiting = shim.external_stream(int(side.cuda_stream))
+            for w in self._works:
+                shim.wait_event(waiting, w._event)
+        fut = torch.futures.Future(devices=[torch.device("cuda", device)])
+        with torch.cuda.stream(side):
+            fut.set_result(list(self._outputs))  # torch records its events on ``side``, after the op
+        return fut
+
+
+_side_streams: dict = {}
+
+
+def _side_stream(device: int) -> Any:
+    """One torch stream per CUDA device on which the CUDA futures complete (kept for the process)."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device=device)
+    return stream
