@@ -134,10 +134,24 @@ def test_mnist_idx_job(tmp_path):
 def test_bad_flags_fail_fast(tmp_path):
     for flag, value, message in (("--epochs", "0", "--epochs must be >= 1, got 0"),
                                  ("--lr", "-1", "--lr must be > 0, got -1.0"),
-                                 ("--backend", "nccl", "invalid choice: 'nccl'")):
+                                 ("--backend", "ucc", "invalid choice: 'ucc'"),
+                                 ("--backend", "nccl", "--backend nccl needs --device cuda (NCCL communicates CUDA "
+                                                       "tensors only)"),
+                                 ("--device", "tpu", "invalid choice: 'tpu'")):
         out = subprocess.run([*JOB, flag, value], capture_output=True, text=True, timeout=60,
                              env=launcher_free_env())
         assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_device_cuda_without_cuda_fails_fast():
+    """The GPU run itself is in tests/gpu/test_torch_gpu_job.py (runs where torch sees CUDA)."""
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a CUDA device")
+    out = subprocess.run([*JOB, "--device", "cuda"], capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    assert out.returncode == 2, out.stderr
+    assert "--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False)" in out.stderr
 
 
 # --- SIGTERM -> checkpoint at a step boundary on every rank; --resume -> bitwise the same run ---

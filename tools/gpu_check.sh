@@ -6,11 +6,13 @@
 #      installed offline from the wheels in $WHEELS, and mpidist from this checkout;
 #   2. `make test-gpu`'s two commands: tests/gpu serially, then under mpiexec -n 2 (both ranks
 #      on one GPU; NCCL_MULTI_RANK_GPU_ENABLE=1 unless set);
-#   3. `make bench-gpu` (benchmarks/bench_gpu.py at -n 1 and 2) and benchmarks/bench_torch_gpu.py
+#   3. the CPU suite's device tests (fakes), with the real CuPy importable;
+#   4. `make bench-gpu` (benchmarks/bench_gpu.py at -n 1 and 2) and benchmarks/bench_torch_gpu.py
 #      (torch DDP on CUDA over "mpidist" against torch's NCCL over mpi://) at -n 1 and 2.
 # Each step has its own time limit and a step is skipped once less than its limit is left of
-# $DEADLINE seconds (default 540). Logs and benchmark results go to $LOGS; the last lines
-# printed are one line per step with its exit status and time.
+# $DEADLINE seconds (default 540); ONLY="probe venv ..." runs just the steps named. Logs and
+# benchmark results go to $LOGS; the last lines printed are one line per step with its exit
+# status and time.
 #
 #   WHEELS=.whl LOGS=out/gpu-check bash tools/gpu_check.sh
 # Fetch the wheels where pip works (the target's Python version; here 3.12):
@@ -32,6 +34,9 @@ SUMMARY=()
 step() {  # step NAME LIMIT_S COMMAND...: run it with its log in $LOGS/NAME.log
   local name=$1 limit=$2 left rc t
   shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+    return
+  fi
   left=$((DEADLINE - ($(date +%s) - T0)))
   if [ "$left" -lt "$limit" ]; then
     SUMMARY+=("$name: skipped (${left}s left of the deadline, needs ${limit}s)")
@@ -92,6 +97,10 @@ step probe 60 bash -c probe
 step venv 120 bash -c make_venv
 step test-gpu-serial 150 "$PY" -m pytest --with-mpi -rs -q tests/gpu
 step test-gpu-np2 150 "$MPIEXEC" -n 2 "$PY" -m mpidist -m pytest --with-mpi -rs -q tests/gpu
+# the CPU suite's device and torch-CUDA tests (fakes), where the real CuPy and CUDA are importable
+step device-tests 120 "$PY" -m pytest --with-mpi -rs -q tests/test_device_nccl.py tests/test_device_staging.py \
+  tests/test_device_paths.py tests/test_device_integration.py tests/test_device_mpi_cuda.py tests/test_torch_cuda.py \
+  tests/test_torch_backend.py
 step bench-gpu-np2 100 "$MPIEXEC" -n 2 "$PY" benchmarks/bench_gpu.py --out "$LOGS/results"
 step bench-torch-gpu-np2 80 "$MPIEXEC" -n 2 "$PY" benchmarks/bench_torch_gpu.py --out "$LOGS/results"
 step bench-gpu-np1 60 "$MPIEXEC" -n 1 "$PY" benchmarks/bench_gpu.py --out "$LOGS/results"

@@ -8,6 +8,12 @@ averages the gradients through mpidist's collectives. ``--backend gloo`` runs th
 over torch's gloo instead (one node only: rank 0 picks a free port on 127.0.0.1 and sends
 it to the others over MPI), for comparison.
 
+``--device cuda`` trains on GPUs: rank r uses GPU ``local rank % GPUs on the node``, the
+data and the model live there, and DDP reduces CUDA gradients (through NCCL where mpidist
+can use it, else host staging: docs/torch.md, "CUDA tensors"); cuDNN runs its
+deterministic algorithms. ``--backend nccl`` (with ``--device cuda``) runs the job over
+torch's own NCCL with ranks and store from MPI (``init_method="mpi://"``), for comparison.
+
 Data as the numpy job (:mod:`mpidist.examples.train_digits`): scikit-learn's digits
 (1,797 8x8 images) by default, ``--data DIR`` for the four MNIST IDX files; each image is
 fed as a 1-channel square. The model: two 3x3 convolutions (16 and 32 channels, ReLU), an
@@ -52,7 +58,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from mpidist.examples._job import Job, StopFlag, checked_arguments, job_arguments
 
-BACKENDS = ("mpidist", "gloo")
+BACKENDS = ("mpidist", "gloo", "nccl")
+DEVICES = ("cpu", "cuda")
 #: torch's all_gather_single (2.13), under its older name all_gather_into_tensor on torch < 2.13
 _all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
 
@@ -60,10 +67,18 @@ _all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gath
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = job_arguments("mpidist.examples.train_torch", __doc__, "out/torch", 20, "torch")
     p.add_argument("--backend", choices=BACKENDS, default="mpidist",
-                   help="torch.distributed backend (default: mpidist; gloo: one node only, for comparison)")
+                   help="torch.distributed backend (default: mpidist; gloo: one node only, for comparison; "
+                        "nccl: torch's own, with --device cuda)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where the model trains (cuda: GPU local rank %% GPUs on the node)")
     p.add_argument("--channels", type=int, default=16,
                    help="channels of the first convolution (twice that in the second)")
-    return checked_arguments(p, argv, ("channels",))
+    args = checked_arguments(p, argv, ("channels",))
+    if args.backend == "nccl" and args.device != "cuda":
+        p.error("--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False)")
+    return args
 
 
 def _free_port() -> int:
@@ -76,13 +91,17 @@ def init_backend(backend: str) -> None:
     """``torch.distributed.init_process_group(backend)`` with rank and world size from MPI.
 
     "mpidist": ``import mpidist.torch`` registers the backend, which bootstraps from
-    MPI_COMM_WORLD itself. "gloo": rank 0 picks a free TCP port on 127.0.0.1 and
+    MPI_COMM_WORLD itself. "nccl": torch's NCCL over mpidist's ``mpi://`` rendezvous (the
+    store over MPI; no port). "gloo": rank 0 picks a free TCP port on 127.0.0.1 and
     broadcasts it over MPI (``tcp://127.0.0.1:PORT``: every rank must be on rank 0's node).
     """
-    if backend == "mpidist":
-        import mpidist.torch  # noqa: F401, PLC0415  (registers the "mpidist" backend)
+    if backend in ("mpidist", "nccl"):
+        import mpidist.torch  # noqa: F401, PLC0415  (registers "mpidist" and the mpi:// rendezvous)
 
-        tdist.init_process_group("mpidist")
+        if backend == "nccl":
+            tdist.init_process_group("nccl", init_method="mpi://")
+        else:
+            tdist.init_process_group("mpidist")
         return
     from mpi4py import MPI  # noqa: PLC0415
 
@@ -93,15 +112,31 @@ def init_backend(backend: str) -> None:
                              world_size=comm.Get_size())
 
 
-def local_world_size() -> int:
-    """Ranks on this node (MPI's shared-memory split of COMM_WORLD)."""
+def local_rank_and_size() -> tuple[int, int]:
+    """(rank on this node, ranks on this node): MPI's shared-memory split of COMM_WORLD."""
     from mpi4py import MPI  # noqa: PLC0415
 
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size()
+        return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+
+
+def local_world_size() -> int:
+    """Ranks on this node."""
+    return local_rank_and_size()[1]
+
+
+def pick_device(name: str) -> torch.device:
+    """The job's device: the CPU, or GPU ``local rank % GPUs`` (made current) for "cuda"."""
+    if name == "cpu":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank_and_size()[0] % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    torch.backends.cudnn.deterministic = True  # the same steps give the same parameters
+    torch.backends.cudnn.benchmark = False
+    return device
 
 
 class Net(nn.Module):
@@ -152,12 +187,13 @@ class TorchJob(Job):
     # A resumed run must use the same values as the checkpointed one (--epochs may grow).
     resume_keys = ("dataset", "seed", "batch_size", "lr", "momentum", "channels")
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, device: torch.device = torch.device("cpu")) -> None:
         rank, world = tdist.get_rank(), tdist.get_world_size()
         super().__init__(args, rank, world, channels=args.channels, backend=args.backend)
-        self.x_train, self.x_test = as_images(self.x_train), as_images(self.x_test)
-        self.y_train, self.y_test = torch.from_numpy(self.y_train), torch.from_numpy(self.y_test)
-        self.model = Net(args.channels, self.n_classes)
+        self.device = device
+        self.x_train, self.x_test = as_images(self.x_train).to(device), as_images(self.x_test).to(device)
+        self.y_train, self.y_test = torch.from_numpy(self.y_train).to(device), torch.from_numpy(self.y_test).to(device)
+        self.model = Net(args.channels, self.n_classes).to(device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=args.momentum)
         self.progress = self.resume()
         self.ddp = DistributedDataParallel(self.model)  # broadcasts rank 0's parameters
@@ -176,7 +212,7 @@ class TorchJob(Job):
     barrier = staticmethod(tdist.barrier)
 
     def train_step(self, idx: np.ndarray) -> float:
-        idx = torch.from_numpy(idx)
+        idx = torch.from_numpy(idx).to(self.device)
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.criterion(self.ddp(self.x_train[idx]), self.y_train[idx])
         loss.backward()  # DDP all-reduces the gradients, bucket by bucket, during backward
@@ -193,9 +229,9 @@ class TorchJob(Job):
     def model_state(self) -> dict[str, np.ndarray]:
         """``model.<name>``: the module's state_dict; ``optimizer.<i>.<key>``: SGD's per-parameter
         state (its momentum buffers), i in parameter order (the numpy job's checkpoint layout)."""
-        state = {f"model.{k}": v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+        state = {f"model.{k}": v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
         for i, per_param in self.optimizer.state_dict()["state"].items():
-            state.update({f"optimizer.{i}.{k}": v.detach().numpy().copy() for k, v in per_param.items()
+            state.update({f"optimizer.{i}.{k}": v.detach().cpu().numpy().copy() for k, v in per_param.items()
                           if isinstance(v, torch.Tensor)})
         return state
 
@@ -211,7 +247,9 @@ class TorchJob(Job):
 
     def banner(self, steps: int) -> str:
         n_params = sum(p.numel() for p in self.model.parameters())
-        return (f"mpidist: {self.world} ranks, torch {torch.__version__} DDP over {self.args.backend}, {self.dataset}: "
+        where = "" if self.device.type == "cpu" else f" on {self.device.type}"
+        return (f"mpidist: {self.world} ranks, torch {torch.__version__} DDP over {self.args.backend}{where}, "
+                f"{self.dataset}: "
                 f"{len(self.x_train)} train / {len(self.x_test)} test samples, CNN of {n_params:,} parameters, {steps} "
                 f"steps/epoch of {self.args.batch_size} per rank")
 
@@ -225,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # slow every rank down several times).
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world_size()))
     torch.manual_seed(args.seed)
-    rc = TorchJob(args).run(stop)
+    rc = TorchJob(args, pick_device(args.device)).run(stop)
     tdist.destroy_process_group()
     return rc
 
