@@ -12,7 +12,8 @@ it to the others over MPI), for comparison.
 data and the model live there, and DDP reduces CUDA gradients (through NCCL where mpidist
 can use it, else host staging: docs/torch.md, "CUDA tensors"); cuDNN runs its
 deterministic algorithms. ``--backend nccl`` (with ``--device cuda``) runs the job over
-torch's own NCCL with ranks and store from MPI (``init_method="mpi://"``), for comparison.
+torch's own NCCL (gloo for its CPU tensors: ``"cpu:gloo,cuda:nccl"``) with ranks and store
+from MPI (``init_method="mpi://"``), for comparison.
 
 Data as the numpy job (:mod:`mpidist.examples.train_digits`): scikit-learn's digits
 (1,797 8x8 images) by default, ``--data DIR`` for the four MNIST IDX files; each image is
@@ -91,15 +92,16 @@ def init_backend(backend: str) -> None:
     """``torch.distributed.init_process_group(backend)`` with rank and world size from MPI.
 
     "mpidist": ``import mpidist.torch`` registers the backend, which bootstraps from
-    MPI_COMM_WORLD itself. "nccl": torch's NCCL over mpidist's ``mpi://`` rendezvous (the
-    store over MPI; no port). "gloo": rank 0 picks a free TCP port on 127.0.0.1 and
+    MPI_COMM_WORLD itself. "nccl": ``"cpu:gloo,cuda:nccl"`` over mpidist's ``mpi://``
+    rendezvous (the store over MPI; no port): torch's NCCL for the gradients, torch's gloo
+    for the job's CPU tensors (the stop flag, the metrics), which NCCL does not take. "gloo": rank 0 picks a free TCP port on 127.0.0.1 and
     broadcasts it over MPI (``tcp://127.0.0.1:PORT``: every rank must be on rank 0's node).
     """
     if backend in ("mpidist", "nccl"):
         import mpidist.torch  # noqa: F401, PLC0415  (registers "mpidist" and the mpi:// rendezvous)
 
-        if backend == "nccl":
-            tdist.init_process_group("nccl", init_method="mpi://")
+        if backend == "nccl":  # the job's own host collectives (stop flag, metrics) need gloo
+            tdist.init_process_group("cpu:gloo,cuda:nccl", init_method="mpi://")
         else:
             tdist.init_process_group("mpidist")
         return
