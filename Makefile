@@ -101,6 +101,8 @@ $(FRAMEWORKS_STAMP): $(STAMP) setup.cfg
 # system CuPy: `make test-gpu VENV_ARGS=--system-site-packages` on a fresh checkout (or
 # GPU_PY=/path/to/python for an environment that has it). Serially, then under mpiexec -n 2
 # (both ranks on one GPU). Without CuPy or a GPU every test is skipped with the reason.
+# On a GPU machine with no package index: tools/gpu_check.sh (wheels carried in; runs these,
+# bench-gpu and bench_torch_gpu.py in one bounded run).
 GPU_PY           ?= $(PY)
 GPU_TEST_TIMEOUT ?= 600
 .PHONY: test-gpu
@@ -195,14 +197,18 @@ bench: bench-install
 
 # GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
 # SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI
-# (where detected) and host staging, against a device-to-device copy measured in the same run;
-# writes benchmarks/results/gpu_np{N}.md/.csv for each N in GPU_NP.
+# (where detected), host staging and raw NCCL, against a device-to-device copy and the host-copy
+# bound measured in the same run; then torch's all_reduce and a DDP step on CUDA over "mpidist"
+# against torch's NCCL (bench_torch_gpu.py; SKIPPED without a CUDA torch). Writes
+# benchmarks/results/gpu_np{N}.md/.csv and torch_gpu_np{N}.md for each N in GPU_NP.
 GPU_NP ?= 1 2
 .PHONY: bench-gpu
 bench-gpu: install
 	@set -e; for n in $(GPU_NP); do \
 	  echo "== GPU benchmark under mpiexec -n $$n"; \
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(GPU_PY) benchmarks/bench_gpu.py; \
+	  echo "== torch on CUDA: mpidist vs torch's NCCL under mpiexec -n $$n"; \
+	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(GPU_PY) benchmarks/bench_torch_gpu.py; \
 	done
 
 # Smoke run (< 90 s): all_reduce only, sizes to 1 MiB, 3 short measurements; writes to
