@@ -6,6 +6,7 @@ Launch with ``mpiexec -n N python script.py`` (or ``srun``); call
 from mpidist._runtime import (
     DEFAULT_TIMEOUT as default_pg_timeout,
     Backend,
+    check_collectives,
     destroy_process_group,
     get_backend,
     get_local_world_size,
@@ -52,7 +53,7 @@ __version__ = "0.1.0"
 __all__ = sorted(set([
     "Backend", "DebugLevel", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
     "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "all_reduce", "barrier", "batch_isend_irecv",
-    "breakpoint", "broadcast", "cuda_aware_mpi", "default_pg_timeout", "destroy_process_group", "get_backend",
+    "breakpoint", "broadcast", "check_collectives", "cuda_aware_mpi", "default_pg_timeout", "destroy_process_group", "get_backend",
     "get_debug_level", "get_global_rank", "get_group_rank", "get_local_world_size", "get_node_local_rank", "get_pg_count", "get_process_group_ranks",
     "get_rank", "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv", "is_initialized",
     "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group", "new_subgroups",

@@ -86,6 +86,15 @@ _ENV = ("MPIDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG")  # the first that is set (no
 #: 8-byte all_reduce path's copy of the last agreed key (``collectives``) registers here.
 FORGET: list[Callable[[], None]] = []
 _MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call on every member)
+#: K: the members compare the running hash of their calls on a group at its sequence numbers
+#: K, 2K, ... (a power of two), so calls agreed on before but made out of step are caught within
+#: K calls. 64: an exchange (a few microseconds) costs each call under 0.1 us on average.
+PERIOD = 64
+PERIOD_MASK = PERIOD - 1
+#: The ops of the final comparison (:func:`compare_final`), which never run a collective of
+#: their own: the exchange is the op.
+FINAL_OPS = frozenset({"destroy_process_group", "exit", "check_collectives"})
+_MUL, _MASK = 0x100000001B3, (1 << 63) - 1  # mpidist._signature.fold, inlined
 _SPINS = 200        # tests of the exchange before sleeping between tests
 _FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
 _PROBE_MAX = 2.0    # s: longest interval between questions
@@ -161,6 +170,21 @@ def _forget() -> None:
         hook()
 
 
+#: Runs a final comparison as an op of the group (``_dispatch.compare_final`` registers itself
+#: here: the op machinery is above this module).
+FINAL_RUN: list[Callable[[Any, str], None]] = []
+
+
+def compare_final(g: Any, what: str) -> None:
+    """The final comparison of the calls made on ``g`` (collective over its members): the
+    members exchange the running hash of their calls and their last call, in the group's op
+    order, so that a run whose members made different calls never ends unnoticed.
+    ``what``: one of :data:`FINAL_OPS` (destroy_process_group, exit, check_collectives).
+    Raises the mismatch ValueError on every member when they differ."""
+    for run in FINAL_RUN:
+        run(g, what)
+
+
 try:  # as torch reads TORCH_DISTRIBUTED_DEBUG on import; a bad value is reported by init_process_group
     _level = env_level("") or DebugLevel.OFF
     DETAIL = _level is DebugLevel.DETAIL
@@ -183,12 +207,20 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("group", "comm", "agreed", "last", "exchanged")
+    __slots__ = ("group", "comm", "agreed", "last", "exchanged", "h", "prev", "base", "hist")
 
     def __init__(self, g: Any) -> None:
         self.group = g
         self.comm: Optional[MPI.Comm] = g.comm.Dup()
-        self.agreed: set = set()
+        #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
+        self.agreed: dict = {}
+        #: the running hash of every call checked on the group (mpidist._signature.fold), and
+        #: its value before the last cached call (put back when every member refused that call)
+        self.h = self.prev = 0
+        #: the sequence number of the last exchange in which the members agreed
+        self.base = -1
+        #: (sequence number, key) of the last calls, for naming the first that differs
+        self.hist: collections.deque = collections.deque(maxlen=PERIOD)
         #: (sequence number, key) of the last call this rank checked: it has decided up to there
         self.last: tuple = (-1, None)
         #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
@@ -206,7 +238,11 @@ class GroupCheck:
 class _Unchecked:
     """Stands for a group's state where nothing is checked (one rank, or checks off)."""
 
-    __slots__ = ("last",)
+    __slots__ = ("last", "h", "prev", "hist")
+
+    def __init__(self) -> None:
+        self.h = self.prev = 0
+        self.hist: collections.deque = collections.deque(maxlen=1)
 
 
 _UNCHECKED = _Unchecked()
@@ -240,17 +276,35 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
             chk.last = (rec[R.SEQ], None)
         return
     chk = g.resource("check", GroupCheck)
-    if key in chk.agreed and not DETAIL:
-        chk.last = (rec[R.SEQ], key)
+    seq = rec[R.SEQ]
+    kh = chk.agreed.get(key)
+    if kh is not None and not DETAIL and seq & PERIOD_MASK:
+        chk.prev = chk.h
+        chk.h = ((chk.h ^ kh) * _MUL) & _MASK
+        chk.hist.append((seq, key))
+        chk.last = (seq, key)
         return
-    _exchange(g, chk, rec, key, parts)
+    _exchange(g, chk, rec, key, parts, kh)
 
 
 # -- the exchange --------------------------------------------------------------------------
-def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tuple]) -> None:
+def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tuple], kh: Optional[int] = None) -> None:
+    """Compare with the other members: this call (``key``; new to the group, or at a
+    sequence number that is a multiple of :data:`PERIOD`) and the running hash of the
+    calls before it; or, for a final comparison (``key[OP]`` in :data:`FINAL_OPS`), the
+    running hash of every call and the last call."""
     seq, n = rec[R.SEQ], g.size()
-    own = parts[1] if parts is not None and parts[0] != "pairs" else -1
-    fp = S.fingerprint(key, seq, n, own)
+    final = key[S.OP] in FINAL_OPS
+    if final:  # the last call that ran (one refused as mismatched did not, on any member)
+        last_seq, last_key = chk.hist[-1] if chk.hist else (seq, key)
+        h = chk.h
+        fp = S.fingerprint(last_key, last_seq, n, kind=S.FINAL, calls=seq, h=h)
+    else:  # the hash of the calls before this one: this one's own words are compared beside it
+        if kh is None:
+            kh = S.key_hash(key)
+        own = parts[1] if parts is not None and parts[0] != "pairs" else -1
+        fp = S.fingerprint(key, seq, n, own, calls=seq, h=chk.h)
+        h = ((chk.h ^ kh) * _MUL) & _MASK
     rows = np.empty((n, S.WORDS), np.int64)
     chk.exchanged.append(seq)  # (before ``last``: a peer that reads ``last`` finds it here)
     chk.last = (seq, key)
@@ -259,14 +313,76 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     else:
         _wait(g, chk, rec, key, chk.comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), (fp, rows))
     if S.mismatched(rows):  # the same rows on every member: all of them get here
-        calls = chk.comm.allgather(S.describe(key, seq))
-        raise ValueError(_mismatch_text(g, key[S.OP], S.differ(rows), calls))
+        _mismatch(g, chk, key, seq, rows)
+    chk.prev, chk.h, chk.base = chk.h, h, seq
+    if final:
+        return
+    chk.hist.append((seq, key))
     if parts is not None:
         _check_parts(g, chk, key, seq, parts, rows)
     if len(chk.agreed) >= _MAX_AGREED:
         chk.agreed.clear()
         _forget()
-    chk.agreed.add(key)
+    chk.agreed[key] = kh
+
+
+def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray) -> None:
+    """Raise the ValueError for the differing ``rows`` (the same on every member, so every
+    member raises the same text). Members at the same exchange take part in one more
+    collective (their calls or their histories); members at different points (one compares
+    a call, another its final comparison) are described from the rows alone."""
+    op, name = key[S.OP], g.group_name
+    if not S.same_point(rows):
+        broken(g, f"a mismatched collective before sequence number {seq}")
+        raise ValueError(f"{prefix(op)} {_mixed_text(g, rows)}")
+    calls_differ = S.mismatched(np.concatenate([rows[:, :S.KIND], np.zeros((len(rows), S.WORDS - S.KIND),
+                                                                           np.int64)], axis=1))
+    history_differs = bool((rows[:, S.HASH] != rows[0, S.HASH]).any())
+    if calls_differ and not (history_differs and key[S.OP] in FINAL_OPS):
+        calls = chk.comm.allgather(S.describe(key, seq) if key[S.OP] not in FINAL_OPS else S.decode(rows[g.rank()]))
+        text = _mismatch_text(g, op, S.differ(rows), calls)
+        if history_differs:
+            broken(g, f"mismatched collectives before sequence number {seq}")
+            text += f"; their calls before it differ too ({_first_text(g, chk, seq)})"
+        raise ValueError(text)
+    # the same call (or final comparison) here, after calls that differed: find the first
+    first = _first_text(g, chk, seq)
+    broken(g, f"mismatched collectives before sequence number {seq}")
+    raise ValueError(f"{prefix(op)} the members of group {name!r} called mismatched collectives: {first} "
+                     f"(found at sequence number {seq}, where they compare the calls made so far: every "
+                     f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)")
+
+
+def _first_text(g: Any, chk: GroupCheck, seq: int) -> str:
+    """The first call since the last agreement at which the members differ, with each
+    member's call there (collective over the group: every member exchanges its history)."""
+    mine = [(s, S.key_hash(k), S.describe(k, s)) for s, k in chk.hist if chk.base < s < seq]
+    hists = chk.comm.allgather(mine)
+    by_rank = [{s: (kh, text) for s, kh, text in h} for h in hists]
+    for s in range(chk.base + 1, seq):
+        seen = [by.get(s) for by in by_rank]
+        if len({x[0] if x is not None else None for x in seen}) > 1:
+            calls = [x[1] if x is not None else f"(no call at seq={s} in the last {PERIOD})" for x in seen]
+            by_call: dict = {}
+            for r, call in enumerate(calls):
+                by_call.setdefault(call, []).append(g.ranks[r])
+            return f"first at sequence number {s}: " + "; ".join(
+                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {call}" for call, rs in by_call.items())
+    return f"their calls between sequence numbers {chk.base + 1} and {seq - 1} differ"
+
+
+def _mixed_text(g: Any, rows: np.ndarray) -> str:
+    """The members compared at different points: each one's call there, from its row."""
+    by_call: dict = {}
+    for r, row in enumerate(rows):
+        call = S.decode(row)
+        if row[S.KIND] == S.FINAL:
+            call = (f"{call}, its last call before its final comparison at seq={int(row[S.CALLS])} "
+                    f"(destroy_process_group, exit or check_collectives)")
+        by_call.setdefault(call, []).append(g.ranks[r])
+    parts = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {call}"
+                      for call, rs in by_call.items())
+    return f"the members of group {g.group_name!r} called mismatched collectives: {parts}"
 
 
 def _mismatch_text(g: Any, op: str, differ: list, calls: list) -> str:
@@ -345,11 +461,13 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
             at = info.get("at_seq")
             call = f"{at[0]}(seq={seq})" if at else f"an op at seq={seq}"
         others.append(f"rank {p}: {call}")
-    fields = [name for name in ("op", "count", "dtype", "root", "reduce op", "sizes") if name in differ]
+    fields = [name for name in ("op", "count", "dtype", "root", "reduce op", "sizes") if name in differ
+              and key[S.OP] not in FINAL_OPS]
+    mine = (f"its final comparison of the calls made ({key[S.OP]}, seq={seq})" if key[S.OP] in FINAL_OPS
+            else f"{S.describe(key, seq)}, a call new to the group, which its members compare before running it")
     body = (f"the members of group {g.group_name!r} called mismatched collectives"
             f"{' (they differ in ' + ', '.join(fields) + ')' if fields else ''}: rank {me}: "
-            f"{S.describe(key, seq)}, a call new to the group, which its members compare before running it; "
-            f"{'; '.join(others)}, a call the members agreed on before, run without comparing it")
+            f"{mine}; {'; '.join(others)}, a call the members agreed on before, run without comparing it")
     wd = _current.watchdog
     if wd is not None:
         wd.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
@@ -388,7 +506,11 @@ def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, ro
 def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
     """The mismatch ValueError for what the shared-memory all-reduce's header check found:
     ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
-    every member)."""
+    every member). Nobody ran the call: it leaves the running hash of the group's calls."""
+    chk = STATES.get(g)
+    if chk is not None and chk.hist and chk.hist[-1][0] == seq:
+        chk.h = chk.prev
+        chk.hist.pop()
     keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]
     differ = [name for name in ("count", "dtype", "reduce op")
               if len({k[{"count": S.COUNT, "dtype": S.DTYPE, "reduce op": S.REDOP}[name]] for k in keys}) > 1]

@@ -21,6 +21,7 @@ __all__ = ["launch", "member", "group_root", "root_rank", "root_list", "peer_ran
            "signature"]
 
 _state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
+_PMASK = _debug.PERIOD_MASK
 
 
 def signature(g: ProcessGroup, op: str, count: int = -1, dtype: Any = None, root: int = -1, redop: Any = None,
@@ -47,8 +48,13 @@ def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: O
         try:
             if key is not None:
                 chk = _state_of(g)
-                if chk is not None and key in chk.agreed and not _debug.DETAIL:  # _debug.check's cached case, inline
-                    chk.last = (rec[0], key)
+                kh = chk.agreed.get(key) if chk is not None and not _debug.DETAIL else None
+                seq = rec[0]
+                if kh is not None and seq & _PMASK:  # _debug.check's cached case, inline
+                    chk.prev = h = chk.h  # (put back if the op is refused on every member: _debug.unfold)
+                    chk.h = ((h ^ kh) * 0x100000001B3) & 0x7FFFFFFFFFFFFFFF  # mpidist._signature.fold
+                    chk.hist.append((seq, key))
+                    chk.last = (seq, key)
                 else:
                     _debug.check(g, rec, key, parts)
             out = fn(*args)
@@ -131,6 +137,24 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     else:
         bounded_result(eng.submit(run, *args, rec=rec), rec)
     return CompletedWork(op, prefix(op), outputs) if async_op else None
+
+
+def _nothing() -> None:
+    return None
+
+
+def compare_final(group: ProcessGroup, what: str) -> None:
+    """:func:`mpidist._debug.compare_final` as an op of ``group`` (``what`` its name: recorded,
+    numbered, run after the ops queued before it, watched by the timeout watchdog). Nothing
+    on a group that is destroyed, broken (a mismatch was found already), of one rank, or
+    where the caller is not a member."""
+    if (group.comm is None or group.destroyed or group.engine.broken is not None or not _debug.CHECK
+            or len(group.ranks) == 1 or not group.is_member()):
+        return
+    launch(group, what, _nothing, (), False)
+
+
+_debug.FINAL_RUN.append(compare_final)
 
 
 class p2p_call:  # noqa: N801  (a context manager: ``with p2p_call(g, "send", ...):``)

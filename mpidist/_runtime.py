@@ -24,10 +24,12 @@ Reliability settings, read by init_process_group (docs/reliability.md):
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import operator
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -290,6 +292,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     work.ABORT_ON_TIMEOUT = settings.abort
     _debug.set_debug_level(settings.level or _debug.get_debug_level())  # unset: keep the level set before init
     _watchdog.start(st)
+    _register_exit_check()
     if settings.abort_on_exception:
         _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report)
 
@@ -348,16 +351,53 @@ def dump_all_report(reason: str) -> str:
     return R.report(dump_all(reason))
 
 
+_exit_check_registered = False
+
+
+def _register_exit_check() -> None:
+    """Register :func:`_compare_at_exit` (once; after the watchdog's own exit handler, so it
+    runs before that one and before mpi4py finalizes MPI)."""
+    global _exit_check_registered
+    if not _exit_check_registered:
+        atexit.register(_compare_at_exit)
+        _exit_check_registered = True
+
+
+def _compare_at_exit() -> None:
+    """A process that leaves without destroy_process_group: its groups' final comparison
+    (mpidist._debug.compare_final), so that a run whose members made different calls does
+    not end with exit status 0. On a difference every member prints the mismatch and the
+    job is aborted (MPI_Abort, exit status 1). Nothing when the runtime was destroyed, or
+    when the process leaves on an unhandled exception (its status says so already)."""
+    st = _current.state
+    if st is None or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return
+    try:
+        for g in (*st.groups, st.world):
+            _debug.compare_final(g, "exit")
+    except Exception as exc:  # noqa: BLE001  (a mismatch, or a timeout of the comparison)
+        _abort.write(st.rank, f"{type(exc).__module__}.{type(exc).__name__}: {exc}\naborting the job")
+        _abort.abort_job(1)
+
+
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     """Free the default group (with every other group and the runtime state), or only ``group``.
 
     Collective over the group's members. After destroying the default group,
     init_process_group may be called again; using a destroyed group raises ValueError.
+
+    First the members compare the calls they made on each group destroyed (the running
+    hash of every call, and the last one: docs/reliability.md, section 4), so that a run
+    whose members made different calls never ends unnoticed: on a difference every member
+    raises the same ValueError naming the first call that differs (a group where a mismatch
+    was found already is not compared again).
     Destroying the default group also removes init_process_group's ``sys.excepthook``
     and the watchdog (and its SIGTERM handler).
     """
     st = state()
     if group is None or group is st.world:
+        for g in (*st.groups, st.world):  # while the watchdog still answers the peers' questions
+            _debug.compare_final(g, "destroy_process_group")
         _abort.remove_excepthook()
         _watchdog.stop()
         for g in st.groups:
@@ -367,7 +407,26 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     else:
         pg = resolve_group(group)  # raises for a group destroyed already
         if pg.comm is not None:  # a non-member (NON_GROUP_MEMBER) has nothing to free
+            _debug.compare_final(pg, "destroy_process_group")
             pg.free()
+
+
+def check_collectives(group: Optional[ProcessGroup] = None) -> None:
+    """Compare the calls every member made on ``group`` (default: the default group) so far.
+
+    An mpidist extension (torch has no equivalent), collective over the group's members:
+    they exchange the running hash of their calls and their last call (docs/reliability.md,
+    section 4), as destroy_process_group and the exit of the process do. Call it before
+    writing a checkpoint, so that a run whose members made different calls is not saved as if
+    it were sound. Costs one small exchange (MPI_Iallgather of 17 int64 per member).
+
+    Raises:
+        ValueError: the members made different calls; on every member, with the same text,
+            naming the first call that differs (its sequence number, and each rank's
+            arguments). The group is unusable afterwards (its ops raise DistError).
+        ValueError: ``group`` was destroyed.
+    """
+    _debug.compare_final(resolve_group(group), "check_collectives")
 
 
 def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:

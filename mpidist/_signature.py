@@ -27,12 +27,14 @@ Imports nothing of the package: a leaf that the check (``_debug``) and the watch
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["OP", "COUNT", "DTYPE", "ROOT", "REDOP", "LAYOUT", "WORDS", "OWN", "fingerprint", "mismatched", "differ",
-           "differ_keys", "describe", "dtype_text"]
+__all__ = ["OP", "COUNT", "DTYPE", "ROOT", "REDOP", "LAYOUT", "WORDS", "OWN", "KIND", "CALLS", "HASH", "CALL", "FINAL",
+           "fingerprint", "mismatched", "differ", "differ_keys", "describe", "dtype_text", "key_hash", "fold", "decode",
+           "same_point"]
 
 OP, COUNT, DTYPE, ROOT, REDOP, LAYOUT = range(6)
 
@@ -41,10 +43,18 @@ _SEQ, _SIZE, _COUNT, _ROOT, _LAYOUT, OWN = range(6)
 _OP_WORDS = slice(6, 10)      # op name, 32 bytes
 _DTYPE_WORDS = slice(10, 12)  # dtype text, 16 bytes
 _REDOP_WORDS = slice(12, 14)  # reduction name, 16 bytes
-WORDS = 14
+#: KIND: what the exchange is (CALL: before a call, FINAL: the comparison of destroy_process_group,
+#: exit and check_collectives); CALLS: the group's sequence number of the exchange; HASH: the
+#: running hash of every call on the group up to it (:func:`fold`).
+KIND, CALLS, HASH = 14, 15, 16
+WORDS = 17
+CALL, FINAL = 0, 1
 #: The words every member must have alike (all but ``own``), with the name a message gives them.
 _FIELDS = (("op", _OP_WORDS), ("sequence number", _SEQ), ("count", _COUNT), ("dtype", _DTYPE_WORDS),
-           ("root", _ROOT), ("reduce op", _REDOP_WORDS), ("sizes", _LAYOUT), ("group size", _SIZE))
+           ("root", _ROOT), ("reduce op", _REDOP_WORDS), ("sizes", _LAYOUT), ("group size", _SIZE),
+           ("earlier calls", slice(HASH, HASH + 1)))
+#: The words of the call itself (not the exchange's kind, point or history).
+_CALL_WORDS = slice(0, KIND)
 #: How :func:`describe` names a layout, per op.
 _LAYOUT_NAMES = {"all_reduce_multigpu": "arrays", "reduce_multigpu": "arrays"}
 
@@ -63,10 +73,13 @@ def _pack(words: np.ndarray, where: slice, text: str) -> None:
     words[where].view(np.uint8)[: len(raw)] = np.frombuffer(raw, np.uint8)
 
 
-def fingerprint(key: tuple, seq: int, size: int, own: int = -1) -> np.ndarray:
-    """The :data:`WORDS` int64 of call ``key``, number ``seq`` on a group of ``size``."""
+def fingerprint(key: tuple, seq: int, size: int, own: int = -1, kind: int = CALL, calls: int = -1,
+                h: int = 0) -> np.ndarray:
+    """The :data:`WORDS` int64 of call ``key``, number ``seq`` on a group of ``size``; ``kind``,
+    ``calls`` (-1: ``seq``) and ``h``: the exchange it is sent in (:data:`KIND`)."""
     fp = np.zeros(WORDS, np.int64)
     fp[_SEQ], fp[_SIZE], fp[_COUNT], fp[_ROOT] = seq, size, key[COUNT], key[ROOT]
+    fp[KIND], fp[CALLS], fp[HASH] = kind, seq if calls < 0 else calls, h
     fp[_LAYOUT] = 0 if key[LAYOUT] is None else hash(key[LAYOUT]) & ((1 << 63) - 1) | 1
     fp[OWN] = own
     _pack(fp, _OP_WORDS, key[OP])
@@ -75,6 +88,52 @@ def fingerprint(key: tuple, seq: int, size: int, own: int = -1) -> np.ndarray:
     if key[REDOP] is not None:
         _pack(fp, _REDOP_WORDS, key[REDOP])
     return fp
+
+
+_MASK = (1 << 63) - 1
+_MUL = 0x100000001B3  # FNV-1a's 64-bit prime
+
+
+@functools.lru_cache(maxsize=8192)
+def key_hash(key: tuple) -> int:
+    """A 63-bit hash of call ``key``, the same in every process (blake2b of its fingerprint's
+    call words: Python's ``hash`` of a str is salted per process)."""
+    fp = fingerprint(key, 0, 0)
+    fp[OWN] = 0
+    return int.from_bytes(hashlib.blake2b(fp[:KIND].tobytes(), digest_size=8).digest(), "little") & _MASK
+
+
+def fold(h: int, kh: int) -> int:
+    """The running hash ``h`` of a group's calls, extended by a call of hash ``kh`` (order
+    matters: two calls swapped give another hash). Inlined on the hot paths as
+    ``((h ^ kh) * 0x100000001B3) & (2**63 - 1)``."""
+    return ((h ^ kh) * _MUL) & _MASK
+
+
+def same_point(rows: np.ndarray) -> bool:
+    """True when every member sent its row from the same exchange (kind and sequence number):
+    then all of them can take part in a further collective on the exchange's communicator."""
+    return bool((rows[:, KIND] == rows[0, KIND]).all() and (rows[:, CALLS] == rows[0, CALLS]).all())
+
+
+def _text(words: np.ndarray) -> str:
+    return words.tobytes().rstrip(b"\0").decode(errors="replace")
+
+
+def decode(row: np.ndarray) -> str:
+    """A member's row as a call, for messages (the layout shows as a hash: ``sizes=#...``)."""
+    parts = [f"seq={int(row[_SEQ])}"]
+    if row[_COUNT] >= 0:
+        parts.append(f"count={int(row[_COUNT])}")
+    if row[_DTYPE_WORDS].any():
+        parts.append(f"dtype={_text(row[_DTYPE_WORDS])}")
+    if row[_ROOT] >= 0:
+        parts.append(f"root={int(row[_ROOT])}")
+    if row[_REDOP_WORDS].any():
+        parts.append(f"op={_text(row[_REDOP_WORDS]).upper()}")
+    if row[_LAYOUT]:
+        parts.append(f"sizes=#{int(row[_LAYOUT]) & 0xFFFF:04x}")
+    return f"{_text(row[_OP_WORDS])}({', '.join(parts)})"
 
 
 def mismatched(rows: np.ndarray) -> bool:

@@ -260,7 +260,8 @@ def test_counts_that_may_differ_are_not_flagged(dist, world, fresh):
 
 @pytest.mark.mpi
 def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
-    """The cost: after the first call of a signature, no exchange (the 8-byte path included)."""
+    """The cost: after the first call of a signature, no exchange (the 8-byte path included)
+    but the periodic comparison at the multiples of PERIOD."""
     rank, size = world
     state = None
     for n in (1, 2, 1000, 65536):
@@ -273,7 +274,8 @@ def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
             dist.all_reduce(x, group=fresh)
             np.testing.assert_array_equal(x, float(size))
         if state is not None:
-            assert list(state.exchanged) == before
+            new = [s for s in state.exchanged if s not in before]
+            assert new and all(s % _debug.PERIOD == 0 for s in new) or not new, (before, list(state.exchanged))
             assert state.last[0] == fresh.engine.seq - 1  # decided up to the last call
 
 
@@ -507,3 +509,127 @@ def test_4_elements_against_another_in_a_job(tmp_path):
         assert (f"[rank {r}] ValueError: [rank {r}/2] all_reduce: the members of group 'default_pg' called "
                 f"mismatched collectives (they differ in count): rank 0: all_reduce(seq=0, count=4, dtype=float64, "
                 f"op=SUM); rank 1: all_reduce(seq=0, count=5, dtype=float64, op=SUM)") in err, err
+
+
+# -- the running hash: compared every PERIOD calls, in destroy_process_group and at exit ------------
+R1 = """
+import numpy as np, mpidist
+mpidist.init_process_group()
+rank = mpidist.get_rank()
+x = np.zeros(4, np.float32)
+mpidist.broadcast(x, src=0)  # agreed: cached on both ranks
+mpidist.broadcast(x, src=1 if rank == 1 else 0)  # rank 0: cached, its eager send completes; rank 1: new
+{end}
+print(f"rank {{rank}} ended", flush=True)
+"""
+R1_TEXT = ("the members of group 'default_pg' called mismatched collectives: rank 0: broadcast(seq=1, count=4, "
+           "dtype=float32, root=0), its last call before its final comparison at seq=2 (destroy_process_group, "
+           "exit or check_collectives); rank 1: broadcast(seq=1, count=4, dtype=float32, root=1)")
+
+
+@pytest.mark.parametrize("end", ["mpidist.destroy_process_group()", "pass"])
+def test_r1_broadcast_with_another_root_ends_on_both_ranks(tmp_path, end):
+    """Rank 0's call is agreed (cached) and returns; rank 1's is new and waits in its exchange.
+    Before: rank 0 reached destroy_process_group (or exit), its watchdog gone, and rank 1 waited
+    for the whole timeout. Now rank 0's final comparison meets rank 1's exchange: both raise."""
+    rc, out, err, took = run_job(2, R1.format(end=end), tmp_path)
+    assert rc != 0 and took < 10, (rc, took, err)
+    assert ("ended" in out) == (end == "pass")  # destroy_process_group raises; at exit, the check follows the print
+    for r in (0, 1):
+        assert f"[rank {r}/2] " in err and R1_TEXT in err, err
+    assert err.count(R1_TEXT) >= 2, err  # every rank says it
+
+
+OUT_OF_STEP = """
+import numpy as np, mpidist
+from mpidist import ReduceOp
+mpidist.init_process_group()
+rank = mpidist.get_rank()
+x = np.ones(4)
+for op in (ReduceOp.SUM, ReduceOp.MAX):
+    mpidist.all_reduce(x, op)  # both agreed
+for i in range({calls}):  # then made out of step: rank 1 starts with MAX
+    mpidist.all_reduce(x, ReduceOp.MAX if (i + rank) % 2 else ReduceOp.SUM)
+print(f"rank {{rank}} loop done", flush=True)
+{end}
+"""
+
+
+@pytest.mark.parametrize("calls,end", [(200, "mpidist.destroy_process_group()"), (6, "mpidist.destroy_process_group()"),
+                                       (6, "pass")])
+def test_agreed_calls_made_out_of_step_are_caught(tmp_path, calls, end):
+    """The blind spot of the cache: every call agreed on before, so none is exchanged. The
+    running hash differs from the first swapped call: caught at the next multiple of PERIOD
+    (200 calls), or by the final comparison (6 calls: in destroy_process_group, or at exit),
+    naming the first call that differs; never exit status 0."""
+    rc, out, err, took = run_job(2, OUT_OF_STEP.format(calls=calls, end=end), tmp_path)
+    assert rc != 0 and took < 10, (rc, took, err)
+    first = ("first at sequence number 2: rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); rank 1: "
+             "all_reduce(seq=2, count=4, dtype=float64, op=MAX)")
+    assert err.count(first) >= 2, err
+    if calls > _debug.PERIOD:
+        assert "loop done" not in out
+        assert f"all_reduce(seq={_debug.PERIOD}, count=4" in err
+    else:
+        where = "destroy_process_group" if "destroy" in end else "exit"
+        assert f"[rank 0/2] {where}: the members of group 'default_pg' called mismatched collectives: " in err, err
+
+
+SKIP_ONE = """
+import numpy as np, mpidist
+mpidist.init_process_group()
+rank = mpidist.get_rank()
+x = np.ones(4)
+for i in range(10 - rank):  # rank 1 skips one call
+    mpidist.all_reduce(x)
+mpidist.destroy_process_group()
+"""
+
+
+def test_a_rank_that_skips_a_call_is_caught(tmp_path):
+    """Rank 0's extra call waits in MPI; rank 1's final comparison asks rank 0 and finds it
+    ran a call there without comparing it: both end, with the same text."""
+    rc, out, err, took = run_job(2, SKIP_ONE, tmp_path)
+    assert rc != 0 and took < 10, (rc, took, err)
+    text = ("the members of group 'default_pg' called mismatched collectives: rank 1: its final comparison of the "
+            "calls made (destroy_process_group, seq=11); rank 0: all_reduce(seq=11, count=4, dtype=float64, "
+            "op=SUM), a call the members agreed on before, run without comparing it")
+    assert f"[rank 1/2] destroy_process_group: {text}" in err and f"[rank 0/2] all_reduce: {text}" in err, err
+
+
+@pytest.mark.mpi(min_size=2)
+def test_out_of_step_calls_caught_within_period_in_process(dist, world, fresh):
+    """In one process per rank (the group stays unusable afterwards on every member): SUM and
+    MAX out of step on the last rank, raising at the first multiple of PERIOD, on every rank."""
+    rank, size = world
+    good, odd = split(size)
+    x = np.ones(3)
+    for op in (ReduceOp.SUM, ReduceOp.MAX):
+        dist.all_reduce(x, op, group=fresh)
+    with pytest.raises(ValueError) as info:
+        for i in range(2 * _debug.PERIOD):
+            ops = (ReduceOp.SUM, ReduceOp.MAX) if rank in good else (ReduceOp.MAX, ReduceOp.SUM)
+            dist.all_reduce(x, ops[i % 2], group=fresh)
+    assert fresh.engine.seq == _debug.PERIOD + 1  # raised at the comparison at seq PERIOD
+    text = str(info.value)
+    assert f"first at sequence number 2: " in text and "op=MAX" in text and "op=SUM" in text, text
+    with pytest.raises(mpidist.DistError, match="unusable"):
+        dist.all_reduce(x, group=fresh)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_collectives_compares_on_demand(dist, world, fresh):
+    """mpidist.check_collectives (before a checkpoint is written): agreed calls pass; calls
+    agreed on before but made out of step raise on every member, naming the first."""
+    rank, size = world
+    x = np.ones(2)
+    for op in (ReduceOp.SUM, ReduceOp.MAX):
+        dist.all_reduce(x, op, group=fresh)
+    mpidist.check_collectives(fresh)  # agreed: returns on every member
+    for op in ((ReduceOp.MAX, ReduceOp.SUM) if rank == size - 1 else (ReduceOp.SUM, ReduceOp.MAX)):
+        dist.all_reduce(x, op, group=fresh)
+    with pytest.raises(ValueError) as info:
+        mpidist.check_collectives(fresh)
+    text = str(info.value)
+    assert text.startswith(f"[rank {rank}/{size}] check_collectives: the members of group {fresh.group_name!r} "
+                           f"called mismatched collectives: first at sequence number 3: "), text

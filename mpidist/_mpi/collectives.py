@@ -103,7 +103,8 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
             # only with no op queued or running: otherwise another thread (the engine's, or
             # a callback's op on it) may be numbering one of the group's ops, which launch does
             # under the engine's lock
-            if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0:
+            # (and not at a multiple of the check's period: launch's path compares the calls there)
+            if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0 and eng.seq & _PMASK:
                 ok = _agreed
                 if not (ok[1] is plan and ok[0] is g and ok[2] == tensor.size):
                     ok = _agree(g, plan, tensor, op)
@@ -125,7 +126,10 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                        None]
                 R._append(rec)
                 eng.current = rec
-                ok[3].last = (seq, ok[4])  # decided (what a peer's stalled check asks)
+                st = ok[3]  # the running hash of the group's calls (mpidist._signature.fold), and their history
+                st.h = ((st.h ^ ok[5]) * 0x100000001B3) & 0x7FFFFFFFFFFFFFFF
+                st.hist.append((seq, ok[4]))
+                st.last = (seq, ok[4])  # decided (what a peer's stalled check asks)
                 try:
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
                 except MPI.Exception as exc:
@@ -154,8 +158,9 @@ _PLANS: dict = {}
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
 _last: tuple = (None, None, None, None)
 #: The last all_reduce the latency path found agreed, ``(group, plan, count, group's check
-#: state, key)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
-_agreed: tuple = (None, None, -1, None, None)
+#: state, key, key's hash)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
+_agreed: tuple = (None, None, -1, None, None, 0)
+_PMASK = _debug.PERIOD_MASK
 
 
 def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
@@ -166,13 +171,13 @@ def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Op
     state = _debug.agreed(g, key)
     if state is None:
         return None
-    _agreed = ok = (g, plan, tensor.size, state, key)
+    _agreed = ok = (g, plan, tensor.size, state, key, state.agreed[key] if type(state) is _debug.GroupCheck else 0)
     return ok
 
 
 def _forget_agreed() -> None:
     global _agreed
-    _agreed = (None, None, -1, None, None)
+    _agreed = (None, None, -1, None, None, 0)
 
 
 _debug.FORGET.append(_forget_agreed)

