@@ -29,12 +29,20 @@ MPIDIST_ABORT_ON_TIMEOUT=0 its caller gets a DistError and the group is unusable
 Peers are asked after 50 ms, then at doubling intervals up to 2 s; no answer (no
 MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
 
-**Not detected**: calls whose keys are all cached but differ (e.g. two sizes used
-alternately, out of step between ranks). The shared-memory all-reduce compares a header
-on every call and catches those among its own calls (:mod:`mpidist.algorithms.shm`); on
-the other paths MPI's own checks apply (a truncated message is an error). Sizes that may
-differ between ranks (a gather's, a scatter's, the all-to-alls') are checked against the
-root's or the peers' expectation when the key is new only. docs/reliability.md lists it.
+**The running hash** (every level): every checked call extends the group's running hash of
+its calls (:func:`mpidist._signature.fold`); each exchange carries the hash of the calls
+before it. The members compare at points that cannot differ between them: the sequence
+numbers :data:`PERIOD` (K = 64), 2K, ... (every member exchanges there, cached call or
+not), and the final comparison (:func:`compare_final`: destroy_process_group, the exit of a
+process that did not destroy its groups, ``check_collectives``). So calls whose keys are all
+cached but differ (e.g. two sizes used alternately, out of step between ranks) are caught
+within K calls or at the end, and every member raises the same ValueError naming the first
+call that differs (from the members' last K calls). An exchange that meets one from
+another point (a member waiting with a new key while another makes its final comparison)
+is described from the rows alone. Until a comparison, such calls run (wrong results, or
+MPI's own errors). Sizes that may differ between ranks (a gather's, a scatter's, the
+all-to-alls') are checked against the root's or the peers' expectation when the key is
+new only. docs/reliability.md, section 4.
 
 **DEBUG levels** (torch's ``DebugLevel``): ``OFF`` and ``INFO`` run the check above;
 ``DETAIL`` exchanges fingerprints before every collective (a blocking MPI_Allgather), so
@@ -98,6 +106,7 @@ _MUL, _MASK = 0x100000001B3, (1 << 63) - 1  # mpidist._signature.fold, inlined
 _SPINS = 200        # tests of the exchange before sleeping between tests
 _FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
 _PROBE_MAX = 2.0    # s: longest interval between questions
+_FINAL_SILENT = 10.0  # s: a final comparison that no peer answers for this long gives up
 
 
 def get_debug_level() -> DebugLevel:
@@ -207,11 +216,13 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("group", "comm", "agreed", "last", "exchanged", "h", "prev", "base", "hist")
+    __slots__ = ("group", "comm", "final_comm", "agreed", "last", "exchanged", "h", "prev", "base", "hist")
 
     def __init__(self, g: Any) -> None:
         self.group = g
         self.comm: Optional[MPI.Comm] = g.comm.Dup()
+        #: the final comparison's own duplicate (made here, while every member is present)
+        self.final_comm: Optional[MPI.Comm] = g.comm.Dup()
         #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
         #: the running hash of every call checked on the group (mpidist._signature.fold), and
@@ -230,9 +241,10 @@ class GroupCheck:
     def free(self) -> None:
         STATES.pop(self.group, None)
         _forget()
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
+        for comm in (self.comm, self.final_comm):
+            if comm is not None:
+                comm.Free()
+        self.comm = self.final_comm = None
 
 
 class _Unchecked:
@@ -308,12 +320,16 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     rows = np.empty((n, S.WORDS), np.int64)
     chk.exchanged.append(seq)  # (before ``last``: a peer that reads ``last`` finds it here)
     chk.last = (seq, key)
-    if DETAIL:
-        chk.comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
-    else:
-        _wait(g, chk, rec, key, chk.comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), (fp, rows))
+    # The final comparison has a communicator of its own: it must never meet an exchange that a
+    # peer's op left waiting (torch's barrier-timeout tests: one rank waits alone until its
+    # timeout while the others go on to destroy_process_group); such a peer is found by asking.
+    comm = chk.final_comm if final else chk.comm
+    if DETAIL and not final:
+        comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
+    elif not _wait(g, chk, rec, key, comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), (fp, rows), final):
+        return  # a final comparison that cannot happen (a peer left the group): no verdict
     if S.mismatched(rows):  # the same rows on every member: all of them get here
-        _mismatch(g, chk, key, seq, rows)
+        _mismatch(g, chk, key, seq, rows, comm)  # raises
     chk.prev, chk.h, chk.base = chk.h, h, seq
     if final:
         return
@@ -326,7 +342,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     chk.agreed[key] = kh
 
 
-def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray) -> None:
+def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, comm: MPI.Comm) -> None:
     """Raise the ValueError for the differing ``rows`` (the same on every member, so every
     member raises the same text). Members at the same exchange take part in one more
     collective (their calls or their histories); members at different points (one compares
@@ -339,25 +355,25 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray) -
                                                                            np.int64)], axis=1))
     history_differs = bool((rows[:, S.HASH] != rows[0, S.HASH]).any())
     if calls_differ and not (history_differs and key[S.OP] in FINAL_OPS):
-        calls = chk.comm.allgather(S.describe(key, seq) if key[S.OP] not in FINAL_OPS else S.decode(rows[g.rank()]))
+        calls = comm.allgather(S.describe(key, seq) if key[S.OP] not in FINAL_OPS else S.decode(rows[g.rank()]))
         text = _mismatch_text(g, op, S.differ(rows), calls)
         if history_differs:
             broken(g, f"mismatched collectives before sequence number {seq}")
-            text += f"; their calls before it differ too ({_first_text(g, chk, seq)})"
+            text += f"; their calls before it differ too ({_first_text(g, chk, seq, comm)})"
         raise ValueError(text)
     # the same call (or final comparison) here, after calls that differed: find the first
-    first = _first_text(g, chk, seq)
+    first = _first_text(g, chk, seq, comm)
     broken(g, f"mismatched collectives before sequence number {seq}")
     raise ValueError(f"{prefix(op)} the members of group {name!r} called mismatched collectives: {first} "
                      f"(found at sequence number {seq}, where they compare the calls made so far: every "
                      f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)")
 
 
-def _first_text(g: Any, chk: GroupCheck, seq: int) -> str:
+def _first_text(g: Any, chk: GroupCheck, seq: int, comm: MPI.Comm) -> str:
     """The first call since the last agreement at which the members differ, with each
     member's call there (collective over the group: every member exchanges its history)."""
     mine = [(s, S.key_hash(k), S.describe(k, s)) for s, k in chk.hist if chk.base < s < seq]
-    hists = chk.comm.allgather(mine)
+    hists = comm.allgather(mine)
     by_rank = [{s: (kh, text) for s, kh, text in h} for h in hists]
     for s in range(chk.base + 1, seq):
         seen = [by.get(s) for by in by_rank]
@@ -395,38 +411,64 @@ def _mismatch_text(g: Any, op: str, differ: list, calls: list) -> str:
             f"in {', '.join(differ)}): {parts}")
 
 
-def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple) -> None:
-    """Until the exchange ``req`` completes. While it stalls, ask the peers (after 50 ms,
-    then at doubling intervals) whether one ran this sequence number without an exchange:
-    then raise the mismatch (:func:`_diverged`). Past the op's timeout the watchdog acts as
-    for any op (aborts the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller raises and this
-    thread keeps waiting, as it would inside a stuck MPI call, so the op still completes if
-    the peers come)."""
+def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple,
+          final: bool = False) -> bool:
+    """Until the exchange ``req`` completes (True). While it stalls, ask the peers (after
+    50 ms, then at doubling intervals) whether one ran this sequence number without an
+    exchange: then raise the mismatch (:func:`_diverged`). Past the op's timeout the
+    watchdog acts as for any op (aborts the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller
+    raises and this thread keeps waiting, as it would inside a stuck MPI call, so the op
+    still completes if the peers come).
+
+    A ``final`` comparison (its op is not watched: :func:`_dispatch.compare_final`) gives up
+    and returns False, leaving the exchange behind, when a peer says it has left the group
+    (destroyed it, or it is unusable there: aborted, or broken by a mismatch), when no peer
+    answered for :data:`_FINAL_SILENT` seconds (gone: its watchdog stopped), or past the
+    group's timeout: the group is going away, and a comparison that cannot happen must not
+    hold the process."""
     for _ in range(_SPINS):
         if req.Test():
-            return
+            return True
     interval = _FIRST_PROBE
-    ask_at = time.monotonic() + interval
+    start = time.monotonic()
+    ask_at, heard = start + interval, start
+    limit = rec[R.LIMIT] if not final else (g.timeout_s or R.timeout)
     pause = 1e-5
     while not req.Test():
-        if time.monotonic() >= ask_at:
-            skipped = _ask(g, rec[R.SEQ])
+        now = time.monotonic()
+        if now >= ask_at:
+            answers = _answers(g, rec[R.SEQ])
+            skipped = _skipped(answers, rec[R.SEQ])
             if skipped and not req.Test():
                 _ABANDONED.append((req, bufs))
                 _diverged(g, rec, key, skipped)
+            if final:
+                if answers:
+                    heard = now
+                gone = any(not a.get("member", True) or a.get("left") for a in answers.values())
+                if (gone or now - heard > _FINAL_SILENT or (limit and now - start > limit)) and not req.Test():
+                    _ABANDONED.append((req, bufs))
+                    return False
             interval = min(2 * interval, _PROBE_MAX)
             ask_at = time.monotonic() + interval
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
+    return True
 
 
-def _ask(g: Any, seq: int) -> dict:
-    """The peers that passed collective ``seq`` of ``g`` without an exchange, with what they
-    said (their call there, when known)."""
+def _answers(g: Any, seq: int) -> dict:
+    """What the other members say about collective ``seq`` of ``g`` (by global rank; only
+    those that answered: none without MPI_THREAD_MULTIPLE, or from a peer that is gone)."""
     wd = _current.watchdog
-    answers = wd.check_probe(g, seq) if wd is not None else {}
+    return wd.check_probe(g, seq) if wd is not None else {}
+
+
+def _skipped(answers: dict, seq: int) -> dict:
+    """The peers that passed collective ``seq`` without an exchange, with what they said
+    (their call there, when known)."""
     return {p: info for p, info in answers.items()
-            if info.get("decided", -1) >= seq and seq not in info.get("exchanged", ())}
+            if info.get("member", True) and not info.get("left")
+            and info.get("decided", -1) >= seq and seq not in info.get("exchanged", ())}
 
 
 def broken(g: Any, why: str) -> None:
@@ -443,7 +485,10 @@ def probe_answer(g: Any, seq: int) -> dict:
     if chk is None:
         return {"decided": -1, "exchanged": []}
     last_seq, last_key = chk.last
-    return {"decided": last_seq, "exchanged": list(chk.exchanged), "key": last_key if last_seq == seq else None}
+    if last_seq != seq:  # its call at ``seq``, if it ran one recently
+        last_key = next((k for s, k in reversed(chk.hist) if s == seq), None)
+    return {"decided": last_seq, "exchanged": list(chk.exchanged), "key": last_key,
+            "left": g.engine.broken is not None or g.destroyed}
 
 
 def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:

@@ -34,7 +34,7 @@ if rank == 0:
         print(f"rank 0 raised {type(e).__name__}: {'timed out' in str(e)}", flush=True)
 t0 = time.monotonic()
 dist.destroy_process_group()
-print(f"rank {rank} destroyed in {time.monotonic() - t0:.0f} s", flush=True)
+print(f"rank {rank} destroyed within 5 s: {time.monotonic() - t0 < 5}", flush=True)
 dist.init_process_group("mpidist")
 t = torch.full((2,), float(rank + 1))
 dist.all_reduce(t)
@@ -59,5 +59,7 @@ def test_destroy_after_a_timed_out_barrier_returns(tmp_path):
         pytest.fail(f"the job hung: {e.stdout!r} {e.stderr!r}")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(out.stdout.splitlines())
-    assert lines == ["rank 0 all_reduce [3.0, 3.0]", "rank 0 destroyed in 0 s", "rank 0 raised DistError: True",
-                     "rank 1 all_reduce [3.0, 3.0]", "rank 1 destroyed in 0 s"], out.stdout + out.stderr
+    # (rank 1's destroy_process_group first compares the calls: it waits until rank 0's barrier
+    # timed out and rank 0 left the group, about 1 s)
+    assert lines == ["rank 0 all_reduce [3.0, 3.0]", "rank 0 destroyed within 5 s: True", "rank 0 raised DistError: True",
+                     "rank 1 all_reduce [3.0, 3.0]", "rank 1 destroyed within 5 s: True"], out.stdout + out.stderr
