@@ -18,8 +18,8 @@ per call, and the table shows the median over passes and the median per-pass rat
 * ``bare+check``: ``bare`` plus the lines the default mismatch check adds to the latency
   path (the test that the group's members agreed on this call before, by identity against
   the last agreed all_reduce, the note of how far this rank has decided, the running hash
-  of the group's calls and its history; and every PERIOD = 64 calls the real path with its
-  exchange, amortized over the 64; see mpidist._debug). ``bare+check`` - ``bare`` is the
+  of the group's calls and its keys; every PERIOD calls the exchange that compares them,
+  amortized; see mpidist._debug). ``bare+check`` - ``bare`` is the
   check's cost at 8 B (target <= 0.3 us, issue 27;
   benchmarks/bench_check.py measures the larger sizes). It reads ``collectives._agreed``
   as a module attribute where all_reduce reads a global: a few ns more, not less.
@@ -76,9 +76,6 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
 
     def bare_check(t: np.ndarray) -> None:
         eng = g.engine
-        if not eng.seq & pmask:  # the comparison every PERIOD calls: the real path, which exchanges
-            mpidist.all_reduce(t)
-            return
         ok = C._agreed
         if not (ok[1] is plan and ok[0] is g and ok[2] == t.size):
             ok = C._agree(g, plan, t, op)
@@ -89,9 +86,13 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         R._append(rec)
         eng.current = rec
         st = ok[3]
-        st.h = ((st.h ^ ok[5]) * 0x100000001B3) & 0x7FFFFFFFFFFFFFFF
-        st.hist.append((seq, ok[4]))
-        st.last = (seq, ok[4])
+        i = seq & pmask
+        if i:
+            st.h += ok[5] * i
+            st.keys[i] = ok[4]
+            st.last = (seq, ok[4])
+        else:  # every PERIOD calls: the exchange, as the latency path does it
+            _debug.check(g, rec, ok[4])
         g.comm.Allreduce(IP, [t, F], S)
         rec[R.T_END] = now()
         rec[R.STATE] = R.COMPLETED

@@ -96,14 +96,16 @@ FORGET: list[Callable[[], None]] = []
 _MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call on every member)
 #: K: the members compare the running hash of their calls on a group at its sequence numbers
 #: K, 2K, ... (a power of two), so calls agreed on before but made out of step are caught within
-#: K calls. 64: an exchange (a few microseconds) costs each call under 0.1 us on average.
-PERIOD = 64
+#: K calls. The exchange there costs about one small collective through the op's full path
+#: (~60 us on a loaded 2-core VM), ~0.25 us per call over 256 calls.
+PERIOD = 256
 PERIOD_MASK = PERIOD - 1
 #: The ops of the final comparison (:func:`compare_final`), which never run a collective of
 #: their own: the exchange is the op.
 FINAL_OPS = frozenset({"destroy_process_group", "exit", "check_collectives"})
-_MUL, _MASK = 0x100000001B3, (1 << 63) - 1  # mpidist._signature.fold, inlined
-_SPINS = 200        # tests of the exchange before sleeping between tests
+
+_SPINS = 20         # tests of the exchange between looks at the clock
+_SPIN_S = 3e-4      # s: testing the exchange without sleeping for this long first
 _FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
 _PROBE_MAX = 2.0    # s: longest interval between questions
 _FINAL_SILENT = 10.0  # s: a final comparison that no peer answers for this long gives up
@@ -216,7 +218,7 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("group", "comm", "final_comm", "agreed", "last", "exchanged", "h", "prev", "base", "hist")
+    __slots__ = ("group", "comm", "final_comm", "agreed", "fps", "last", "exchanged", "h", "base", "keys")
 
     def __init__(self, g: Any) -> None:
         self.group = g
@@ -225,13 +227,17 @@ class GroupCheck:
         self.final_comm: Optional[MPI.Comm] = g.comm.Dup()
         #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
-        #: the running hash of every call checked on the group (mpidist._signature.fold), and
-        #: its value before the last cached call (put back when every member refused that call)
-        self.h = self.prev = 0
+        #: key -> its fingerprint (sequence number, hash and own count to be filled in), for the
+        #: periodic exchanges of agreed keys
+        self.fps: dict = {}
+        #: the running hash of every call checked on the group (mpidist._signature.fold)
+        self.h = 0
         #: the sequence number of the last exchange in which the members agreed
         self.base = -1
-        #: (sequence number, key) of the last calls, for naming the first that differs
-        self.hist: collections.deque = collections.deque(maxlen=PERIOD)
+        #: the key of call ``seq`` at ``keys[seq % PERIOD]`` (None: not compared, or refused on
+        #: every member), for naming the first call that differs; a list, as a store into it
+        #: is the cheapest record a call can leave
+        self.keys: list = [None] * PERIOD
         #: (sequence number, key) of the last call this rank checked: it has decided up to there
         self.last: tuple = (-1, None)
         #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
@@ -250,11 +256,11 @@ class GroupCheck:
 class _Unchecked:
     """Stands for a group's state where nothing is checked (one rank, or checks off)."""
 
-    __slots__ = ("last", "h", "prev", "hist")
+    __slots__ = ("last", "h", "keys")
 
     def __init__(self) -> None:
-        self.h = self.prev = 0
-        self.hist: collections.deque = collections.deque(maxlen=1)
+        self.h = 0
+        self.keys: list = [None] * PERIOD
 
 
 _UNCHECKED = _Unchecked()
@@ -286,14 +292,15 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
         chk = STATES.get(g)
         if chk is not None:
             chk.last = (rec[R.SEQ], None)
+            chk.keys[rec[R.SEQ] & PERIOD_MASK] = None
         return
     chk = g.resource("check", GroupCheck)
     seq = rec[R.SEQ]
     kh = chk.agreed.get(key)
-    if kh is not None and not DETAIL and seq & PERIOD_MASK:
-        chk.prev = chk.h
-        chk.h = ((chk.h ^ kh) * _MUL) & _MASK
-        chk.hist.append((seq, key))
+    i = seq & PERIOD_MASK
+    if kh is not None and not DETAIL and i:
+        chk.h += kh * i  # mpidist._signature.fold
+        chk.keys[i] = key
         chk.last = (seq, key)
         return
     _exchange(g, chk, rec, key, parts, kh)
@@ -308,16 +315,27 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     seq, n = rec[R.SEQ], g.size()
     final = key[S.OP] in FINAL_OPS
     if final:  # the last call that ran (one refused as mismatched did not, on any member)
-        last_seq, last_key = chk.hist[-1] if chk.hist else (seq, key)
+        last_seq, last_key = _last_call(chk, seq)
+        if last_key is None:  # no call ran in the last PERIOD: the comparison itself stands for it
+            last_seq, last_key = seq, key
         h = chk.h
+        h &= S.MASK
         fp = S.fingerprint(last_key, last_seq, n, kind=S.FINAL, calls=seq, h=h)
     else:  # the hash of the calls before this one: this one's own words are compared beside it
         if kh is None:
             kh = S.key_hash(key)
         own = parts[1] if parts is not None and parts[0] != "pairs" else -1
-        fp = S.fingerprint(key, seq, n, own, calls=seq, h=chk.h)
-        h = ((chk.h ^ kh) * _MUL) & _MASK
+        hb = chk.h & S.MASK
+        tpl = chk.fps.get(key) if own == -1 else None
+        if tpl is not None:  # an agreed key at a multiple of PERIOD
+            fp = tpl.copy()
+            fp[S.SEQ], fp[S.CALLS], fp[S.HASH] = seq, seq, hb
+        else:
+            fp = S.fingerprint(key, seq, n, own, calls=seq, h=hb)
+        h = hb + kh * (seq & PERIOD_MASK)
     rows = np.empty((n, S.WORDS), np.int64)
+    if not final:
+        chk.keys[seq & PERIOD_MASK] = None  # (the call's key once the members agreed on it)
     chk.exchanged.append(seq)  # (before ``last``: a peer that reads ``last`` finds it here)
     chk.last = (seq, key)
     # The final comparison has a communicator of its own: it must never meet an exchange that a
@@ -330,16 +348,19 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
         return  # a final comparison that cannot happen (a peer left the group): no verdict
     if S.mismatched(rows):  # the same rows on every member: all of them get here
         _mismatch(g, chk, key, seq, rows, comm)  # raises
-    chk.prev, chk.h, chk.base = chk.h, h, seq
+    chk.h, chk.base = h, seq
     if final:
         return
-    chk.hist.append((seq, key))
+    chk.keys[seq & PERIOD_MASK] = key
     if parts is not None:
         _check_parts(g, chk, key, seq, parts, rows)
     if len(chk.agreed) >= _MAX_AGREED:
         chk.agreed.clear()
+        chk.fps.clear()
         _forget()
     chk.agreed[key] = kh
+    if own == -1:
+        chk.fps[key] = fp
 
 
 def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, comm: MPI.Comm) -> None:
@@ -369,10 +390,25 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
                      f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)")
 
 
+def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
+    """The key of call ``s`` when it is among the last PERIOD before ``seq`` (else None)."""
+    return chk.keys[s & PERIOD_MASK] if 0 <= s and seq - PERIOD < s <= seq else None
+
+
+def _last_call(chk: GroupCheck, seq: int) -> tuple:
+    """(sequence number, key) of the last call before ``seq`` that ran; ``(seq, None)`` if none."""
+    for s in range(seq - 1, max(-1, seq - PERIOD), -1):
+        k = chk.keys[s & PERIOD_MASK]
+        if k is not None:
+            return s, k
+    return seq, None
+
+
 def _first_text(g: Any, chk: GroupCheck, seq: int, comm: MPI.Comm) -> str:
     """The first call since the last agreement at which the members differ, with each
     member's call there (collective over the group: every member exchanges its history)."""
-    mine = [(s, S.key_hash(k), S.describe(k, s)) for s, k in chk.hist if chk.base < s < seq]
+    mine = [(s, S.key_hash(k), S.describe(k, s)) for s in range(max(chk.base + 1, seq - PERIOD + 1), seq)
+            if (k := _recent(chk, seq, s)) is not None]
     hists = comm.allgather(mine)
     by_rank = [{s: (kh, text) for s, kh, text in h} for h in hists]
     for s in range(chk.base + 1, seq):
@@ -426,9 +462,13 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
     answered for :data:`_FINAL_SILENT` seconds (gone: its watchdog stopped), or past the
     group's timeout: the group is going away, and a comparison that cannot happen must not
     hold the process."""
-    for _ in range(_SPINS):
-        if req.Test():
-            return True
+    spin_until = time.perf_counter() + _SPIN_S
+    while True:  # a peer a little late (the usual case) costs no sleep, whose least is ~60 us
+        for _ in range(_SPINS):
+            if req.Test():
+                return True
+        if time.perf_counter() > spin_until:
+            break
     interval = _FIRST_PROBE
     start = time.monotonic()
     ask_at, heard = start + interval, start
@@ -486,7 +526,7 @@ def probe_answer(g: Any, seq: int) -> dict:
         return {"decided": -1, "exchanged": []}
     last_seq, last_key = chk.last
     if last_seq != seq:  # its call at ``seq``, if it ran one recently
-        last_key = next((k for s, k in reversed(chk.hist) if s == seq), None)
+        last_key = _recent(chk, last_seq, seq)
     return {"decided": last_seq, "exchanged": list(chk.exchanged), "key": last_key,
             "left": g.engine.broken is not None or g.destroyed}
 
@@ -553,9 +593,10 @@ def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
     ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
     every member). Nobody ran the call: it leaves the running hash of the group's calls."""
     chk = STATES.get(g)
-    if chk is not None and chk.hist and chk.hist[-1][0] == seq:
-        chk.h = chk.prev
-        chk.hist.pop()
+    key = chk.keys[seq & PERIOD_MASK] if chk is not None and chk.last[0] == seq else None
+    if key is not None and key in chk.agreed:
+        chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
+        chk.keys[seq & PERIOD_MASK] = None
     keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]
     differ = [name for name in ("count", "dtype", "reduce op")
               if len({k[{"count": S.COUNT, "dtype": S.DTYPE, "reduce op": S.REDOP}[name]] for k in keys}) > 1]

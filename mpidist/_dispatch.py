@@ -50,10 +50,10 @@ def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: O
                 chk = _state_of(g)
                 kh = chk.agreed.get(key) if chk is not None and not _debug.DETAIL else None
                 seq = rec[0]
-                if kh is not None and seq & _PMASK:  # _debug.check's cached case, inline
-                    chk.prev = h = chk.h  # (put back if the op is refused on every member: _debug.unfold)
-                    chk.h = ((h ^ kh) * 0x100000001B3) & 0x7FFFFFFFFFFFFFFF  # mpidist._signature.fold
-                    chk.hist.append((seq, key))
+                i = seq & _PMASK
+                if kh is not None and i:  # _debug.check's cached case, inline
+                    chk.h += kh * i  # mpidist._signature.fold
+                    chk.keys[i] = key
                     chk.last = (seq, key)
                 else:
                     _debug.check(g, rec, key, parts)

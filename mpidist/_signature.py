@@ -32,9 +32,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["OP", "COUNT", "DTYPE", "ROOT", "REDOP", "LAYOUT", "WORDS", "OWN", "KIND", "CALLS", "HASH", "CALL", "FINAL",
+__all__ = ["OP", "COUNT", "DTYPE", "ROOT", "REDOP", "LAYOUT", "WORDS", "OWN", "SEQ", "KIND", "CALLS", "HASH", "CALL",
+           "FINAL",
            "fingerprint", "mismatched", "differ", "differ_keys", "describe", "dtype_text", "key_hash", "fold", "decode",
-           "same_point"]
+           "same_point", "MASK"]
 
 OP, COUNT, DTYPE, ROOT, REDOP, LAYOUT = range(6)
 
@@ -47,6 +48,7 @@ _REDOP_WORDS = slice(12, 14)  # reduction name, 16 bytes
 #: exit and check_collectives); CALLS: the group's sequence number of the exchange; HASH: the
 #: running hash of every call on the group up to it (:func:`fold`).
 KIND, CALLS, HASH = 14, 15, 16
+SEQ = _SEQ
 WORDS = 17
 CALL, FINAL = 0, 1
 #: The words every member must have alike (all but ``own``), with the name a message gives them.
@@ -90,24 +92,26 @@ def fingerprint(key: tuple, seq: int, size: int, own: int = -1, kind: int = CALL
     return fp
 
 
-_MASK = (1 << 63) - 1
-_MUL = 0x100000001B3  # FNV-1a's 64-bit prime
-
-
 @functools.lru_cache(maxsize=8192)
 def key_hash(key: tuple) -> int:
-    """A 63-bit hash of call ``key``, the same in every process (blake2b of its fingerprint's
-    call words: Python's ``hash`` of a str is salted per process)."""
+    """A 30-bit hash of call ``key`` (never 0), the same in every process (blake2b of its
+    fingerprint's call words: Python's ``hash`` of a str is salted per process)."""
     fp = fingerprint(key, 0, 0)
     fp[OWN] = 0
-    return int.from_bytes(hashlib.blake2b(fp[:KIND].tobytes(), digest_size=8).digest(), "little") & _MASK
+    return int.from_bytes(hashlib.blake2b(fp[:KIND].tobytes(), digest_size=4).digest(), "little") & 0x3FFFFFFF | 1
 
 
-def fold(h: int, kh: int) -> int:
-    """The running hash ``h`` of a group's calls, extended by a call of hash ``kh`` (order
-    matters: two calls swapped give another hash). Inlined on the hot paths as
-    ``((h ^ kh) * 0x100000001B3) & (2**63 - 1)``."""
-    return ((h ^ kh) * _MUL) & _MASK
+def fold(h: int, kh: int, seq: int, period: int) -> int:
+    """The running hash ``h`` of a group's calls, extended by call number ``seq`` of hash
+    ``kh``: ``h + kh * (seq % period)``, a sum weighted by the call's place in its period
+    (the members compare it at every multiple of ``period``, so two calls swapped within a
+    period, or a call skipped, change it; the call at the multiple itself is compared
+    word by word). Small ints: one multiply and one add, the cheapest record a call can
+    leave (inlined on the hot paths). Reduced to 63 bits at each comparison (:data:`MASK`)."""
+    return h + kh * (seq % period)
+
+
+MASK = (1 << 63) - 1
 
 
 def same_point(rows: np.ndarray) -> bool:
@@ -137,8 +141,15 @@ def decode(row: np.ndarray) -> str:
 
 
 def mismatched(rows: np.ndarray) -> bool:
-    """True when the fingerprints ``rows`` (one per member) differ in a word that must agree."""
-    return bool((rows[:, :OWN] != rows[0, :OWN]).any() or (rows[:, OWN + 1:] != rows[0, OWN + 1:]).any())
+    """True when the fingerprints ``rows`` (one per member) differ in a word that must agree
+    (every word but ``own``; compared as bytes: a few numpy calls cost more than the exchange)."""
+    own = rows[:, OWN].copy()
+    rows[:, OWN] = 0
+    raw = rows.tobytes()
+    rows[:, OWN] = own
+    width = len(raw) // len(rows)
+    first = raw[:width]
+    return any(raw[i:i + width] != first for i in range(width, len(raw), width))
 
 
 def differ(rows: np.ndarray) -> list[str]:

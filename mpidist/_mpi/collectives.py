@@ -103,8 +103,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
             # only with no op queued or running: otherwise another thread (the engine's, or
             # a callback's op on it) may be numbering one of the group's ops, which launch does
             # under the engine's lock
-            # (and not at a multiple of the check's period: launch's path compares the calls there)
-            if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0 and eng.seq & _PMASK:
+            if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0:
                 ok = _agreed
                 if not (ok[1] is plan and ok[0] is g and ok[2] == tensor.size):
                     ok = _agree(g, plan, tensor, op)
@@ -126,15 +125,22 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                        None]
                 R._append(rec)
                 eng.current = rec
-                st = ok[3]  # the running hash of the group's calls (mpidist._signature.fold), and their history
-                st.h = ((st.h ^ ok[5]) * 0x100000001B3) & 0x7FFFFFFFFFFFFFFF
-                st.hist.append((seq, ok[4]))
-                st.last = (seq, ok[4])  # decided (what a peer's stalled check asks)
+                st = ok[3]
+                i = seq & _PMASK
                 try:
+                    if i:  # the running hash of the group's calls (mpidist._signature.fold), their keys
+                        st.h += ok[5] * i
+                        st.keys[i] = ok[4]
+                        st.last = (seq, ok[4])  # decided (what a peer's stalled check asks)
+                    else:  # a multiple of the check's PERIOD: the members compare their calls so far
+                        _debug.check(g, rec, ok[4])
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
                 except MPI.Exception as exc:
                     R.fail(rec)
                     raise from_mpi("all_reduce", exc) from exc
+                except BaseException:
+                    R.fail(rec)
+                    raise
                 if op is _AVG:
                     tensor /= len(g.ranks)
                 rec[_T_END] = _now()
