@@ -89,7 +89,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         i = seq & pmask
         if i:
             st.h += ok[5] * i
-            st.keys[i] = ok[4]
+            st.keys[seq & kmask] = ok[4]
             st.last = (seq, ok[4])
         else:  # every PERIOD calls: the exchange, as the latency path does it
             _debug.check(g, rec, ok[4])
@@ -105,7 +105,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         for _ in range(calls):
             bare_check(x)
 
-    pmask = _debug.PERIOD_MASK
+    pmask, kmask = _debug.PERIOD_MASK, _debug.KEYS_MASK
     op = ReduceOp.SUM
     mpidist.all_reduce(x)  # the members agree on this call (the check's first exchange); its plan
     plan = C._PLANS[(x.dtype, op._value_, None)]

@@ -100,12 +100,16 @@ _MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call 
 #: (~60 us on a loaded 2-core VM), ~0.25 us per call over 256 calls.
 PERIOD = 256
 PERIOD_MASK = PERIOD - 1
+#: Calls whose keys are kept (two periods: the exchange at a multiple of PERIOD is verified at
+#: the next one, naming the first call that differed since the one before).
+KEYS_MASK = 2 * PERIOD - 1
 #: The ops of the final comparison (:func:`compare_final`), which never run a collective of
 #: their own: the exchange is the op.
 FINAL_OPS = frozenset({"destroy_process_group", "exit", "check_collectives"})
 
-_SPINS = 20         # tests of the exchange between looks at the clock
-_SPIN_S = 3e-4      # s: testing the exchange without sleeping for this long first
+_SPINS = 200        # tests of the exchange before yielding between tests
+_YIELD_S = 0.01     # s: then testing it and yielding the core in turn, before sleeping between tests
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
 _PROBE_MAX = 2.0    # s: longest interval between questions
 _FINAL_SILENT = 10.0  # s: a final comparison that no peer answers for this long gives up
@@ -218,13 +222,20 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("group", "comm", "final_comm", "agreed", "fps", "last", "exchanged", "h", "base", "keys")
+    __slots__ = ("group", "comm", "final_comm", "report_comm", "agreed", "fps", "last", "exchanged", "h", "base",
+                 "keys", "pending")
 
     def __init__(self, g: Any) -> None:
         self.group = g
         self.comm: Optional[MPI.Comm] = g.comm.Dup()
-        #: the final comparison's own duplicate (made here, while every member is present)
+        #: the final comparison's own duplicate, and the one on which the members exchange their
+        #: calls after a periodic comparison found a difference (made here, while every member
+        #: is present)
         self.final_comm: Optional[MPI.Comm] = g.comm.Dup()
+        self.report_comm: Optional[MPI.Comm] = g.comm.Dup()
+        #: the periodic comparison posted at the last multiple of PERIOD, verified at the next
+        #: (or at any exchange before it): (request, own row, rows, sequence number, key)
+        self.pending: Optional[tuple] = None
         #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
         #: key -> its fingerprint (sequence number, hash and own count to be filled in), for the
@@ -237,7 +248,7 @@ class GroupCheck:
         #: the key of call ``seq`` at ``keys[seq % PERIOD]`` (None: not compared, or refused on
         #: every member), for naming the first call that differs; a list, as a store into it
         #: is the cheapest record a call can leave
-        self.keys: list = [None] * PERIOD
+        self.keys: list = [None] * (KEYS_MASK + 1)
         #: (sequence number, key) of the last call this rank checked: it has decided up to there
         self.last: tuple = (-1, None)
         #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
@@ -247,10 +258,13 @@ class GroupCheck:
     def free(self) -> None:
         STATES.pop(self.group, None)
         _forget()
-        for comm in (self.comm, self.final_comm):
+        if self.pending is not None:  # (its peers posted theirs: it completed, or it is abandoned)
+            _ABANDONED.append(self.pending)
+            self.pending = None
+        for comm in (self.comm, self.final_comm, self.report_comm):
             if comm is not None:
                 comm.Free()
-        self.comm = self.final_comm = None
+        self.comm = self.final_comm = self.report_comm = None
 
 
 class _Unchecked:
@@ -260,7 +274,7 @@ class _Unchecked:
 
     def __init__(self) -> None:
         self.h = 0
-        self.keys: list = [None] * PERIOD
+        self.keys: list = [None] * (KEYS_MASK + 1)
 
 
 _UNCHECKED = _Unchecked()
@@ -292,18 +306,58 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
         chk = STATES.get(g)
         if chk is not None:
             chk.last = (rec[R.SEQ], None)
-            chk.keys[rec[R.SEQ] & PERIOD_MASK] = None
+            chk.keys[rec[R.SEQ] & KEYS_MASK] = None
         return
     chk = g.resource("check", GroupCheck)
     seq = rec[R.SEQ]
     kh = chk.agreed.get(key)
     i = seq & PERIOD_MASK
-    if kh is not None and not DETAIL and i:
-        chk.h += kh * i  # mpidist._signature.fold
-        chk.keys[i] = key
-        chk.last = (seq, key)
+    if kh is not None and not DETAIL:
+        if i:
+            chk.h += kh * i  # mpidist._signature.fold
+            chk.keys[seq & KEYS_MASK] = key
+            chk.last = (seq, key)
+        else:
+            _periodic(g, chk, rec, key)
         return
     _exchange(g, chk, rec, key, parts, kh)
+
+
+def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple) -> None:
+    """At a multiple of PERIOD, with a call the members agreed on: verify the comparison
+    posted at the last multiple (long complete: no wait), then post this one's (its row:
+    this call and the running hash of the calls before it) and go on without waiting."""
+    _settle(g, chk, rec)
+    seq = rec[R.SEQ]
+    hb = chk.h & S.MASK
+    tpl = chk.fps.get(key)
+    if tpl is not None:
+        fp = tpl.copy()
+        fp[S.SEQ], fp[S.CALLS], fp[S.HASH] = seq, seq, hb
+    else:
+        fp = S.fingerprint(key, seq, g.size(), calls=seq, h=hb)
+    rows = np.empty((g.size(), S.WORDS), np.int64)
+    chk.exchanged.append(seq)  # (a peer waiting in an exchange at ``seq`` is matched by this one)
+    chk.last = (seq, key)
+    chk.pending = (chk.comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), fp, rows, seq, key)
+    chk.h = hb  # (the call at a multiple of PERIOD weighs 0: compared word by word)
+    chk.keys[seq & KEYS_MASK] = key
+
+
+def _settle(g: Any, chk: GroupCheck, rec: list) -> None:
+    """Verify the periodic comparison posted last, if any (raises the mismatch ValueError on
+    every member; the members' calls since the comparison before it are exchanged on the
+    group's report communicator to name the first that differs)."""
+    pending, chk.pending = chk.pending, None
+    if pending is None:
+        return
+    req, fp, rows, pseq, pkey = pending
+    prec = list(rec)
+    prec[R.SEQ] = pseq
+    _wait(g, chk, prec, pkey, req, (fp, rows))
+    if S.mismatched(rows):
+        _mismatch(g, chk, pkey, pseq, rows, chk.report_comm)
+    chk.base = pseq
 
 
 # -- the exchange --------------------------------------------------------------------------
@@ -312,6 +366,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     sequence number that is a multiple of :data:`PERIOD`) and the running hash of the
     calls before it; or, for a final comparison (``key[OP]`` in :data:`FINAL_OPS`), the
     running hash of every call and the last call."""
+    _settle(g, chk, rec)
     seq, n = rec[R.SEQ], g.size()
     final = key[S.OP] in FINAL_OPS
     if final:  # the last call that ran (one refused as mismatched did not, on any member)
@@ -335,7 +390,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
         h = hb + kh * (seq & PERIOD_MASK)
     rows = np.empty((n, S.WORDS), np.int64)
     if not final:
-        chk.keys[seq & PERIOD_MASK] = None  # (the call's key once the members agreed on it)
+        chk.keys[seq & KEYS_MASK] = None  # (the call's key once the members agreed on it)
     chk.exchanged.append(seq)  # (before ``last``: a peer that reads ``last`` finds it here)
     chk.last = (seq, key)
     # The final comparison has a communicator of its own: it must never meet an exchange that a
@@ -351,7 +406,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     chk.h, chk.base = h, seq
     if final:
         return
-    chk.keys[seq & PERIOD_MASK] = key
+    chk.keys[seq & KEYS_MASK] = key
     if parts is not None:
         _check_parts(g, chk, key, seq, parts, rows)
     if len(chk.agreed) >= _MAX_AGREED:
@@ -391,14 +446,14 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
 
 
 def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
-    """The key of call ``s`` when it is among the last PERIOD before ``seq`` (else None)."""
-    return chk.keys[s & PERIOD_MASK] if 0 <= s and seq - PERIOD < s <= seq else None
+    """The key of call ``s`` when it is among the last kept before ``seq`` (else None)."""
+    return chk.keys[s & KEYS_MASK] if 0 <= s and seq - KEYS_MASK <= s <= seq else None
 
 
 def _last_call(chk: GroupCheck, seq: int) -> tuple:
     """(sequence number, key) of the last call before ``seq`` that ran; ``(seq, None)`` if none."""
-    for s in range(seq - 1, max(-1, seq - PERIOD), -1):
-        k = chk.keys[s & PERIOD_MASK]
+    for s in range(seq - 1, max(-1, seq - KEYS_MASK - 1), -1):
+        k = chk.keys[s & KEYS_MASK]
         if k is not None:
             return s, k
     return seq, None
@@ -407,7 +462,7 @@ def _last_call(chk: GroupCheck, seq: int) -> tuple:
 def _first_text(g: Any, chk: GroupCheck, seq: int, comm: MPI.Comm) -> str:
     """The first call since the last agreement at which the members differ, with each
     member's call there (collective over the group: every member exchanges its history)."""
-    mine = [(s, S.key_hash(k), S.describe(k, s)) for s in range(max(chk.base + 1, seq - PERIOD + 1), seq)
+    mine = [(s, S.key_hash(k), S.describe(k, s)) for s in range(max(chk.base + 1, seq - KEYS_MASK), seq)
             if (k := _recent(chk, seq, s)) is not None]
     hists = comm.allgather(mine)
     by_rank = [{s: (kh, text) for s, kh, text in h} for h in hists]
@@ -462,18 +517,15 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
     answered for :data:`_FINAL_SILENT` seconds (gone: its watchdog stopped), or past the
     group's timeout: the group is going away, and a comparison that cannot happen must not
     hold the process."""
-    spin_until = time.perf_counter() + _SPIN_S
-    while True:  # a peer a little late (the usual case) costs no sleep, whose least is ~60 us
-        for _ in range(_SPINS):
-            if req.Test():
-                return True
-        if time.perf_counter() > spin_until:
-            break
+    for _ in range(_SPINS):
+        if req.Test():
+            return True
     interval = _FIRST_PROBE
     start = time.monotonic()
     ask_at, heard = start + interval, start
     limit = rec[R.LIMIT] if not final else (g.timeout_s or R.timeout)
     pause = 1e-5
+    yield_until = start + _YIELD_S
     while not req.Test():
         now = time.monotonic()
         if now >= ask_at:
@@ -491,8 +543,11 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
                     return False
             interval = min(2 * interval, _PROBE_MAX)
             ask_at = time.monotonic() + interval
-        time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
+        if now < yield_until:  # a late peer (the usual case, or one waiting for a core): no sleep,
+            _yield()           # whose least is ~60 us, but let the peers run
+        else:
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
     return True
 
 
@@ -593,10 +648,10 @@ def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
     ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
     every member). Nobody ran the call: it leaves the running hash of the group's calls."""
     chk = STATES.get(g)
-    key = chk.keys[seq & PERIOD_MASK] if chk is not None and chk.last[0] == seq else None
+    key = chk.keys[seq & KEYS_MASK] if chk is not None and chk.last[0] == seq else None
     if key is not None and key in chk.agreed:
         chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
-        chk.keys[seq & PERIOD_MASK] = None
+        chk.keys[seq & KEYS_MASK] = None
     keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]
     differ = [name for name in ("count", "dtype", "reduce op")
               if len({k[{"count": S.COUNT, "dtype": S.DTYPE, "reduce op": S.REDOP}[name]] for k in keys}) > 1]

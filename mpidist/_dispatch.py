@@ -21,7 +21,7 @@ __all__ = ["launch", "member", "group_root", "root_rank", "root_list", "peer_ran
            "signature"]
 
 _state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
-_PMASK = _debug.PERIOD_MASK
+_PMASK, _KMASK = _debug.PERIOD_MASK, _debug.KEYS_MASK
 
 
 def signature(g: ProcessGroup, op: str, count: int = -1, dtype: Any = None, root: int = -1, redop: Any = None,
@@ -53,7 +53,7 @@ def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: O
                 i = seq & _PMASK
                 if kh is not None and i:  # _debug.check's cached case, inline
                     chk.h += kh * i  # mpidist._signature.fold
-                    chk.keys[i] = key
+                    chk.keys[seq & _KMASK] = key
                     chk.last = (seq, key)
                 else:
                     _debug.check(g, rec, key, parts)

@@ -556,13 +556,14 @@ print(f"rank {{rank}} loop done", flush=True)
 """
 
 
-@pytest.mark.parametrize("calls,end", [(200, "mpidist.destroy_process_group()"), (6, "mpidist.destroy_process_group()"),
-                                       (6, "pass")])
+@pytest.mark.parametrize("calls,end", [(2 * _debug.PERIOD + 50, "mpidist.destroy_process_group()"),
+                                       (6, "mpidist.destroy_process_group()"), (6, "pass")])
 def test_agreed_calls_made_out_of_step_are_caught(tmp_path, calls, end):
     """The blind spot of the cache: every call agreed on before, so none is exchanged. The
-    running hash differs from the first swapped call: caught at the next multiple of PERIOD
-    (200 calls), or by the final comparison (6 calls: in destroy_process_group, or at exit),
-    naming the first call that differs; never exit status 0."""
+    running hash differs from the first swapped call: caught by the comparison posted at the
+    first multiple of PERIOD, verified at the second (2 PERIOD + 50 calls), or by the final
+    comparison (6 calls: in destroy_process_group, or at exit), naming the first call that
+    differs; never exit status 0."""
     rc, out, err, took = run_job(2, OUT_OF_STEP.format(calls=calls, end=end), tmp_path)
     assert rc != 0 and took < 10, (rc, took, err)
     first = ("first at sequence number 2: rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); rank 1: "
@@ -601,17 +602,18 @@ def test_a_rank_that_skips_a_call_is_caught(tmp_path):
 @pytest.mark.mpi(min_size=2)
 def test_out_of_step_calls_caught_within_period_in_process(dist, world, fresh):
     """In one process per rank (the group stays unusable afterwards on every member): SUM and
-    MAX out of step on the last rank, raising at the first multiple of PERIOD, on every rank."""
+    MAX out of step on the last rank, raising within two PERIODs, on every rank."""
     rank, size = world
     good, odd = split(size)
     x = np.ones(3)
     for op in (ReduceOp.SUM, ReduceOp.MAX):
         dist.all_reduce(x, op, group=fresh)
     with pytest.raises(ValueError) as info:
-        for i in range(2 * _debug.PERIOD):
+        for i in range(3 * _debug.PERIOD):
             ops = (ReduceOp.SUM, ReduceOp.MAX) if rank in good else (ReduceOp.MAX, ReduceOp.SUM)
             dist.all_reduce(x, ops[i % 2], group=fresh)
-    assert fresh.engine.seq == _debug.PERIOD + 1  # raised at the comparison at seq PERIOD
+    # posted at seq PERIOD, verified (and raised) at 2 PERIOD
+    assert fresh.engine.seq == 2 * _debug.PERIOD + 1
     text = str(info.value)
     assert f"first at sequence number 2: " in text and "op=MAX" in text and "op=SUM" in text, text
     with pytest.raises(mpidist.DistError, match="unusable"):

@@ -130,7 +130,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                 try:
                     if i:  # the running hash of the group's calls (mpidist._signature.fold), their keys
                         st.h += ok[5] * i
-                        st.keys[i] = ok[4]
+                        st.keys[seq & _KMASK] = ok[4]
                         st.last = (seq, ok[4])  # decided (what a peer's stalled check asks)
                     else:  # a multiple of the check's PERIOD: the members compare their calls so far
                         _debug.check(g, rec, ok[4])
@@ -166,7 +166,7 @@ _last: tuple = (None, None, None, None)
 #: The last all_reduce the latency path found agreed, ``(group, plan, count, group's check
 #: state, key, key's hash)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
 _agreed: tuple = (None, None, -1, None, None, 0)
-_PMASK = _debug.PERIOD_MASK
+_PMASK, _KMASK = _debug.PERIOD_MASK, _debug.KEYS_MASK
 
 
 def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
