@@ -32,11 +32,11 @@ MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
 **The running hash** (every level): every checked call extends the group's running hash of
 its calls (:func:`mpidist._signature.fold`); each exchange carries the hash of the calls
 before it. The members compare at points that cannot differ between them: the sequence
-numbers :data:`PERIOD` (K = 64), 2K, ... (every member exchanges there, cached call or
-not), and the final comparison (:func:`compare_final`: destroy_process_group, the exit of a
+numbers :data:`PERIOD` (K = 256), 2K, ... (every member posts an exchange there, cached
+call or not, verified at the next multiple: :func:`_periodic`), and the final comparison (:func:`compare_final`: destroy_process_group, the exit of a
 process that did not destroy its groups, ``check_collectives``). So calls whose keys are all
 cached but differ (e.g. two sizes used alternately, out of step between ranks) are caught
-within K calls or at the end, and every member raises the same ValueError naming the first
+within 2K calls or at the end, and every member raises the same ValueError naming the first
 call that differs (from the members' last K calls). An exchange that meets one from
 another point (a member waiting with a new key while another makes its final comparison)
 is described from the rows alone. Until a comparison, such calls run (wrong results, or
