@@ -113,6 +113,7 @@ _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
 _PROBE_MAX = 2.0    # s: longest interval between questions
 _FINAL_SILENT = 10.0  # s: a final comparison that no peer answers for this long gives up
+_ANSWER_WAIT = 0.2  # s: how long a stalled exchange waits for the peers' answers to one question
 
 
 def get_debug_level() -> DebugLevel:
@@ -223,7 +224,7 @@ class GroupCheck:
     """
 
     __slots__ = ("group", "comm", "final_comm", "report_comm", "agreed", "fps", "last", "exchanged", "h", "base",
-                 "keys", "pending")
+                 "keys", "pending", "stale")
 
     def __init__(self, g: Any) -> None:
         self.group = g
@@ -236,6 +237,8 @@ class GroupCheck:
         #: the periodic comparison posted at the last multiple of PERIOD, verified at the next
         #: (or at any exchange before it): (request, own row, rows, sequence number, key)
         self.pending: Optional[tuple] = None
+        #: an exchange on its communicators was given up on (they are never freed then)
+        self.stale = False
         #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
         #: key -> its fingerprint (sequence number, hash and own count to be filled in), for the
@@ -258,13 +261,23 @@ class GroupCheck:
     def free(self) -> None:
         STATES.pop(self.group, None)
         _forget()
-        if self.pending is not None:  # (its peers posted theirs: it completed, or it is abandoned)
+        comms = (self.comm, self.final_comm, self.report_comm)
+        self.comm = self.final_comm = self.report_comm = None
+        if self.pending is not None and not self.pending[0].Test():
+            self.stale = True
+        if self.pending is not None:
             _ABANDONED.append(self.pending)
             self.pending = None
-        for comm in (self.comm, self.final_comm, self.report_comm):
+        if self.stale or self.group.engine.broken is not None:
+            # An exchange left pending on them (given up on, or still awaited by a timed-out
+            # op's thread): freeing a communicator under a pending nonblocking collective
+            # corrupted the heap (MPICH 5.0.2: torch's barrier-timeout tests, then the next
+            # test crashed). Kept, unused, for the process's life: a few context ids.
+            _ABANDONED.append(comms)
+            return
+        for comm in comms:
             if comm is not None:
                 comm.Free()
-        self.comm = self.final_comm = self.report_comm = None
 
 
 class _Unchecked:
@@ -533,6 +546,7 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
             skipped = _skipped(answers, rec[R.SEQ])
             if skipped and not req.Test():
                 _ABANDONED.append((req, bufs))
+                chk.stale = True
                 _diverged(g, rec, key, skipped)
             if final:
                 if answers:
@@ -540,6 +554,7 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
                 gone = any(not a.get("member", True) or a.get("left") for a in answers.values())
                 if (gone or now - heard > _FINAL_SILENT or (limit and now - start > limit)) and not req.Test():
                     _ABANDONED.append((req, bufs))
+                    chk.stale = True
                     return False
             interval = min(2 * interval, _PROBE_MAX)
             ask_at = time.monotonic() + interval
@@ -555,7 +570,9 @@ def _answers(g: Any, seq: int) -> dict:
     """What the other members say about collective ``seq`` of ``g`` (by global rank; only
     those that answered: none without MPI_THREAD_MULTIPLE, or from a peer that is gone)."""
     wd = _current.watchdog
-    return wd.check_probe(g, seq) if wd is not None else {}
+    # A short wait: a live peer answers within milliseconds, and the exchange being waited on
+    # is tested again only once this returns (a peer that left stops answering).
+    return wd.check_probe(g, seq, _ANSWER_WAIT) if wd is not None else {}
 
 
 def _skipped(answers: dict, seq: int) -> dict:

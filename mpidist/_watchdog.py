@@ -34,6 +34,8 @@ from mpidist.errors import prefix
 __all__ = ["start", "stop"]
 
 _PROBE, _REPLY, _ACK, _CHECK = 1, 2, 3, 4  # tags on the watchdog's communicator
+#: The communicators of stopped watchdogs (see :meth:`_Watchdog.stop`).
+_RETIRED: list = []
 _MAX_MSG = 1 << 16
 
 
@@ -294,16 +296,17 @@ class _Watchdog:
             g.engine.broken = f"{op} #{seq} timed out; destroy the group (or exit)"
         rec[R.INFO] = text  # the waiting caller raises DistError(text) once it is set
 
-    def check_probe(self, g: Any, seq: int) -> dict:
+    def check_probe(self, g: Any, seq: int, wait: Optional[float] = None) -> dict:
         """Ask every other member of ``g`` what it did at collective ``seq``
-        (:func:`mpidist._debug.probe_answer` plus its state there); the answers within the
-        probe wait, by global rank. Empty without a channel (one rank, or no
-        MPI_THREAD_MULTIPLE)."""
+        (:func:`mpidist._debug.probe_answer` plus its state there); the answers within
+        ``wait`` seconds (default: the probe wait), by global rank. Empty without a channel
+        (one rank, or no MPI_THREAD_MULTIPLE)."""
         if self.comm is None:
             return {}
         peers = [r for r in g.ranks if r != self.st.rank]
         with self.check_lock:
-            return self._ask(peers, ("check", self._next_nonce(), R.group_key(g), seq), _CHECK, self.probe_wait)
+            return self._ask(peers, ("check", self._next_nonce(), R.group_key(g), seq), _CHECK,
+                             self.probe_wait if wait is None else wait)
 
     def notify_mismatch(self, g: Any, peers: list, seq: int, text: str) -> None:
         """Tell ``peers`` (global ranks) that their collective ``seq`` on ``g`` mismatches
@@ -331,7 +334,12 @@ class _Watchdog:
             for s in self.sends:  # sends to a peer that is gone may never complete: let go
                 with contextlib.suppress(MPI.Exception):
                     s.Free()
-            self.comm.Free()
+            # Not freed: a peer's question or answer may still be on its way here (a peer's
+            # final comparison asks until it gives up). Freed, the communicator's context id
+            # would be reused by a later one, whose receives would match that stale message
+            # (seen: torch's suite, a test's irecv(tag=1) got a watchdog probe of the test
+            # before). Kept for the process's life: one context id per init_process_group.
+            _RETIRED.append(self.comm)
             self.comm = None
 
 
