@@ -636,3 +636,30 @@ def test_check_collectives_compares_on_demand(dist, world, fresh):
     text = str(info.value)
     assert text.startswith(f"[rank {rank}/{size}] check_collectives: the members of group {fresh.group_name!r} "
                            f"called mismatched collectives: first at sequence number 3: "), text
+
+
+@pytest.mark.mpi
+def test_groups_not_checked_never_exchange(dist, world, fresh):
+    """The 8-byte path's comparison at the multiples of PERIOD is the check's: a one-rank group,
+    and checks switched off (the benchmarks' baseline), make none."""
+    rank, size = world
+    x = np.ones(1)
+    if size == 1:
+        for _ in range(3 * _debug.PERIOD):
+            dist.all_reduce(x)
+        assert "check" not in _runtime_state().world._resources
+        return
+    dist.all_reduce(x, group=fresh)  # agreed; then every call on the latency path
+    before = list(fresh.resource("check", _debug.GroupCheck).exchanged)
+    _debug._set_checks(False)
+    try:
+        for _ in range(3 * _debug.PERIOD):
+            dist.all_reduce(x, group=fresh)
+    finally:
+        _debug._set_checks(True)
+    assert list(fresh.resource("check", _debug.GroupCheck).exchanged) == before
+
+
+def _runtime_state():
+    from mpidist import _runtime  # noqa: PLC0415
+    return _runtime.state()

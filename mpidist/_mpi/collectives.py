@@ -132,8 +132,8 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                         st.h += ok[5] * i
                         st.keys[seq & _KMASK] = ok[4]
                         st.last = (seq, ok[4])  # decided (what a peer's stalled check asks)
-                    else:  # a multiple of the check's PERIOD: the members compare their calls so far
-                        _debug.check(g, rec, ok[4])
+                    elif st is not _UNCHECKED:  # a multiple of the check's PERIOD: the members compare
+                        _debug.check(g, rec, ok[4])  # their calls so far (none on a group not checked)
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
                 except MPI.Exception as exc:
                     R.fail(rec)
@@ -167,6 +167,7 @@ _last: tuple = (None, None, None, None)
 #: state, key, key's hash)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
 _agreed: tuple = (None, None, -1, None, None, 0)
 _PMASK, _KMASK = _debug.PERIOD_MASK, _debug.KEYS_MASK
+_UNCHECKED = _debug._UNCHECKED
 
 
 def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
