@@ -76,15 +76,17 @@ def cuda_aware_mpi() -> tuple[bool, str]:
 
 
 def nccl_ok(cupy: Any, n_local: int) -> str:
-    """'' if NCCL can run here, else why not (two ranks per GPU need NCCL >= 2.30 + env var)."""
+    """'' if NCCL can run here, else why not (ranks sharing a GPU:
+    :func:`mpidist.device._nccl_core.shared_gpu_refused`)."""
+    from mpidist.device._nccl_core import shared_gpu_refused  # noqa: PLC0415
+
     try:
         from cupy.cuda import nccl  # noqa: PLC0415
         version = nccl.get_version()
     except Exception as exc:  # noqa: BLE001
         return f"CuPy has no NCCL ({exc})"
-    if n_local > cupy.cuda.runtime.getDeviceCount() and (
-            version < 23000 or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1"):
-        return f"ranks share a GPU: needs NCCL >= 2.30 (found {version}) and NCCL_MULTI_RANK_GPU_ENABLE=1"
+    if n_local > cupy.cuda.runtime.getDeviceCount():
+        return shared_gpu_refused(version)
     return ""
 
 
@@ -101,17 +103,24 @@ def timed(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
     return COMM.allreduce(elapsed / iters, op=MPI.MAX)
 
 
-def measure(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
-    """Median seconds per call over REPEATS measurements of ~TARGET_S each."""
+def measurements(fn: Callable[[], Any], sync: Callable[[], None], target: float = TARGET_S,
+                 reps: int = REPEATS) -> list[float]:
+    """``reps`` measurements of ~``target`` seconds each (seconds per call), calls per
+    measurement calibrated first (also used by bench_torch_gpu.py)."""
     fn()
     sync()
     iters = 1
     for _ in range(bc.CALIBRATION_ROUNDS):
         batch = timed(fn, iters, sync) * iters
-        if batch >= TARGET_S * 2 / 3:
+        if batch >= target * 2 / 3:
             break
-        iters = 2 * iters if batch < TARGET_S / 8 else max(iters + 1, int(iters * TARGET_S / batch))
-    return statistics.median(timed(fn, iters, sync) for _ in range(REPEATS))
+        iters = 2 * iters if batch < target / 8 else max(iters + 1, int(iters * target / batch))
+    return [timed(fn, iters, sync) for _ in range(reps)]
+
+
+def measure(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    """Median seconds per call over REPEATS measurements of ~TARGET_S each."""
+    return statistics.median(measurements(fn, sync))
 
 
 class DevicePath:

@@ -32,20 +32,18 @@ DDP parameters differ at 1 or 2 ranks.
 from __future__ import annotations
 
 import _bench_common as bc  # noqa: I001  (first: sets the thread variables)
+import bench_gpu as bg  # noqa: E402  (its timing: a barrier, back-to-back calls, synchronized)
 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 from mpi4py import MPI  # noqa: E402
 
 COMM = MPI.COMM_WORLD
-TARGET_S = 0.02
-REPEATS = 3
 DDP_TARGET_S = 0.2
 DDP_REPS = 7
 #: The device of the tensors and the baseline backend ("cpu" and gloo with --cpu).
@@ -62,41 +60,15 @@ def skip_reason(torch: Any) -> str:
 
 
 def nccl_reason(torch: Any, n_local: int) -> str:
-    """'' if torch's NCCL can run these ranks, else why not."""
+    """'' if torch's NCCL can run these ranks, else why not (ranks sharing a GPU:
+    :func:`mpidist.device._nccl_core.shared_gpu_refused`)."""
+    from mpidist.device._nccl_core import shared_gpu_refused  # noqa: PLC0415
+
     if not torch.distributed.is_nccl_available():
         return "this torch has no NCCL"
-    version = torch.cuda.nccl.version()
-    if n_local > torch.cuda.device_count() and (
-            version < (2, 30) or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1"):
-        return (f"{n_local} ranks share a GPU: torch's NCCL needs >= 2.30 (found {version}) and "
-                "NCCL_MULTI_RANK_GPU_ENABLE=1")
+    if n_local > torch.cuda.device_count():
+        return shared_gpu_refused(torch.cuda.nccl.version())
     return ""
-
-
-def timed(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
-    COMM.Barrier()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    elapsed = time.perf_counter() - t0
-    bc.idle_barrier(COMM)
-    return COMM.allreduce(elapsed / iters, op=MPI.MAX)
-
-
-def measure(fn: Callable[[], Any], sync: Callable[[], None], target: float = TARGET_S,
-            reps: int = REPEATS) -> list[float]:
-    """``reps`` measurements of ~``target`` s each (seconds per call)."""
-    fn()
-    sync()
-    iters = 1
-    for _ in range(bc.CALIBRATION_ROUNDS):
-        batch = timed(fn, iters, sync) * iters
-        if batch >= target * 2 / 3:
-            break
-        iters = 2 * iters if batch < target / 8 else max(iters + 1, int(iters * target / batch))
-    return [timed(fn, iters, sync) for _ in range(reps)]
 
 
 def sweep(torch: Any, dist: Any, sizes: list[int]) -> dict:
@@ -106,7 +78,7 @@ def sweep(torch: Any, dist: Any, sizes: list[int]) -> dict:
     for size in sizes:
         count = max(1, size // 4)
         x = torch.zeros(count, device=DEV)
-        t = statistics.median(measure(lambda: dist.all_reduce(x), sync(torch)))
+        t = statistics.median(bg.measurements(lambda: dist.all_reduce(x), sync(torch)))
         x.fill_(me + 1)
         dist.all_reduce(x)
         wrong = int((x != n * (n + 1) / 2).sum().item())
@@ -142,7 +114,7 @@ def ddp(torch: Any, dist: Any) -> tuple[list, list[float]]:
         step()
     sync(torch)()
     params = [p.detach().cpu().clone() for p in model.parameters()]
-    times = measure(step, sync(torch), DDP_TARGET_S, DDP_REPS)
+    times = bg.measurements(step, sync(torch), DDP_TARGET_S, DDP_REPS)
     return params, times
 
 

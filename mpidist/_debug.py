@@ -400,7 +400,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
             fp[S.SEQ], fp[S.CALLS], fp[S.HASH] = seq, seq, hb
         else:
             fp = S.fingerprint(key, seq, n, own, calls=seq, h=hb)
-        h = hb + kh * (seq & PERIOD_MASK)
+        h = S.fold(hb, kh, seq, PERIOD)
     rows = np.empty((n, S.WORDS), np.int64)
     if not final:
         chk.keys[seq & KEYS_MASK] = None  # (the call's key once the members agreed on it)

@@ -35,3 +35,24 @@ def torch_world() -> Iterator[None]:
     finally:
         if started and tdist.is_initialized():
             tdist.destroy_process_group()
+
+
+def assert_ddp_step_matches_one_process(rank: int, n: int, device: str = "cuda") -> None:
+    """One SGD step of a small MLP (float64) under DDP on ``device``, each of the ``n`` ranks on
+    its 4 samples, equals the same step in one process on all 4n samples (rtol 1e-10)."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double().to(device)
+    model.load_state_dict(ref.state_dict())
+    ddp = nn.parallel.DistributedDataParallel(model)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4 * n, 6, generator=g, dtype=torch.float64)
+    y = torch.randn(4 * n, 2, generator=g, dtype=torch.float64)
+    for m, xs, ys in ((ref, x, y), (ddp, x[4 * rank:4 * rank + 4].to(device), y[4 * rank:4 * rank + 4].to(device))):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        opt.zero_grad()
+        nn.functional.mse_loss(m(xs), ys).backward()
+        opt.step()
+    for got, want in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-10, atol=0)

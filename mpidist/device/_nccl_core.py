@@ -211,8 +211,19 @@ def version_text(code: int) -> str:
     return f"{code // 10000}.{code // 100 % 100}.{code % 100}" if code else "unknown"
 
 
-def shared_gpu_refused(version: int) -> str:
-    """'' when ranks of one communicator may share a GPU with this NCCL, else why not."""
+def version_code(version: Any) -> int:
+    """NCCL's version code from a code (CuPy's ``get_version()``) or a tuple (torch's
+    ``torch.cuda.nccl.version()``: (2, 28, 9) -> 22809)."""
+    if isinstance(version, int):
+        return version
+    major, minor, patch = (tuple(version) + (0, 0, 0))[:3]
+    return int(major) * 10000 + int(minor) * 100 + int(patch)
+
+
+def shared_gpu_refused(version: Any) -> str:
+    """'' when ranks of one communicator may share a GPU with this NCCL (a code or torch's
+    tuple: :func:`version_code`), else why not."""
+    version = version_code(version)
     if version >= MULTI_RANK_GPU_VERSION and os.environ.get(MULTI_RANK_GPU_VAR) == "1":
         return ""
     return (f"NCCL refuses ranks of one communicator on one GPU unless NCCL >= 2.30 (found "

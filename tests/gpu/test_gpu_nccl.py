@@ -10,7 +10,6 @@ Run: ``mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_gpu_nccl.py`` (an
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ cupy = pytest.importorskip("cupy", reason="no CuPy: the NCCL path needs cupy (pi
 import mpidist  # noqa: E402
 from mpidist import ReduceOp, _runtime, make_premul_sum  # noqa: E402
 from mpidist.device import _nccl_shim, nccl  # noqa: E402
-from mpidist.device._nccl_core import state  # noqa: E402
+from mpidist.device._nccl_core import shared_gpu_refused, state  # noqa: E402
 from mpidist.p2p import P2POp  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -43,10 +42,7 @@ def _gpu_skip_reason() -> str:
     if _SIZE > 2:
         return "the GPU tests run at world sizes 1 and 2"
     local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    if local > count and (version < 23000 or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1"):
-        return (f"{local} ranks share {count} GPU(s): two ranks on one GPU need NCCL >= 2.30 (found "
-                f"{version}) and NCCL_MULTI_RANK_GPU_ENABLE=1")
-    return ""
+    return shared_gpu_refused(version) if local > count else ""
 
 
 _REASON = MPI.COMM_WORLD.allreduce(_gpu_skip_reason(), op=MPI.MAX)  # every rank skips alike

@@ -15,9 +15,9 @@ if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device (or is a CPU build)", allow_module_level=True)
 
 import torch.distributed as tdist  # noqa: E402
-from torch import nn  # noqa: E402
 
 import mpidist.torch  # noqa: E402, F401
+from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -71,18 +71,4 @@ def test_async_and_gathers_cuda(world):
 
 def test_ddp_cuda_matches_cpu_reference(world):
     r, n = world
-    torch.manual_seed(0)
-    ref = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double().cuda()
-    model.load_state_dict(ref.state_dict())
-    ddp = nn.parallel.DistributedDataParallel(model)
-    g = torch.Generator().manual_seed(7)
-    x, y = torch.randn(4 * n, 6, generator=g, dtype=torch.float64), torch.randn(4 * n, 2, generator=g,
-                                                                                dtype=torch.float64)
-    for m, xs, ys in ((ref, x, y), (ddp, x[4 * r:4 * r + 4].cuda(), y[4 * r:4 * r + 4].cuda())):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        opt.zero_grad()
-        nn.functional.mse_loss(m(xs), ys).backward()
-        opt.step()
-    for got, want in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-10, atol=0)
+    assert_ddp_step_matches_one_process(r, n)

@@ -48,10 +48,7 @@ def run(n: int, out: Path, *args: str) -> dict:
 
 def nccl_refuses(n: int) -> str:
     """'' when torch's NCCL can run ``n`` ranks on this node's GPUs, else why not."""
-    if n <= torch.cuda.device_count():
-        return ""
-    major, minor, patch = torch.cuda.nccl.version()[:3]
-    return _nccl_core.shared_gpu_refused(major * 10000 + minor * 100 + patch)
+    return "" if n <= torch.cuda.device_count() else _nccl_core.shared_gpu_refused(torch.cuda.nccl.version())
 
 
 @pytest.mark.parametrize("n", [1, 2])

@@ -19,9 +19,10 @@ if not torch.cuda.is_available():
 
 import torch.distributed as tdist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from torch import nn  # noqa: E402
 
 import mpidist.torch  # noqa: E402, F401  (registers mpi://)
+from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
+from mpidist.device._nccl_core import shared_gpu_refused  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -30,11 +31,8 @@ def _skip_reason() -> str:
     if not tdist.is_nccl_available():
         return "this torch has no NCCL"
     local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    version = torch.cuda.nccl.version()
-    if local > torch.cuda.device_count() and (
-            version < (2, 30) or os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1"):
-        return (f"{local} ranks share {torch.cuda.device_count()} GPU(s): torch's NCCL needs >= 2.30 "
-                f"(found {version}) and NCCL_MULTI_RANK_GPU_ENABLE=1")
+    if local > torch.cuda.device_count():
+        return shared_gpu_refused(torch.cuda.nccl.version())
     return ""
 
 
@@ -81,18 +79,4 @@ def test_gloo_group_beside_nccl(world):
 
 def test_ddp_nccl_matches_cpu_reference(world):
     me, n = world
-    torch.manual_seed(0)
-    ref = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double().cuda()
-    model.load_state_dict(ref.state_dict())
-    ddp = nn.parallel.DistributedDataParallel(model)
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(4 * n, 6, generator=g, dtype=torch.float64)
-    y = torch.randn(4 * n, 2, generator=g, dtype=torch.float64)
-    for m, xs, ys in ((ref, x, y), (ddp, x[4 * me:4 * me + 4].cuda(), y[4 * me:4 * me + 4].cuda())):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        opt.zero_grad()
-        nn.functional.mse_loss(m(xs), ys).backward()
-        opt.step()
-    for got, want in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-10, atol=0)
+    assert_ddp_step_matches_one_process(me, n)
