@@ -38,7 +38,7 @@ run-torch: install
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q -e '.[torch]' '$(TORCH_PIN)'
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
-test: test-layers test-serial test-mpi test-slurm test-torch-suite test-frameworks
+test: test-layers test-serial test-mpi test-slurm test-torch-suite test-frameworks test-chaos
 
 # The package's layers only look down and no modules import each other in a cycle
 # (tools/layers.py; docs/architecture.md, "Layers"). Needs nothing installed.
@@ -68,6 +68,19 @@ TORCH_SUITE_ARGS         ?=
 test-torch-suite: install
 	timeout -k 10 $(TORCH_SUITE_TIMEOUT) $(PY) tests/torch_suite/run.py --mpiexec $(MPIEXEC) \
 	  --test-timeout $(TORCH_SUITE_TEST_TIMEOUT) --job-timeout $$(( $(TORCH_SUITE_TIMEOUT) / 2 - 30 )) $(TORCH_SUITE_ARGS)
+
+# Chaos tests (tests/chaos/run.py; docs/reliability.md, "Chaos tests"): both main jobs at -n 2..4,
+# one fault per trial (SIGKILL, SIGSTOP past the timeout, SIGTERM or SIGUSR1 then --resume, SIGTERM
+# to mpiexec, an exception, an unwritable or full checkpoint directory, a corrupt checkpoint) at a
+# random moment; checks each job's bound, exit status, checkpoint, resume and leftovers. A seeded
+# random sample of CHAOS_TRIALS trials (the seed is printed; CHAOS_SEED=S reruns it); results in
+# out/chaos/results.md. 12 trials: 4-6 min on 2 cores.
+CHAOS_TRIALS  ?= 12
+CHAOS_SEED    ?=
+CHAOS_TIMEOUT ?= $$(( 300 + 90 * $(CHAOS_TRIALS) ))
+.PHONY: test-chaos
+test-chaos: install
+	timeout -k 10 $(CHAOS_TIMEOUT) $(PY) tests/chaos/run.py --trials $(CHAOS_TRIALS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --out out/chaos
 
 # jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,
 # 1.5-2 min), then the main job across two "hosts" (network namespaces) through

@@ -31,6 +31,7 @@ unsafe directory is refused (nothing is written, :data:`last_error` says why).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import socket
@@ -208,7 +209,14 @@ def report(path: Optional[str]) -> str:
     if path:
         return (f"flight recorder written to {path} (and by every rank that answered); "
                 f"run `python -m mpidist.tools.trace {os.path.dirname(path)}`")
-    return f"the flight recorder could not be written ({last_error or 'unknown error'})"
+    text = f"this rank's flight recorder could not be written ({last_error or 'unknown error'})"
+    written = False
+    with contextlib.suppress(OSError):
+        written = bool(_dir) and any(name.startswith("rank") for name in os.listdir(_dir))
+    if written:  # the other ranks that answered wrote theirs
+        text += (f"; the ranks that answered wrote theirs to {_dir}; "
+                 f"run `python -m mpidist.tools.trace {_dir}`")
+    return text
 
 
 def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:

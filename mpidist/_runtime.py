@@ -34,9 +34,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mpi4py import MPI
+from mpidist import _mpi_init
 
-from mpidist import _abort, _current, _debug, _environ, _initcheck, _recorder as R, _watchdog, work
+MPI = _mpi_init.import_mpi()  # MPI_Init, bounded: a rank stopped before it must not hang the others
+
+from mpidist import _abort, _current, _debug, _environ, _initcheck, _launcher_files, _recorder as R, _watchdog, work  # noqa: E402
 from mpidist._current import live_groups
 from mpidist._abort import abort_job
 from mpidist.device import binding, detect
@@ -50,6 +52,9 @@ __all__ = [
     "get_node_local_rank", "get_local_world_size", "state", "state_or_none", "resolve_group",
     "DEFAULT_TIMEOUT", "live_groups", "dump_all", "dump_all_report", "abort_job", "canonical_backend",
 ]
+
+if MPI.Is_initialized():  # as soon as MPI_Init has returned: no leftovers from a job killed from here on
+    _launcher_files.remove_names()
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 _NOT_INIT = ("Default process group has not been initialized, "
@@ -274,6 +279,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         raise error[0](f"{tag} {error[1]}")
     if warning is not None:
         warnings.warn(warning, stacklevel=2)
+    _launcher_files.remove_names()  # MPI may have been initialized after mpidist was imported
     name = mine.backend
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_rank)
     local_rank, local_size = node.Get_rank(), node.Get_size()

@@ -1,7 +1,16 @@
-"""Atomic checkpoints of named arrays as numpy ``.npz`` files, without pickle.
+"""Atomic checkpoints of named arrays as numpy ``.npz`` files, without pickle, checked
+whole on load.
 
 The module knows nothing of ranks: in a data-parallel job the caller saves
 from rank 0 only, and every rank may load.
+
+Every file :func:`save_checkpoint` writes carries a SHA-256 digest of all its bytes in the
+zip archive's comment (``mpidist-sha256:<64 hex digits>``, the last 79 bytes of the file),
+and :func:`load_checkpoint` refuses a file whose bytes do not match it: the zip format's
+CRC-32 covers only each member's data, and numpy reads an array's header before any CRC is
+checked, so a damaged header could load as different arrays. numpy reads the files as any
+``.npz`` (a zip comment is allowed); a file with no comment (``numpy.savez``'s) is loaded
+with the zip format's checks only.
 
 Device (cupy) arrays are saved as host copies and loaded as numpy arrays; a model
 on the GPU gets them back on its device through ``model.load_state_dict`` (and an
@@ -11,7 +20,11 @@ device: ``save_checkpoint(path, model.state_dict())`` then
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import os
+import struct
 import tempfile
 import zipfile
 import zlib
@@ -29,6 +42,10 @@ PathLike = Union[str, os.PathLike]
 
 # First bytes of a zip archive: a local file header, or the end record of an empty one.
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+_END = b"PK\x05\x06"     # the zip "end of central directory" record: 22 bytes, then the comment
+_END_SIZE = 22
+_DIGEST_TAG = b"mpidist-sha256:"
+_DIGEST_SIZE = len(_DIGEST_TAG) + 64
 
 
 def _to_host(name: str, value: Any) -> np.ndarray:
@@ -54,6 +71,43 @@ def _write_npz(fh: Any, arrays: Mapping[str, Any]) -> None:
                 np.lib.format.write_array(member, array, allow_pickle=False)
 
 
+def _seal(fh: Any) -> None:
+    """Give the complete archive open in ``fh`` (read/write, comment empty) its digest comment:
+    SHA-256 of every byte before the end record's comment-length field."""
+    fh.seek(0, os.SEEK_END)
+    end = fh.tell() - _END_SIZE
+    fh.seek(0)
+    digest = hashlib.sha256()
+    left = end + _END_SIZE - 2
+    while left:
+        chunk = fh.read(min(left, 1 << 22))
+        if not chunk:
+            raise OSError(f"the archive shrank while it was sealed ({left} bytes missing)")
+        digest.update(chunk)
+        left -= len(chunk)
+    comment = _DIGEST_TAG + digest.hexdigest().encode()
+    fh.write(struct.pack("<H", len(comment)) + comment)
+
+
+def _check_digest(path: Path, data: bytes) -> None:
+    """Raise ValueError unless ``data`` (the whole file) matches its digest comment; a file
+    whose end record has no comment passes (numpy.savez's, or an older mpidist's)."""
+    end = data.rfind(_END, max(0, len(data) - _END_SIZE - 0xFFFF))
+    while end >= 0 and end + _END_SIZE + struct.unpack_from("<H", data, end + 20)[0] != len(data):
+        end = data.rfind(_END, 0, end)
+    if end < 0 or len(data) < end + _END_SIZE:
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: no zip end record at the end of the file")
+    comment = data[end + _END_SIZE:]
+    if not comment:
+        return
+    if len(comment) != _DIGEST_SIZE or not comment.startswith(_DIGEST_TAG):
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: its end record carries {comment[:40]!r}..., not "
+                         f"save_checkpoint's digest")
+    if hashlib.sha256(data[:end + _END_SIZE - 2]).hexdigest().encode() != comment[len(_DIGEST_TAG):]:
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: its bytes do not match the SHA-256 digest written "
+                         f"with it")
+
+
 def _fsync_dir(directory: Path) -> None:
     """Make a rename in ``directory`` durable (POSIX only; a no-op elsewhere)."""
     if os.name != "posix":
@@ -69,10 +123,12 @@ def save_checkpoint(path: PathLike, arrays: Mapping[str, Any]) -> None:
     """Save named arrays to ``path`` as a ``.npz`` file, atomically.
 
     Writes a temporary file in the same directory (``tempfile.mkstemp``,
-    so created with mode 0o600), flushes and fsyncs it, ``os.replace``-s it
-    onto ``path`` and fsyncs the directory. A crash or an error at any point
+    so created with mode 0o600), seals it with the SHA-256 digest of its
+    bytes (see the module docstring), flushes and fsyncs it, ``os.replace``-s
+    it onto ``path`` and fsyncs the directory. A crash or an error at any point
     leaves either the previous file at ``path`` or the complete new one,
-    never a partial file; the temporary file is removed on error.
+    never a partial file; the temporary file is removed on error (not after
+    SIGKILL: a ``.<name>.*.tmp`` file is then left beside ``path``).
     :func:`load_checkpoint` reads the file back; so does ``numpy.load``.
 
     Args:
@@ -84,21 +140,34 @@ def save_checkpoint(path: PathLike, arrays: Mapping[str, Any]) -> None:
     Raises:
         TypeError: a name that is not a str, or a device array without ``.get()``.
         ValueError: an array of object dtype (it would need pickle).
-        OSError: the file cannot be written.
+        OSError: the file cannot be written (the same subclass, e.g. PermissionError, with a
+            message naming ``path``; the system's error is its ``__cause__``).
     """
     path = Path(path)
     bad = [k for k in arrays if not isinstance(k, str)]
     if bad:
         raise TypeError(f"checkpoint {path}: array names must be str, got {bad!r}")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write checkpoint {path}: cannot create a file in {path.parent} "
+                                 f"({exc.strerror})") from exc
+    try:
+        fh = os.fdopen(fd, "w+b")
+        try:
             _write_npz(fh, arrays)
+            _seal(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        finally:
+            with contextlib.suppress(OSError):  # flushed and synced, or failing already
+                fh.close()
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise OSError(exc.errno, f"cannot write checkpoint {path} ({exc.strerror})") from exc
         raise
     _fsync_dir(path.parent)
 
@@ -106,9 +175,12 @@ def save_checkpoint(path: PathLike, arrays: Mapping[str, Any]) -> None:
 def load_checkpoint(path: PathLike) -> dict[str, np.ndarray]:
     """Load every array of a checkpoint written by :func:`save_checkpoint`.
 
-    Reads with ``numpy.load(..., allow_pickle=False)``, so a file holding
-    pickled (object) arrays is refused, never unpickled. Everything is read
-    into memory and the file is closed before returning.
+    Reads the whole file, checks it against the SHA-256 digest
+    :func:`save_checkpoint` wrote into it (a file without one, as
+    ``numpy.savez`` writes, gets the zip format's CRC checks only), then
+    parses it with ``numpy.load(..., allow_pickle=False)``, so a file holding
+    pickled (object) arrays is refused, never unpickled. The file is closed
+    before returning.
 
     Returns:
         name -> numpy array, with the saved shapes and dtypes.
@@ -116,22 +188,26 @@ def load_checkpoint(path: PathLike) -> dict[str, np.ndarray]:
     Raises:
         FileNotFoundError: no file at ``path``.
         ValueError: the file is not a ``.npz`` archive, is corrupt or
-            truncated, or holds pickled data.
+            truncated (its digest does not match, or it does not parse), or
+            holds pickled data; the message names ``path``.
     """
     path = Path(path)
     with open(path, "rb") as fh:
-        magic = fh.read(4)
-        if magic not in _ZIP_MAGICS:
-            raise ValueError(f"checkpoint {path} is corrupt or truncated: "
-                             f"expected a .npz (zip) archive, got first bytes {magic!r}")
-        fh.seek(0)
-        try:
-            with np.load(fh, allow_pickle=False) as npz:
-                return {name: npz[name] for name in npz.files}
-        except ValueError as exc:
-            if "allow_pickle" in str(exc):
-                raise ValueError(f"checkpoint {path} holds pickled data, which "
-                                 f"load_checkpoint refuses to load: {exc}") from exc
-            raise ValueError(f"checkpoint {path} is corrupt or truncated: {exc}") from exc
-        except (EOFError, zipfile.BadZipFile, zlib.error, KeyError) as exc:
-            raise ValueError(f"checkpoint {path} is corrupt or truncated: {exc}") from exc
+        data = fh.read()
+    magic = data[:4]
+    if magic not in _ZIP_MAGICS:
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: "
+                         f"expected a .npz (zip) archive, got first bytes {magic!r}")
+    _check_digest(path, data)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise ValueError(f"checkpoint {path} holds pickled data, which "
+                             f"load_checkpoint refuses to load: {exc}") from exc
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: {exc}") from exc
+    except (EOFError, zipfile.BadZipFile, zlib.error, KeyError, SyntaxError, NotImplementedError, OSError,
+            OverflowError, MemoryError, TypeError, UnicodeDecodeError, IndexError) as exc:
+        # what numpy's .npy header parser and zipfile raise on damaged bytes (a file with no digest)
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: {type(exc).__name__}: {exc}") from exc

@@ -1,6 +1,9 @@
 """save_checkpoint / load_checkpoint: round trip, atomicity, no pickle."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -161,3 +164,83 @@ def test_plain_pickle_file_is_refused(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "nope.npz")
+
+
+# --- the digest: any damage is refused, wherever it lands ----------------------------------
+
+STATE = {"model.w": np.arange(24, dtype=np.float32).reshape(4, 6), "epoch": np.array(3), "name": np.array("x")}
+
+
+def test_the_file_ends_with_its_digest_and_numpy_still_reads_it(tmp_path):
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, STATE)
+    data = path.read_bytes()
+    assert data[-79:].startswith(b"mpidist-sha256:")
+    with np.load(path) as npz:
+        assert npz["model.w"].tobytes() == STATE["model.w"].tobytes()
+
+
+@pytest.mark.parametrize("where", ["every byte of the headers", "the end record and digest"])
+def test_a_flipped_bit_anywhere_is_refused(tmp_path, where):
+    """Without the digest, a flip in an array's .npy header loaded as another array (shape,
+    dtype or order changed: no CRC is checked before it) or raised tokenize's TokenError."""
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, STATE)
+    data = path.read_bytes()
+    positions = range(len(data) - 101, len(data)) if where.startswith("the end") else \
+        [i for i in range(len(data)) if i < 200 or data[max(0, i - 60):i].find(b"PK") >= 0]
+    for i in positions:
+        damaged = bytearray(data)
+        damaged[i] ^= 0x04
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError, match=f"checkpoint {path} is corrupt or truncated"):
+            load_checkpoint(path)
+
+
+def test_a_numpy_savez_file_loads_and_its_damage_is_a_value_error(tmp_path):
+    path = tmp_path / "plain.npz"
+    np.savez(path, **STATE)
+    assert load_checkpoint(path)["model.w"].tobytes() == STATE["model.w"].tobytes()
+    data = path.read_bytes()
+    at = data.index(b"'descr'") + 2   # the first array's .npy header, which no CRC guards
+    for i in range(at, at + 60):
+        damaged = bytearray(data)
+        damaged[i] ^= 0x40
+        path.write_bytes(bytes(damaged))
+        try:
+            loaded = load_checkpoint(path)
+        except ValueError as exc:
+            assert "is corrupt or truncated" in str(exc)
+        else:  # the header still parsed: then it says the same (a flip in a padding space, say)
+            assert set(loaded) == set(STATE)
+
+
+def test_write_errors_name_the_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, STATE)
+    before = path.read_bytes()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(ckpt.tempfile, "mkstemp", refuse)
+    with pytest.raises(PermissionError, match=f"cannot write checkpoint {path}: cannot create a file in "
+                                              f"{tmp_path} \\(Permission denied\\)"):
+        save_checkpoint(path, STATE)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c.npz"]
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    """The kernel's own EFBIG part-way through the file (RLIMIT_FSIZE, in a child process)."""
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, STATE)
+    code = (f"import resource, signal, numpy as np\n"
+            f"from mpidist.checkpoint import save_checkpoint\n"
+            f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+            f"try:\n    save_checkpoint({str(path)!r}, {{'big': np.zeros(10000)}})\n"
+            f"except OSError as exc:\n    print(type(exc).__name__, exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == f"OSError [Errno 27] cannot write checkpoint {path} (File too large)", out
+    assert load_checkpoint(path)["model.w"].tobytes() == STATE["model.w"].tobytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz"]

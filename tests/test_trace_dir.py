@@ -79,7 +79,7 @@ def test_dump_into_an_unsafe_directory_writes_nothing_and_says_why(tmp_path, mon
     monkeypatch.setattr(R, "_dir", str(d))
     assert R.dump("test") is None
     assert os.listdir(d) == []
-    assert R.report(None) == (f"the flight recorder could not be written ({d} is writable by other users (mode "
+    assert R.report(None) == (f"this rank's flight recorder could not be written ({d} is writable by other users (mode "
                               f"0777); set MPIDIST_TRACE_DIR to a directory of your own)")
     monkeypatch.setattr(R, "_dir", str(tmp_path / "mine"))
     path = R.dump("test")
@@ -127,3 +127,15 @@ def test_a_clean_job_leaves_nothing_and_a_failed_one_its_dump(tmp_path):
     assert mode(failed / made) == 0o700
     assert sorted(os.listdir(failed / made)) == ["rank0.json", "rank1.json"]
     assert f"flight recorder written to {failed / made}/rank0.json" in out.stderr
+
+
+def test_a_rank_that_cannot_dump_still_names_where_the_others_did(tmp_path, monkeypatch):
+    """A full disk on the failing rank: its own dump fails, but the ranks that answered wrote
+    theirs; the line it prints must say where (a chaos trial found the directory unnamed)."""
+    monkeypatch.setattr(R, "_dir", str(tmp_path))
+    monkeypatch.setattr(R, "last_error", "OSError: [Errno 27] File too large")
+    assert R.report(None) == "this rank's flight recorder could not be written (OSError: [Errno 27] File too large)"
+    (tmp_path / "rank1.json").write_text("{}")
+    assert R.report(None) == ("this rank's flight recorder could not be written (OSError: [Errno 27] File too large)"
+                              f"; the ranks that answered wrote theirs to {tmp_path}; "
+                              f"run `python -m mpidist.tools.trace {tmp_path}`")

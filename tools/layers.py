@@ -23,6 +23,7 @@ from import_cycles import package_graph, package_root, strongly_connected  # noq
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core: errors, settings, process state, Work and engine, flight recorder, mismatch check",
      ("mpidist._current", "mpidist._tags", "mpidist._private", "mpidist._environ", "mpidist._abort",
+      "mpidist._launcher_files", "mpidist._mpi_init",
       "mpidist._array", "mpidist._signature", "mpidist._initcheck", "mpidist.errors", "mpidist._recorder",
       "mpidist.work", "mpidist._debug", "mpidist._group", "mpidist._watchdog")),
     ("arrays: buffer and dtype adapters, reduce ops, device runtimes and detection",

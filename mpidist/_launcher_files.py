@@ -1,0 +1,95 @@
+"""Removing the names of the files MPICH and its launcher create for a job on each node, once
+every rank has opened them, so that a job that ends badly leaves none behind.
+
+Two files outlive a job that ends through ``MPI_Abort`` or a signal (issue 27: after every
+failed job on a shared node):
+
+* ``/dev/shm/mpich_shm_<hash>_<n>``: the shared-memory segment MPICH's ``MPI_Init`` creates for
+  the ranks of a node; it is unlinked only in ``MPI_Finalize``, so a rank killed, or a job ended
+  by ``MPI_Abort``, leaves it (1-4 MB of memory each, until reboot);
+* ``/tmp/hydra_hwloc_xmlfile_XXXXXX``: the node's hardware topology, which hydra's
+  ``hydra_pmi_proxy`` (the ranks' parent) writes for its ranks' ``MPI_Init``; it removes it at
+  the end of a job, a signal or a non-zero exit, but not after ``MPI_Abort``.
+
+Both are needed only while ranks start: a segment stays mapped, and an open file readable, after
+its name is removed (POSIX ``unlink``). Both are done with once ``MPI_Init`` has returned on any
+rank: MPICH's ``MPI_Init`` reads the topology, and allocates and attaches each such segment
+followed by a barrier of the node's ranks (``MPIDU_Init_shm_alloc``, then
+``MPIDU_Init_shm_barrier``, in MPICH's ``src/mpid/common/shm``), and only returns after PMI
+barriers with every rank. :func:`remove_names` runs as soon as mpidist is imported with MPI
+initialized (the import of :mod:`mpidist._runtime`), and again in ``init_process_group``; it
+removes:
+
+* the ``mpich_shm_*`` segments this process has mapped (``/proc/self/maps``);
+* the ``hydra_hwloc_xmlfile_*`` file its parent holds open (``/proc/<ppid>/fd``), only when that
+  parent is ``hydra_pmi_proxy``;
+
+each only when it is a regular file owned by this user (``os.lstat``: a symbolic link is never
+followed or removed). MPICH's ``MPI_Finalize`` and hydra ignore a name that is already gone.
+Linux only (``/proc``); elsewhere, and with ``MPIDIST_REMOVE_LAUNCHER_FILES=0``, nothing is done.
+Open MPI, and Slurm's own launch, keep their files elsewhere: not handled here.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+__all__ = ["remove_names", "ENV"]
+
+ENV = "MPIDIST_REMOVE_LAUNCHER_FILES"
+_SHM = re.compile(r"/dev/shm/mpich_shm_[0-9a-f]+_\d+")
+_HYDRA_TOPOLOGY = re.compile(r"hydra_hwloc_xmlfile_\w+")
+
+
+def _mapped_segments() -> set[str]:
+    """The MPICH segments this process maps, by the name they still have."""
+    try:
+        with open("/proc/self/maps") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return set()
+    return {line.split(None, 5)[5] for line in lines
+            if len(line.split(None, 5)) == 6 and _SHM.fullmatch(line.split(None, 5)[5])}
+
+
+def _parent_topology_files() -> set[str]:
+    """The hydra topology files this process's parent holds open, if it is hydra's proxy."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/comm") as fh:
+            if fh.read().strip() != "hydra_pmi_proxy":
+                return set()
+        fds = os.listdir(f"/proc/{ppid}/fd")
+    except OSError:
+        return set()
+    found = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{ppid}/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.isabs(target) and _HYDRA_TOPOLOGY.fullmatch(os.path.basename(target)):
+            found.add(target)
+    return found
+
+
+def _remove(path: str) -> bool:
+    """Unlink ``path`` if it is a regular file of this user; True if this call removed it."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        os.unlink(path)
+    except OSError:  # gone already (another rank of the node was first), or not ours to remove
+        return False
+    return True
+
+
+def remove_names() -> list[str]:
+    """Remove the names of this node's MPICH segments and hydra topology file (see the module
+    docstring); the paths this call removed. Call only after every rank has finished
+    ``MPI_Init``. Never raises."""
+    if os.environ.get(ENV, "1").strip() == "0" or not os.path.isdir("/proc/self"):
+        return []
+    return [p for p in sorted(_mapped_segments() | _parent_topology_files()) if _remove(p)]

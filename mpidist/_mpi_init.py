@@ -1,0 +1,92 @@
+"""MPI_Init and MPI_Finalize, bounded in time: the two waits for every rank that no
+mpidist timeout watches.
+
+``MPI_Init`` (run by mpi4py when ``mpi4py.MPI`` is first imported) and ``MPI_Finalize`` (run
+by mpi4py at interpreter exit) both wait for every rank of the job (PMI barriers). A rank that
+is stopped (SIGSTOP, a node swapping, a debugger) before either leaves every other rank waiting
+there for ever, where no watchdog runs: mpi4py holds the GIL through ``MPI_Init``, and Python's
+own machinery is gone by ``MPI_Finalize``. Found by the chaos tests (issue 27: SIGSTOP to one
+rank at start-up, or just before exit, hung the job until mpiexec was killed).
+
+* :func:`import_mpi` imports ``mpi4py.MPI`` under ``faulthandler.dump_traceback_later(T,
+  exit=True)`` (a C thread that needs no GIL): past the bound it prints ``Timeout (h:mm:ss)!`` and the
+  stack, whose innermost mpidist frame is
+  ``_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT``, and the rank exits with
+  status 1; the launcher then ends the job. The timer is cancelled once MPI_Init returns
+  (faulthandler has one such timer per process: one the program armed before importing
+  mpidist is cancelled with it).
+* An ``atexit`` handler arms ``alarm()`` with SIGALRM's default action: if the rank is still
+  in ``MPI_Finalize`` (or in anything after that handler) at the bound, the kernel ends it
+  (status "Alarm clock", signal 14) and the launcher ends the job.
+
+T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
+(``init_process_group``'s default timeout, which is not known yet at import time), plus
+:data:`GRACE` s: both waits also cover work that is no wait for a peer (a slow start-up, the
+program's exit handlers), which a short timeout meant for collectives must not cut. As with
+any collective, a rank that is only slower than its peers by more than that (a rank 0 that
+writes outputs for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
+``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import math
+import os
+import signal
+import sys
+from types import ModuleType
+
+__all__ = ["import_mpi", "bound_seconds", "ENV"]
+
+ENV = "MPIDIST_BOUND_INIT_FINALIZE"
+GRACE = 10.0
+_DEFAULT_S = 30 * 60.0
+
+
+def bound_seconds() -> float:
+    """T + GRACE: T is MPIDIST_TIMEOUT when it is a positive finite number of seconds, else 30
+    minutes (a bad value is reported by init_process_group, not here)."""
+    try:
+        value = float(os.environ.get("MPIDIST_TIMEOUT", "").strip())
+    except ValueError:
+        value = _DEFAULT_S
+    return (value if 0 < value < math.inf else _DEFAULT_S) + GRACE
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+def _mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT() -> ModuleType:  # noqa: N802  (read in a stack dump)
+    from mpi4py import MPI  # noqa: PLC0415  (this import is MPI_Init)
+
+    return MPI
+
+
+def _arm_finalize_alarm() -> None:
+    """atexit: bound what is left of this process, MPI_Finalize included."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(max(1, math.ceil(bound_seconds())))
+
+
+def import_mpi() -> ModuleType:
+    """``mpi4py.MPI``, imported (MPI_Init) within the bound or this process exits with status 1; also
+    arms the bound on MPI_Finalize (see the module docstring). Call from the main thread."""
+    if not _enabled():
+        from mpi4py import MPI  # noqa: PLC0415
+
+        return MPI
+    if "mpi4py.MPI" in sys.modules:  # imported (initialized) before mpidist
+        MPI = sys.modules["mpi4py.MPI"]
+    else:
+        faulthandler.dump_traceback_later(bound_seconds(), exit=True)
+        try:
+            MPI = _mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    atexit.register(_arm_finalize_alarm)  # runs before mpi4py's MPI_Finalize (registered earlier)
+    return MPI

@@ -1,0 +1,76 @@
+"""A failed job leaves nothing behind in /tmp or /dev/shm (mpidist._launcher_files): MPICH's
+shared-memory segment and hydra's topology file lose their names as soon as mpidist is
+imported with MPI initialized, so neither MPI_Abort nor SIGKILL leaves them."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+from conftest import launcher_free_env
+from mpidist import _launcher_files
+
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+
+
+def entries() -> set[str]:
+    return {os.path.join(d, e) for d in {"/tmp", tempfile.gettempdir(), "/dev/shm"} if os.path.isdir(d)
+            for e in os.listdir(d) if e.startswith(("mpich_shm_", "hydra_hwloc_xmlfile_"))}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_mapped_segment_keeps_its_name_after_import():
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    segments = [line for line in maps if "/dev/shm/mpich_shm_" in line]
+    assert segments, "MPICH mapped no shared-memory segment on this node"
+    assert all(line.endswith("(deleted)") for line in segments), segments
+    parent = os.getppid()
+    if Path(f"/proc/{parent}/comm").read_text().strip() == "hydra_pmi_proxy":
+        held = [os.readlink(f"/proc/{parent}/fd/{fd}") for fd in os.listdir(f"/proc/{parent}/fd")]
+        assert not [f for f in held if "hydra_hwloc_xmlfile_" in f and not f.endswith("(deleted)")], held
+    MPI.COMM_WORLD.Barrier()  # the segment still works: a collective through it
+    assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.Get_size()
+
+
+ENDINGS = {
+    "MPI_Abort": "import mpidist\nmpidist.init_process_group()\nif mpidist.get_rank() == 1:\n"
+                 "    raise RuntimeError('fails')\nmpidist.barrier()\n",
+    "SIGKILL": "import os, time, mpidist\nif os.environ['PMI_RANK'] == '1':\n    os.kill(os.getpid(), 9)\n"
+               "time.sleep(30)\n",
+    "a normal end": "import mpidist\nmpidist.init_process_group()\nmpidist.barrier()\n"
+                    "mpidist.destroy_process_group()\n",
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_job_leaves_no_segment_or_topology_file(tmp_path, ending):
+    script = tmp_path / "job.py"
+    script.write_text(ENDINGS[ending])
+    before = entries()
+    job = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "3", sys.executable, "-m", "mpidist",
+                          str(script)], capture_output=True, text=True, env=launcher_free_env())
+    assert (job.returncode == 0) == (ending == "a normal end"), job.stderr
+    assert job.returncode != 124, "the job hung"
+    assert entries() - before == set()
+
+
+def test_only_regular_files_of_this_user_are_removed(tmp_path):
+    mine = tmp_path / "f"
+    mine.write_text("x")
+    link = tmp_path / "l"
+    link.symlink_to(mine)
+    assert not _launcher_files._remove(str(link)) and link.is_symlink() and mine.exists()
+    assert not _launcher_files._remove(str(tmp_path))  # a directory
+    assert _launcher_files._remove(str(mine)) and not mine.exists()
+    assert not _launcher_files._remove(str(mine))  # gone already: no error
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(_launcher_files.ENV, "0")
+    assert _launcher_files.remove_names() == []
