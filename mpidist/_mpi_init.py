@@ -19,6 +19,13 @@ rank at start-up, or just before exit, hung the job until mpiexec was killed).
   in ``MPI_Finalize`` (or in anything after that handler) at the bound, the kernel ends it
   (status "Alarm clock", signal 14) and the launcher ends the job.
 
+The same import keeps SIGUSR1 (Slurm's usual time-limit warning, ``--signal=USR1@...``) from
+being lost: MPICH's ``MPI_Init`` installs a handler that swallows it when the process has none,
+so a program that installs its own only after ``import mpidist`` (the main jobs do, after their
+imports) lost a warning sent in between (a chaos trial found one: the job ran on past it). When
+SIGUSR1 has its default action, :func:`import_mpi` installs a handler that records it first;
+:func:`early_signals` tells a program that installs its handler later what arrived before.
+
 T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
 (``init_process_group``'s default timeout, which is not known yet at import time), plus
 :data:`GRACE` s: both waits also cover work that is no wait for a peer (a slow start-up, the
@@ -35,9 +42,10 @@ import math
 import os
 import signal
 import sys
+import threading
 from types import ModuleType
 
-__all__ = ["import_mpi", "bound_seconds", "ENV"]
+__all__ = ["import_mpi", "bound_seconds", "early_signals", "ENV"]
 
 ENV = "MPIDIST_BOUND_INIT_FINALIZE"
 GRACE = 10.0
@@ -52,6 +60,29 @@ def bound_seconds() -> float:
     except ValueError:
         value = _DEFAULT_S
     return (value if 0 < value < math.inf else _DEFAULT_S) + GRACE
+
+
+_RECORDED = (signal.SIGUSR1,)   # what MPICH's MPI_Init would swallow
+_early: set[int] = set()
+
+
+def _record(signum: int, frame: object) -> None:
+    _early.add(signum)
+
+
+def _record_early_signals() -> None:
+    """Give each signal of _RECORDED that has its default action the recording handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _RECORDED:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _record)
+
+
+def early_signals() -> frozenset[int]:
+    """The signals (SIGUSR1) that arrived while mpidist's recording handler was theirs: from
+    ``import mpidist`` until the program installed its own handler. Call after installing it."""
+    return frozenset(_early)
 
 
 def _enabled() -> bool:
@@ -76,6 +107,8 @@ def _arm_finalize_alarm() -> None:
 def import_mpi() -> ModuleType:
     """``mpi4py.MPI``, imported (MPI_Init) within the bound or this process exits with status 1; also
     arms the bound on MPI_Finalize (see the module docstring). Call from the main thread."""
+    if "mpi4py.MPI" not in sys.modules:
+        _record_early_signals()
     if not _enabled():
         from mpi4py import MPI  # noqa: PLC0415
 

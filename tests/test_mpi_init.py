@@ -3,6 +3,7 @@ stopped before either must not leave the others waiting there for ever (the chao
 found both: SIGSTOP at start-up, or just before exit, hung the job)."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -71,3 +72,22 @@ def test_switched_off_the_job_waits(tmp_path):
 def test_the_bound_is_mpidist_timeout_or_30_minutes_plus_the_grace(monkeypatch, value, expected):
     monkeypatch.setenv("MPIDIST_TIMEOUT", value)
     assert _mpi_init.bound_seconds() == expected + _mpi_init.GRACE
+
+
+EARLY_SIGUSR1 = """
+import os, signal, time
+import mpidist                       # MPI_Init: MPICH's handler swallows a SIGUSR1 the process has none for
+os.kill(os.getpid(), signal.SIGUSR1)   # Slurm's time-limit warning, before the job's handler
+time.sleep(0.2)
+from mpidist.examples._job import StopFlag
+stop = StopFlag()
+stop.install()
+print(f"rank {os.environ['PMI_RANK']}: stop signal {stop.signum}", flush=True)
+"""
+
+
+def test_a_sigusr1_before_the_jobs_handler_is_not_lost(tmp_path):
+    """A chaos trial found the main job running on past a SIGUSR1 sent while it imported torch."""
+    job, _ = run(tmp_path, EARLY_SIGUSR1, 60)
+    assert job.returncode == 0, job.stderr
+    assert sorted(job.stdout.splitlines()) == [f"rank {r}: stop signal {int(signal.SIGUSR1)}" for r in (0, 1)]

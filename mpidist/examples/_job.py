@@ -17,12 +17,14 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from mpidist._mpi_init import early_signals
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import load_digits_split, load_mnist
 
-# Installed in this order. MPICH catches SIGUSR1 from MPI_Init on (at import), so a caught
-# SIGTERM is what shows from outside (SigCgt in /proc/PID/status) that both handlers are this
-# job's: tests/slurm/run.sh waits for it before it sends the time-limit warning.
+# Installed in this order. mpidist catches SIGUSR1 from its import on (it records one for
+# StopFlag.install: MPICH's MPI_Init would swallow it), so a caught SIGTERM is what shows from
+# outside (SigCgt in /proc/PID/status) that both handlers are this job's: tests/slurm/run.sh
+# waits for it before it sends the time-limit warning.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _AUTO = ""  # --resume without a path: --out/checkpoint.npz if it exists
 
@@ -76,8 +78,14 @@ class StopFlag:
         self._buf = np.zeros(2, dtype=np.int32)   # [signal number, a loss was not finite]
 
     def install(self) -> None:
+        """Handle the stop signals from now on, and act on one that arrived after ``import
+        mpidist`` and before this call (kept by mpidist: MPICH's MPI_Init would swallow a
+        SIGUSR1 sent then)."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handler)
+        early = early_signals() & set(STOP_SIGNALS)
+        if early and not self.signum:
+            self.signum = min(early)
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.signum = signum

@@ -292,6 +292,7 @@ class Harness:
         self.refs: dict[tuple[str, int], Reference] = {}
         self.env = launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_TIMEOUT=str(TIMEOUT))
         self.logs: list[str] = []   # the current trial's jobs' output
+        self.resumed: list[Job] = []  # the current trial's --resume job, if any
 
     def argv(self, job: str, out: Path, *extra: str) -> list[str]:
         argv, epochs = JOBS[job]
@@ -366,7 +367,7 @@ class Harness:
         self.check_checkpoint(t, out, previous, ref)
         if t.fault in SIGNALLED and not t.problems:
             self.check_resume(t, out, ref)
-        self.check_leftovers(t, before, [job], out)
+        self.check_leftovers(t, before, [job, *self.resumed], out)
 
     def inject(self, t: Trial, job: Job) -> tuple[Optional[float], Optional[bool]]:
         """Send ``t``'s signal at its moment: (monotonic time sent or None, whether every signalled
@@ -464,6 +465,7 @@ class Harness:
     def check_resume(self, t: Trial, out: Path, ref: Reference) -> None:
         final = self.final(t.job, t.n)
         resumed = self.run(t.n, self.argv(t.job, out) + ["--resume"], limit=ref.seconds * 3 + 60)
+        self.resumed.append(resumed)
         self.logs.append(f"== trial {t.index + 1}: --resume\n{resumed.stdout}\n-- stderr\n{resumed.stderr}")
         if resumed.proc.returncode != 0:
             t.problems.append(f"--resume failed (exit {resumed.proc.returncode}): {resumed.stderr[-500:]}")
@@ -520,7 +522,7 @@ def main() -> int:
             t.moment = round(rng.uniform(0, ref.seconds * 1.1), 2)
         else:                     # while it trains
             t.moment = round(rng.uniform(ref.startup, ref.startup + ref.training), 2)
-        harness.logs = []
+        harness.logs, harness.resumed = [], []
         try:
             harness.trial(t, rng)
         except Exception as exc:  # noqa: BLE001  (a harness error fails the trial, with its reason)
