@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("front ends and tools: torch backend, DDP, model toolkit, data, checkpoint, launcher, examples",
      ("mpidist.torch", "mpidist.torch.", "mpidist.parallel", "mpidist.parallel.", "mpidist.nn", "mpidist.nn.",
       "mpidist.optim", "mpidist.data", "mpidist.data.", "mpidist.checkpoint", "mpidist.run", "mpidist.__main__",
-      "mpidist.tools", "mpidist.tools.", "mpidist.examples", "mpidist.examples.")),
+      "mpidist.tools", "mpidist.tools.", "mpidist.examples", "mpidist.examples.", "mpidist.info")),
 ]
 
 
