@@ -47,7 +47,9 @@ def run(tmp_path: Path, code: str, limit: float, **env: str) -> tuple[subprocess
 
 def test_a_rank_stopped_before_mpi_init_ends_the_job_at_the_timeout(tmp_path):
     job, took = run(tmp_path, STOPPED_BEFORE_INIT, 60, MPIDIST_TIMEOUT="3")
-    assert job.returncode == 1, (job.returncode, job.stdout, job.stderr)
+    # rank 0 exits with 1; hydra then kills the stopped rank 1 (SIGKILL): mpiexec reports
+    # whichever it saw first (1 or 9, both seen)
+    assert job.returncode in (1, 9), (job.returncode, job.stdout, job.stderr)
     assert took < 25
     assert "Timeout (0:00:13)!" in job.stderr   # MPIDIST_TIMEOUT + GRACE
     assert "_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT" in job.stderr
