@@ -30,8 +30,9 @@ Every trial's job resumes from a complete checkpoint of the same run (one epoch 
 "previous" checkpoint) with ``MPIDIST_TIMEOUT`` = 8 s, and must show:
 
 * it ends within its bound, counted from the fault (from the launch for ``corrupt``, plus the
-  job's start-up time): the timeout + 15 s for ``sigstop``, 15 s otherwise; no process of the
-  job is left;
+  job's start-up time; for a stop signal that lands while the job starts, from its banner line,
+  the moment it can act on it): the timeout + 15 s for ``sigstop``, 15 s otherwise; no process
+  of the job is left;
 * the exit status says what happened: 0 with "stopped by SIG..." for a stop signal the job had
   a handler for (then ``--resume`` must end bitwise equal to an uninterrupted run), 0 with the
   final line when the fault came after the end, non-zero (with the cause on stderr) otherwise;
@@ -358,6 +359,11 @@ class Harness:
         if fault_at is None and marker.exists():  # inject.py's wall-clock time of the fault
             fault_at = time.monotonic() - (time.time() - float(marker.read_text()))
         t.rc = job.proc.returncode
+        up = job.first("steps/epoch")  # the banner: the job is up and about to train
+        if fault_at is not None and t.fault in SIGNALLED and up is not None and job.t0 + up > fault_at:
+            # a stop asked for while the job starts is acted on at its first step: counted from there
+            fault_at = job.t0 + up
+            t.detail = "a stop asked for during start-up: counted from the job's first step"
         if fault_at is not None:
             t.seconds = end - fault_at
             if t.seconds > t.bound:
