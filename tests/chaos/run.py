@@ -26,8 +26,9 @@ corrupt               the checkpoint is damaged (truncated, a flipped byte, a ze
                       before ``--resume``
 ====================  =====================================================================
 
-Every trial's job resumes from a complete checkpoint of the same run (one epoch in: the
-"previous" checkpoint) with ``MPIDIST_TIMEOUT`` = 8 s, and must show:
+Every trial's job resumes from a complete checkpoint of the same job one epoch in (the
+"previous" checkpoint; made once per job at 2 ranks: a checkpoint at an epoch boundary resumes
+on any number of ranks) with ``MPIDIST_TIMEOUT`` = 8 s, and must show:
 
 * it ends within its bound, counted from the fault (from the launch for ``corrupt``, plus the
   job's start-up time; for a stop signal that lands while the job starts, from its banner line,
@@ -291,6 +292,7 @@ class Harness:
     def __init__(self, work: Path, mpiexec: str) -> None:
         self.work, self.mpiexec = work, mpiexec
         self.refs: dict[tuple[str, int], Reference] = {}
+        self.bases: dict[str, tuple] = {}  # job -> (checkpoint, banner s, epoch line s, run s, train samples)
         self.env = launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_TIMEOUT=str(TIMEOUT))
         self.logs: list[str] = []   # the current trial's jobs' output
         self.resumed: list[Job] = []  # the current trial's --resume job, if any
@@ -306,27 +308,34 @@ class Harness:
         return job
 
     def reference(self, job: str, n: int) -> Reference:
-        """The config's one-epoch run: the trials' previous checkpoint, and their timings."""
+        """The trials' previous checkpoint and timings for ``job`` at ``n`` ranks: one one-epoch run
+        of the job at 2 ranks serves every world size (a checkpoint at an epoch boundary resumes
+        on any number of ranks); start-up and training times are scaled by n / 2 (the ranks share
+        2 cores here), the steps computed for n ranks."""
         key = (job, n)
         if key not in self.refs:
-            base = self.work / f"ref-{job}-{n}" / "base"
-            argv, epochs = JOBS[job]
-            run = self.run(n, [*argv, "--out", str(base), "--epochs", "1", "--no-progress"])
-            if run.proc.returncode != 0:
-                raise RuntimeError(f"the one-epoch reference run failed:\n{run.stdout}\n{run.stderr}")
-            startup, epoch_line = run.first("steps/epoch"), run.first("epoch   1/1")
-            steps = int(re.search(r"(\d+) steps/epoch", run.stdout).group(1))
-            training = (epoch_line - startup) * (epochs - 1)
-            self.refs[key] = Reference(base / "checkpoint.npz", startup, training,
-                                       run.end - run.t0 + training, steps * (epochs - 1))
+            if job not in self.bases:
+                base = self.work / f"ref-{job}" / "base"
+                argv, _ = JOBS[job]
+                run = self.run(2, [*argv, "--out", str(base), "--epochs", "1", "--no-progress"])
+                if run.proc.returncode != 0:
+                    raise RuntimeError(f"the one-epoch reference run failed:\n{run.stdout}\n{run.stderr}")
+                self.bases[job] = (base / "checkpoint.npz", run.first("steps/epoch"), run.first("epoch   1/1"),
+                                   run.end - run.t0, int(re.search(r"(\d+) train", run.stdout).group(1)))
+            path, startup, epoch_line, seconds, samples = self.bases[job]
+            epochs, scale = JOBS[job][1], n / 2
+            training = (epoch_line - startup) * (epochs - 1) * scale
+            steps = -(-(-(-samples // n)) // 16)  # ceil(ceil(samples / n) / batch size 16) per epoch
+            self.refs[key] = Reference(path, startup * scale, training, seconds * scale + training,
+                                       steps * (epochs - 1))
         return self.refs[key]
 
     def final(self, job: str, n: int) -> dict:
         """The uninterrupted run's last checkpoint (from the previous one to --epochs)."""
         ref = self.reference(job, n)
         if ref.final is None:
-            full = ref.base.parent.parent / "full"
-            full.mkdir()
+            full = self.work / f"ref-{job}-{n}" / "full"
+            full.mkdir(parents=True)
             shutil.copy(ref.base, full / "checkpoint.npz")
             run = self.run(n, self.argv(job, full) + ["--resume"])
             if run.proc.returncode != 0:
