@@ -49,8 +49,8 @@ def _mapped_segments() -> set[str]:
             lines = fh.read().splitlines()
     except OSError:
         return set()
-    return {line.split(None, 5)[5] for line in lines
-            if len(line.split(None, 5)) == 6 and _SHM.fullmatch(line.split(None, 5)[5])}
+    fields = (line.split(None, 5) for line in lines)  # address perms offset dev inode [path]
+    return {f[5] for f in fields if len(f) == 6 and _SHM.fullmatch(f[5])}
 
 
 def _parent_topology_files() -> set[str]:

@@ -38,6 +38,7 @@ from mpi4py import MPI
 
 import mpidist
 from mpidist.device import detect
+from mpidist.device._nccl_core import version_text
 
 __all__ = ["collect", "launcher", "main"]
 
@@ -84,8 +85,7 @@ def _gpu() -> dict:
     try:
         from cupy.cuda import nccl  # noqa: PLC0415
 
-        code = nccl.get_version()
-        out["nccl"] = f"{code // 10000}.{code % 10000 // 100}.{code % 100}" if code >= 10000 else str(code)
+        out["nccl"] = version_text(nccl.get_version())
     except Exception:  # noqa: BLE001
         out["nccl"] = None
     return out

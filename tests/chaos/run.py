@@ -48,6 +48,7 @@ Writes DIR/results.md (the table) and DIR/results.json; exit status 0 when every
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -191,10 +192,13 @@ class Job:
         return None
 
     def kill(self) -> None:
-        with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         for pid in self.left():
-            with_suppress(lambda p=pid: os.kill(p, signal.SIGKILL))
-        with_suppress(lambda: self.proc.wait(10))
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
         for t in self._readers:
             t.join(5)
 
@@ -209,13 +213,6 @@ class Job:
     def first(self, pattern: str) -> Optional[float]:
         """Seconds from the launch to the first stdout line containing ``pattern``."""
         return next((t - self.t0 for t, line in self.lines["out"] if pattern in line), None)
-
-
-def with_suppress(fn) -> None:
-    try:
-        fn()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -395,7 +392,8 @@ class Harness:
         if t.fault == "sigterm-mpiexec":
             ranks = job.ranks()
             handled = len(ranks) == t.n and all(catches(p, signal.SIGTERM) for p in ranks.values())
-            with_suppress(lambda: job.proc.send_signal(signal.SIGTERM))
+            with contextlib.suppress(OSError):
+                job.proc.send_signal(signal.SIGTERM)
             return time.monotonic(), handled
         want = range(t.n) if t.fault == "sigterm-ranks" else [t.rank]
         ranks = job.ranks()
