@@ -90,7 +90,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         if i:
             st.h += ok[5] * i
             st.keys[seq & kmask] = ok[4]
-            st.last = (seq, ok[4])
+            st.decided = seq
         else:  # every PERIOD calls: the exchange, as the latency path does it
             _debug.check(g, rec, ok[4])
         g.comm.Allreduce(IP, [t, F], S)

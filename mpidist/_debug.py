@@ -7,8 +7,8 @@ its key (:mod:`mpidist._signature`: op, count where every member passes the same
 dtype, root, reduction, list of sizes). Each group has a cache of the keys its members
 agreed on (:class:`GroupCheck`, made by the group's first collective).
 
-* A key in the cache: the op runs at once (one set lookup; the 8-byte all_reduce path
-  tests the last agreed key by identity instead).
+* A key in the cache: the op runs at once (one dict lookup, or none for a key equal to the
+  last one found; the 8-byte all_reduce path tests the last agreed key by identity).
 * A new key: the members exchange fingerprints (one nonblocking MPI_Iallgather of
   :data:`~mpidist._signature.WORDS` int64 on a duplicate of the group's communicator,
   so it never meets the op's own messages). All equal: every member adds the key and
@@ -32,7 +32,7 @@ MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
 **The running hash** (every level): every checked call extends the group's running hash of
 its calls (:func:`mpidist._signature.fold`); each exchange carries the hash of the calls
 before it. The members compare at points that cannot differ between them: the sequence
-numbers :data:`PERIOD` (K = 256), 2K, ... (every member posts an exchange there, cached
+numbers :data:`PERIOD` (K = 4096), 2K, ... (every member posts an exchange there, cached
 call or not, verified at the next multiple: :func:`_periodic`), and the final comparison (:func:`compare_final`: destroy_process_group, the exit of a
 process that did not destroy its groups, ``check_collectives``). So calls whose keys are all
 cached but differ (e.g. two sizes used alternately, out of step between ranks) are caught
@@ -97,8 +97,9 @@ _MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call 
 #: K: the members compare the running hash of their calls on a group at its sequence numbers
 #: K, 2K, ... (a power of two), so calls agreed on before but made out of step are caught within
 #: K calls. The exchange there costs about one small collective through the op's full path
-#: (~60 us on a loaded 2-core VM), ~0.25 us per call over 256 calls.
-PERIOD = 256
+#: (~200 us on the 2-core VM: code run once per period runs cold, benchmarks/results/latency_np2.md),
+#: ~0.05 us per call over 4096 calls.
+PERIOD = 4096
 PERIOD_MASK = PERIOD - 1
 #: Calls whose keys are kept (two periods: the exchange at a multiple of PERIOD is verified at
 #: the next one, naming the first call that differed since the one before).
@@ -223,8 +224,8 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("group", "comm", "final_comm", "report_comm", "agreed", "fps", "last", "exchanged", "h", "base",
-                 "keys", "pending", "stale")
+    __slots__ = ("group", "comm", "final_comm", "report_comm", "agreed", "fps", "decided", "exchanging", "exchanged",
+                 "h", "base", "keys", "pending", "stale", "lkey", "lkh")
 
     def __init__(self, g: Any) -> None:
         self.group = g
@@ -241,6 +242,10 @@ class GroupCheck:
         self.stale = False
         #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
+        #: the last key found in ``agreed`` and its hash: a repeated call is found by comparing
+        #: its key with it (no hashing); None when ``agreed`` is cleared
+        self.lkey: Optional[tuple] = None
+        self.lkh = 0
         #: key -> its fingerprint (sequence number, hash and own count to be filled in), for the
         #: periodic exchanges of agreed keys
         self.fps: dict = {}
@@ -252,8 +257,11 @@ class GroupCheck:
         #: every member), for naming the first call that differs; a list, as a store into it
         #: is the cheapest record a call can leave
         self.keys: list = [None] * (KEYS_MASK + 1)
-        #: (sequence number, key) of the last call this rank checked: it has decided up to there
-        self.last: tuple = (-1, None)
+        #: the sequence number of the last call this rank checked: it has decided up to there
+        #: (its key: ``keys``, stored first; while it is exchanged: ``exchanging``)
+        self.decided = -1
+        #: (sequence number, key) of this rank's last exchange of a call
+        self.exchanging: tuple = (-1, None)
         #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
         self.exchanged: collections.deque = collections.deque(maxlen=4)
         STATES[g] = self
@@ -283,7 +291,7 @@ class GroupCheck:
 class _Unchecked:
     """Stands for a group's state where nothing is checked (one rank, or checks off)."""
 
-    __slots__ = ("last", "h", "keys")
+    __slots__ = ("decided", "h", "keys")
 
     def __init__(self) -> None:
         self.h = 0
@@ -296,7 +304,7 @@ _UNCHECKED = _Unchecked()
 def agreed(g: Any, key: tuple) -> Any:
     """The group's state if its members agreed on ``key`` before (or nothing is checked
     on ``g``: then a stand-in), else None. Used by the 8-byte all_reduce path, which then
-    sets ``state.last`` itself."""
+    sets ``state.decided`` itself."""
     if not CHECK or len(g.ranks) == 1:
         return _UNCHECKED
     chk = STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)
@@ -318,18 +326,23 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
     if key is NOTE:  # an op that is not compared (monitored_barrier): note how far this rank got
         chk = STATES.get(g)
         if chk is not None:
-            chk.last = (rec[R.SEQ], None)
             chk.keys[rec[R.SEQ] & KEYS_MASK] = None
+            chk.decided = rec[R.SEQ]
         return
     chk = g.resource("check", GroupCheck)
     seq = rec[R.SEQ]
-    kh = chk.agreed.get(key)
+    if key == chk.lkey:  # a repeated call: no hashing
+        kh = chk.lkh
+    else:
+        kh = chk.agreed.get(key)
+        if kh is not None:
+            chk.lkey, chk.lkh = key, kh
     i = seq & PERIOD_MASK
     if kh is not None and not DETAIL:
         if i:
             chk.h += kh * i  # mpidist._signature.fold
             chk.keys[seq & KEYS_MASK] = key
-            chk.last = (seq, key)
+            chk.decided = seq
         else:
             _periodic(g, chk, rec, key)
         return
@@ -351,10 +364,10 @@ def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple) -> None:
         fp = S.fingerprint(key, seq, g.size(), calls=seq, h=hb)
     rows = np.empty((g.size(), S.WORDS), np.int64)
     chk.exchanged.append(seq)  # (a peer waiting in an exchange at ``seq`` is matched by this one)
-    chk.last = (seq, key)
+    chk.keys[seq & KEYS_MASK] = key
+    chk.decided = seq
     chk.pending = (chk.comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), fp, rows, seq, key)
     chk.h = hb  # (the call at a multiple of PERIOD weighs 0: compared word by word)
-    chk.keys[seq & KEYS_MASK] = key
 
 
 def _settle(g: Any, chk: GroupCheck, rec: list) -> None:
@@ -404,8 +417,9 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     rows = np.empty((n, S.WORDS), np.int64)
     if not final:
         chk.keys[seq & KEYS_MASK] = None  # (the call's key once the members agreed on it)
-    chk.exchanged.append(seq)  # (before ``last``: a peer that reads ``last`` finds it here)
-    chk.last = (seq, key)
+    chk.exchanging = (seq, key)
+    chk.exchanged.append(seq)  # (before ``decided``: a peer that reads ``decided`` finds it here)
+    chk.decided = seq
     # The final comparison has a communicator of its own: it must never meet an exchange that a
     # peer's op left waiting (torch's barrier-timeout tests: one rank waits alone until its
     # timeout while the others go on to destroy_process_group); such a peer is found by asking.
@@ -425,8 +439,10 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     if len(chk.agreed) >= _MAX_AGREED:
         chk.agreed.clear()
         chk.fps.clear()
+        chk.lkey = None
         _forget()
     chk.agreed[key] = kh
+    chk.lkey, chk.lkh = key, kh
     if own == -1:
         chk.fps[key] = fp
 
@@ -596,9 +612,9 @@ def probe_answer(g: Any, seq: int) -> dict:
     chk = STATES.get(g) if g is not None else None
     if chk is None:
         return {"decided": -1, "exchanged": []}
-    last_seq, last_key = chk.last
-    if last_seq != seq:  # its call at ``seq``, if it ran one recently
-        last_key = _recent(chk, last_seq, seq)
+    last_seq = chk.decided
+    at, key = chk.exchanging
+    last_key = key if at == seq else _recent(chk, last_seq, seq)  # its call at ``seq``, if it ran one recently
     return {"decided": last_seq, "exchanged": list(chk.exchanged), "key": last_key,
             "left": g.engine.broken is not None or g.destroyed}
 
@@ -665,7 +681,7 @@ def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
     ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
     every member). Nobody ran the call: it leaves the running hash of the group's calls."""
     chk = STATES.get(g)
-    key = chk.keys[seq & KEYS_MASK] if chk is not None and chk.last[0] == seq else None
+    key = chk.keys[seq & KEYS_MASK] if chk is not None and chk.decided == seq else None
     if key is not None and key in chk.agreed:
         chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
         chk.keys[seq & KEYS_MASK] = None

@@ -48,13 +48,20 @@ def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: O
         try:
             if key is not None:
                 chk = _state_of(g)
-                kh = chk.agreed.get(key) if chk is not None and not _debug.DETAIL else None
+                if chk is None or _debug.DETAIL:
+                    kh = None
+                elif key == chk.lkey:  # a repeated call: its key equals the last one found (no hashing)
+                    kh = chk.lkh
+                else:
+                    kh = chk.agreed.get(key)
+                    if kh is not None:
+                        chk.lkey, chk.lkh = key, kh
                 seq = rec[0]
                 i = seq & _PMASK
                 if kh is not None and i:  # _debug.check's cached case, inline
                     chk.h += kh * i  # mpidist._signature.fold
                     chk.keys[seq & _KMASK] = key
-                    chk.last = (seq, key)
+                    chk.decided = seq
                 else:
                     _debug.check(g, rec, key, parts)
             out = fn(*args)

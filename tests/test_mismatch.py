@@ -276,7 +276,7 @@ def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
         if state is not None:
             new = [s for s in state.exchanged if s not in before]
             assert new and all(s % _debug.PERIOD == 0 for s in new) or not new, (before, list(state.exchanged))
-            assert state.last[0] == fresh.engine.seq - 1  # decided up to the last call
+            assert state.decided == fresh.engine.seq - 1  # decided up to the last call
 
 
 @pytest.mark.mpi(min_size=2)
@@ -288,7 +288,18 @@ def test_a_full_cache_is_cleared_on_every_member_alike(dist, world, fresh, monke
             x = np.ones(n)
             dist.all_reduce(x, group=fresh)
             np.testing.assert_array_equal(x, float(size))
-    assert len(fresh.resource("check", _debug.GroupCheck).agreed) <= 3
+    chk = fresh.resource("check", _debug.GroupCheck)
+    assert len(chk.agreed) <= 3 and chk.lkey in chk.agreed  # the repeated-call shortcut: a key agreed on
+    # A key agreed on before the clear, and the last one found, is compared again after it.
+    for n in (1, 2, 1, 3):  # 1 and 2 agreed (1 found last), then 3 fills the cache and clears it
+        dist.all_reduce(np.ones(n), group=fresh)
+    monkeypatch.setattr(_debug, "_MAX_AGREED", 1)
+    dist.all_reduce(np.ones(4), group=fresh)  # cleared: only 4 agreed
+    assert list(chk.agreed) == [("all_reduce", 4, np.dtype(float), -1, "sum", None)]
+    seq = fresh.engine.seq
+    dist.all_reduce(np.ones(4), group=fresh)
+    dist.all_reduce(np.ones(1), group=fresh)
+    assert seq not in chk.exchanged and seq + 1 in chk.exchanged
     good, odd = split(size)
     text = raises_everywhere(lambda: dist.all_reduce(np.ones(9 if rank in good else 10), group=fresh))
     assert "(they differ in count)" in text

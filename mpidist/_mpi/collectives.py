@@ -131,7 +131,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                     if i:  # the running hash of the group's calls (mpidist._signature.fold), their keys
                         st.h += ok[5] * i
                         st.keys[seq & _KMASK] = ok[4]
-                        st.last = (seq, ok[4])  # decided (what a peer's stalled check asks)
+                        st.decided = seq  # (what a peer's stalled check asks)
                     elif st is not _UNCHECKED:  # a multiple of the check's PERIOD: the members compare
                         _debug.check(g, rec, ok[4])  # their calls so far (none on a group not checked)
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
