@@ -131,16 +131,25 @@ def test_mnist_idx_job(tmp_path):
     assert load_checkpoint(tmp_path / "out" / "checkpoint.npz")["model.head.weight"].shape == (10, 512)
 
 
-def test_bad_flags_fail_fast(tmp_path):
-    for flag, value, message in (("--epochs", "0", "--epochs must be >= 1, got 0"),
-                                 ("--lr", "-1", "--lr must be > 0, got -1.0"),
-                                 ("--backend", "ucc", "invalid choice: 'ucc'"),
-                                 ("--backend", "nccl", "--backend nccl needs --device cuda (NCCL communicates CUDA "
-                                                       "tensors only)"),
-                                 ("--device", "tpu", "invalid choice: 'tpu'")):
-        out = subprocess.run([*JOB, flag, value], capture_output=True, text=True, timeout=60,
-                             env=launcher_free_env())
-        assert out.returncode == 2 and message in out.stderr, out.stderr
+@pytest.mark.parametrize("flag,value,message", [
+    ("--epochs", "0", "--epochs must be >= 1, got 0"),
+    ("--lr", "-1", "--lr must be > 0, got -1.0"),
+    ("--backend", "ucc", "invalid choice: 'ucc'"),
+    ("--backend", "nccl", "--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)"),
+    ("--device", "tpu", "invalid choice: 'tpu'")])
+def test_bad_flags_fail_fast(flag, value, message, capsys):
+    """The job's own parser (what main() runs first); the command line end to end below."""
+    from mpidist.examples.train_torch import parse_args  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as info:
+        parse_args([flag, value])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_bad_flag_on_the_command_line_exits_2_before_any_training():
+    out = subprocess.run([*JOB, "--lr", "-1"], capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    assert out.returncode == 2 and "--lr must be > 0, got -1.0" in out.stderr, out.stderr
+    assert "mpidist:" not in out.stdout, out.stdout
 
 
 def test_device_cuda_without_cuda_fails_fast():
