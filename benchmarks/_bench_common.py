@@ -9,6 +9,7 @@ Timing method (:func:`timed`, :func:`calibrate`, :func:`warm_up`): a measurement
 barrier, then ``iters`` back-to-back calls; its value is the MAX over ranks of each rank's
 mean time per call. ``iters`` is calibrated so that a measurement lasts a target time.
 """
+
 from __future__ import annotations
 
 import os
@@ -74,7 +75,7 @@ def aligned_empty(count: int, dtype: Any) -> np.ndarray:
     dtype = np.dtype(dtype)
     raw = np.empty(count * dtype.itemsize + PAGE, np.uint8)
     start = -raw.ctypes.data % PAGE
-    return raw[start:start + count * dtype.itemsize].view(dtype)
+    return raw[start : start + count * dtype.itemsize].view(dtype)
 
 
 def aligned_zeros(count: int, dtype: Any) -> np.ndarray:
@@ -118,8 +119,15 @@ def warm_up(comm: MPI.Comm, fn: Callable[[], object], calls: int, budget_s: floa
     return first
 
 
-def calibrate(comm: MPI.Comm, fn: Callable[[], object], target_s: float, active: bool = True,
-              guess_s: float = 0.0, max_iters: Optional[int] = None, min_iters: int = 1) -> int:
+def calibrate(
+    comm: MPI.Comm,
+    fn: Callable[[], object],
+    target_s: float,
+    active: bool = True,
+    guess_s: float = 0.0,
+    max_iters: Optional[int] = None,
+    min_iters: int = 1,
+) -> int:
     """Calls per measurement so that one lasts ``target_s`` +- 1/3 (at least ``min_iters`` calls).
 
     Starts from ``target_s / guess_s`` calls when a per-call time is known (the warm-up's),
@@ -162,8 +170,14 @@ def fmt(x: float, digits: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def verdict(label: str, sizes: list[int], value: Callable[[int], float], ok: Callable[[float], bool],
-            worst: Callable, unit: str = "") -> str:
+def verdict(
+    label: str,
+    sizes: list[int],
+    value: Callable[[int], float],
+    ok: Callable[[float], bool],
+    worst: Callable,
+    unit: str = "",
+) -> str:
     """A target's line: ``value(s)`` for each of ``sizes`` (NaN: not measured), the ``worst``
     (min or max) of them, and MET when ``ok`` holds at every measured size."""
     vals = [(value(s), s) for s in sizes if not math.isnan(value(s))]
@@ -171,8 +185,10 @@ def verdict(label: str, sizes: list[int], value: Callable[[int], float], ok: Cal
         return f"target: {label}: not measured"
     v, s = worst(vals)
     met = all(ok(x) for x, _ in vals)
-    return (f"target: {label}: worst {v:.3f}{unit} at {human_bytes(s)} over {len(vals)} sizes -> "
-            f"{'MET' if met else 'NOT MET'}")
+    return (
+        f"target: {label}: worst {v:.3f}{unit} at {human_bytes(s)} over {len(vals)} sizes -> "
+        f"{'MET' if met else 'NOT MET'}"
+    )
 
 
 # ---------------------------------------------------------------- all-reduce variants (bench_allreduce, bench_shm)
@@ -221,8 +237,9 @@ def count_wrong(comm: MPI.Comm, case: Case, count: int, dtype: Any = np.float32)
     return comm.allreduce(int(np.count_nonzero(buf != pattern * (n * (n + 1) // 2))), op=MPI.SUM)
 
 
-def bench_size(comm: MPI.Comm, cases: list[Case], nbytes: int, args: Any, validated: tuple,
-               dtype: Any = np.float32) -> dict[str, Result]:
+def bench_size(
+    comm: MPI.Comm, cases: list[Case], nbytes: int, args: Any, validated: tuple, dtype: Any = np.float32
+) -> dict[str, Result]:
     """Validate (the cases named in ``validated``), warm up (``args.warmup`` calls), calibrate
     (``args.iters`` calls, or :func:`calibrate`'s to ``args.target_s``) and time every case
     at one size, ``args.reps`` measurements each, interleaved."""
@@ -234,14 +251,12 @@ def bench_size(comm: MPI.Comm, cases: list[Case], nbytes: int, args: Any, valida
     for c in cases:
         for _ in range(args.warmup if c.active else 0):
             calls[c.name]()
-        iters[c.name] = args.iters or calibrate(comm, calls[c.name], args.target_s, c.active,
-                                                min_iters=MIN_ITERS)
+        iters[c.name] = args.iters or calibrate(comm, calls[c.name], args.target_s, c.active, min_iters=MIN_ITERS)
     samples: dict[str, list[float]] = {c.name: [] for c in cases}
     for _ in range(args.reps):
         for c in cases:
             samples[c.name].append(timed(comm, calls[c.name], iters[c.name], c.active))
-    return {c.name: Result(c.name, nbytes, samples[c.name], iters[c.name], wrong.get(c.name, 0))
-            for c in cases}
+    return {c.name: Result(c.name, nbytes, samples[c.name], iters[c.name], wrong.get(c.name, 0)) for c in cases}
 
 
 # ---------------------------------------------------------------- models (the DDP benchmarks)
@@ -299,16 +314,34 @@ def versions(**extra: Optional[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in items.items())
 
 
-def write_report(out: Path, name: str, title: str, n: int, load: float, notes: list[str], rows: list[str],
-                 **versions_extra: Optional[str]) -> Path:
+def write_report(
+    out: Path,
+    name: str,
+    title: str,
+    n: int,
+    load: float,
+    notes: list[str],
+    rows: list[str],
+    **versions_extra: Optional[str],
+) -> Path:
     """Write a Markdown report ``out/name`` (title, machine lines, versions with mpidist's and
     ``versions_extra``, ``notes`` as bullet lines, the table ``rows``), print it, and return
     its path (rank 0 only)."""
     import mpidist  # noqa: PLC0415  (the scripts import it after this module)
 
     versions_extra.setdefault("mpidist", mpidist.__version__)
-    text = "\n".join([f"# {title}", "", *machine_lines(n, load), f"- {versions(**versions_extra)}",
-                      *(f"- {note}" for note in notes), "", *rows, ""])
+    text = "\n".join(
+        [
+            f"# {title}",
+            "",
+            *machine_lines(n, load),
+            f"- {versions(**versions_extra)}",
+            *(f"- {note}" for note in notes),
+            "",
+            *rows,
+            "",
+        ]
+    )
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
     path.write_text(text)
@@ -371,6 +404,7 @@ def start_gloo(comm: MPI.Comm, wanted: bool = True) -> Gloo:
     try:
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
+
         reason = "" if dist.is_available() and dist.is_gloo_available() else "torch without gloo"
     except ImportError as exc:
         torch, dist, reason = None, None, f"torch not installed ({exc})"
@@ -383,7 +417,8 @@ def start_gloo(comm: MPI.Comm, wanted: bool = True) -> Gloo:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            world_size=comm.Get_size(), rank=comm.Get_rank())
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=comm.Get_size(), rank=comm.Get_rank()
+    )
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     return Gloo(dist=dist, torch=torch)

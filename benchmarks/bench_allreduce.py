@@ -40,6 +40,7 @@ Output (rank 0): the tables on stdout, then ``allreduce_np{N}.md`` / ``.csv`` /
 ``.png`` in ``--out`` (the CSV also gives each median's fastest and slowest measurement);
 the last lines printed are the headline ratios.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,23 +60,39 @@ from typing import Optional  # noqa: E402
 
 import mpi4py  # noqa: E402
 import numpy as np  # noqa: E402
+from _bench_common import (  # noqa: E402
+    MIN_ITERS,
+    Case,
+    Result,
+    algbw,
+    aligned_zeros,
+    cpu_model,
+    human_bytes,
+    parse_bytes,
+    ratio,
+    sweep,
+    thread_limit,
+)
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
 
-from _bench_common import (  # noqa: E402
-    MIN_ITERS, Case, Result, algbw, aligned_zeros, cpu_model, human_bytes, parse_bytes, ratio, sweep, thread_limit,
-)
+# isort: split
 from _bench_common import bench_size as _bench_size  # noqa: E402
 
 DTYPE = np.float32
-LABELS = {"raw": "raw mpi4py Allreduce", "mpidist": "mpidist.all_reduce (automatic choice)",
-          "ring": 'mpidist.all_reduce(algorithm="ring")', "async": "mpidist.all_reduce(async_op=True).wait()",
-          "copy": "np.copyto, rank 0 alone"}
+LABELS = {
+    "raw": "raw mpi4py Allreduce",
+    "mpidist": "mpidist.all_reduce (automatic choice)",
+    "ring": 'mpidist.all_reduce(algorithm="ring")',
+    "async": "mpidist.all_reduce(async_op=True).wait()",
+    "copy": "np.copyto, rank 0 alone",
+}
 COLLECTIVES = ("raw", "mpidist", "ring", "async")
 
 
 # ---------------------------------------------------------------- configuration
+
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -118,6 +135,7 @@ def make_cases(comm: MPI.Comm, rank: int) -> list[Case]:
 
 # ---------------------------------------------------------------- reporting
 
+
 def busbw(r: Result, n: int) -> float:
     """nccl-tests' bus bandwidth for all_reduce; the copy's plain bandwidth S / t."""
     return algbw(r) * (2 * (n - 1) / n if r.name in COLLECTIVES else 1.0)
@@ -136,7 +154,11 @@ def header(n: int, args: argparse.Namespace) -> list[str]:
         f"- python {platform.python_version()}, numpy {np.__version__}, mpi4py {mpi4py.__version__}, "
         f"mpidist {mpidist.__version__}",
         f"- timing: median of {args.reps} measurements of "
-        + (f"{args.iters} calls" if args.iters else f"{args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms (>= {MIN_ITERS} calls)")
+        + (
+            f"{args.iters} calls"
+            if args.iters
+            else f"{args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms (>= {MIN_ITERS} calls)"
+        )
         + f", each the max over ranks of the mean time per call; {args.warmup} warm-up calls",
         "- algbw = S / t, busbw = algbw * 2(n-1)/n (nccl-tests doc/PERFORMANCE.md). all_reduce is "
         "in place in torch's API: only nccl-tests' in-place columns are reported.",
@@ -148,23 +170,33 @@ def header(n: int, args: argparse.Namespace) -> list[str]:
 
 def nccl_table(rows: list[Result], n: int) -> list[str]:
     """One variant in nccl-tests' layout (in-place columns only)."""
-    lines = ["| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
-             "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r.nbytes} | {r.nbytes // np.dtype(DTYPE).itemsize} | float | sum | -1 | "
-                     f"{r.time_s * 1e6:.2f} | {algbw(r):.2f} | {busbw(r, n):.2f} | {r.wrong} |")
+        lines.append(
+            f"| {r.nbytes} | {r.nbytes // np.dtype(DTYPE).itemsize} | float | sum | -1 | "
+            f"{r.time_s * 1e6:.2f} | {algbw(r):.2f} | {busbw(r, n):.2f} | {r.wrong} |"
+        )
     return lines
 
 
 def ratio_table(results: list[dict[str, Result]], n: int) -> list[str]:
-    cols = ["size(B)", "copy time(us)", "copy bw(GB/s)", "mpidist/raw time", "async/raw time",
-            "ring/raw busbw"] + [f"{name} busbw/copy bw" for name in COLLECTIVES]
+    cols = ["size(B)", "copy time(us)", "copy bw(GB/s)", "mpidist/raw time", "async/raw time", "ring/raw busbw"] + [
+        f"{name} busbw/copy bw" for name in COLLECTIVES
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for res in results:
         raw, copy = res["raw"], res["copy"]
-        vals = [f"{raw.nbytes}", f"{copy.time_s * 1e6:.2f}", f"{algbw(copy):.2f}",
-                f"{ratio(res['mpidist'].time_s, raw.time_s):.3f}", f"{ratio(res['async'].time_s, raw.time_s):.3f}",
-                f"{ratio(busbw(res['ring'], n), busbw(raw, n)):.3f}"]
+        vals = [
+            f"{raw.nbytes}",
+            f"{copy.time_s * 1e6:.2f}",
+            f"{algbw(copy):.2f}",
+            f"{ratio(res['mpidist'].time_s, raw.time_s):.3f}",
+            f"{ratio(res['async'].time_s, raw.time_s):.3f}",
+            f"{ratio(busbw(res['ring'], n), busbw(raw, n)):.3f}",
+        ]
         vals += [f"{ratio(busbw(res[name], n), algbw(copy)):.3f}" for name in COLLECTIVES]
         lines.append("| " + " | ".join(vals) + " |")
     return lines
@@ -188,30 +220,65 @@ def headlines(results: list[dict[str, Result]], n: int) -> list[str]:
     for size in dict.fromkeys((min(by_size), 1 << 20)):
         if size in by_size:
             raw, md = by_size[size]["raw"], by_size[size]["mpidist"]
-            lines.append(f"headline: {human_bytes(size)} mpidist/raw time = {ratio(md.time_s, raw.time_s):.3f} "
-                         f"({md.time_s * 1e6:.2f} us vs {raw.time_s * 1e6:.2f} us)")
+            lines.append(
+                f"headline: {human_bytes(size)} mpidist/raw time = {ratio(md.time_s, raw.time_s):.3f} "
+                f"({md.time_s * 1e6:.2f} us vs {raw.time_s * 1e6:.2f} us)"
+            )
     top = by_size[max(by_size)]
     ring, raw = busbw(top["ring"], n), busbw(top["raw"], n)
-    lines.append(f"headline: {human_bytes(max(by_size))} ring/raw busbw = {ratio(ring, raw):.3f} "
-                 f"({ring:.2f} GB/s vs {raw:.2f} GB/s)")
+    lines.append(
+        f"headline: {human_bytes(max(by_size))} ring/raw busbw = {ratio(ring, raw):.3f} "
+        f"({ring:.2f} GB/s vs {raw:.2f} GB/s)"
+    )
     return lines
 
 
 def write_csv(path: Path, results: list[dict[str, Result]], n: int) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["ranks", "impl", "size_bytes", "count", "type", "redop", "root", "time_us",
-                    "algbw_GBps", "busbw_GBps", "wrong", "iters", "time_min_us", "time_max_us"])
+        w.writerow(
+            [
+                "ranks",
+                "impl",
+                "size_bytes",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time_us",
+                "algbw_GBps",
+                "busbw_GBps",
+                "wrong",
+                "iters",
+                "time_min_us",
+                "time_max_us",
+            ]
+        )
         for res in results:
             for r in res.values():
-                w.writerow([n, r.name, r.nbytes, r.nbytes // np.dtype(DTYPE).itemsize, "float",
-                            "sum" if r.name in COLLECTIVES else "copy", -1, f"{r.time_s * 1e6:.6g}",
-                            f"{algbw(r):.6g}", f"{busbw(r, n):.6g}", r.wrong, r.iters,
-                            f"{min(r.samples) * 1e6:.6g}", f"{max(r.samples) * 1e6:.6g}"])
+                w.writerow(
+                    [
+                        n,
+                        r.name,
+                        r.nbytes,
+                        r.nbytes // np.dtype(DTYPE).itemsize,
+                        "float",
+                        "sum" if r.name in COLLECTIVES else "copy",
+                        -1,
+                        f"{r.time_s * 1e6:.6g}",
+                        f"{algbw(r):.6g}",
+                        f"{busbw(r, n):.6g}",
+                        r.wrong,
+                        r.iters,
+                        f"{min(r.samples) * 1e6:.6g}",
+                        f"{max(r.samples) * 1e6:.6g}",
+                    ]
+                )
 
 
 def plot(path: Path, results: list[dict[str, Result]], n: int) -> None:
     import matplotlib  # noqa: PLC0415  (rank 0 only, after timing)
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
@@ -249,6 +316,7 @@ def save(results: list[dict[str, Result]], n: int, args: argparse.Namespace, lin
 
 
 # ---------------------------------------------------------------- main
+
 
 def run_sweep(comm: MPI.Comm, rank: int, args: argparse.Namespace) -> list[dict[str, Result]]:
     cases = make_cases(comm, rank)

@@ -33,9 +33,12 @@ a bias: compare ratios, and rerun on a quiet machine for the figures that count.
 
 Writes ``check_np{N}.md`` to ``--out`` (rank 0 prints it too).
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # first: sets the BLAS thread variables
+
+# isort: split
 
 import argparse  # noqa: E402
 import os  # noqa: E402
@@ -73,6 +76,7 @@ def lookalike(x: np.ndarray, agreed: dict, st: _State, seq: int) -> None:
 
 def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: float) -> dict:
     """{"checked": [s per call], "unchecked": [...], "control": [...]} over ``rounds`` rounds."""
+
     def call() -> None:
         mpidist.all_reduce(x, algorithm=algorithm)
 
@@ -92,7 +96,7 @@ def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: flo
     names = ("checked", "unchecked", "control")
     times: dict = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % 3:] + names[:r % 3]:
+        for name in names[r % 3 :] + names[: r % 3]:
             set_checks(name == "checked")
             times[name].append(bc.timed(comm, control if name == "control" else call, iters))
     set_checks(True)
@@ -115,9 +119,12 @@ def main() -> None:
     mpidist.init_process_group("mpi")
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
-    rows = ["| algorithm | size | checked (us) | unchecked (us) | checked / unchecked (median of rounds) | "
-            "difference (us, median of rounds) | min-max ratio | control - unchecked (us) | "
-            "checked / control | checked - control (us) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| algorithm | size | checked (us) | unchecked (us) | checked / unchecked (median of rounds) | "
+        "difference (us, median of rounds) | min-max ratio | control - unchecked (us) | "
+        "checked / control | checked - control (us) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for algorithm in algorithms:
         for nbytes in sizes:
             x = bc.aligned_zeros(nbytes // 4, np.float32)  # sums of zeros: the values stay put
@@ -127,21 +134,33 @@ def main() -> None:
             host = [(c - u) * 1e6 for c, u in zip(t["control"], t["unchecked"])]
             beyond = [c / k for c, k in zip(t["checked"], t["control"])]
             beyond_us = [(c - k) * 1e6 for c, k in zip(t["checked"], t["control"])]
-            rows.append(f"| {algorithm} | {bc.human_bytes(nbytes)} | {statistics.median(t['checked']) * 1e6:.2f} | "
-                        f"{statistics.median(t['unchecked']) * 1e6:.2f} | {statistics.median(ratios):.3f} | "
-                        f"{statistics.median(diffs):+.2f} | {min(ratios):.3f}-{max(ratios):.3f} | "
-                        f"{statistics.median(host):+.2f} | {statistics.median(beyond):.3f} | "
-                        f"{statistics.median(beyond_us):+.2f} |")
+            rows.append(
+                f"| {algorithm} | {bc.human_bytes(nbytes)} | {statistics.median(t['checked']) * 1e6:.2f} | "
+                f"{statistics.median(t['unchecked']) * 1e6:.2f} | {statistics.median(ratios):.3f} | "
+                f"{statistics.median(diffs):+.2f} | {min(ratios):.3f}-{max(ratios):.3f} | "
+                f"{statistics.median(host):+.2f} | {statistics.median(beyond):.3f} | "
+                f"{statistics.median(beyond_us):+.2f} |"
+            )
             if comm.Get_rank() == 0:
                 print(rows[-1], flush=True)
     if comm.Get_rank() == 0:
-        bc.write_report(args.out, f"check_np{n}.md",
-                        f"Cost of the default mismatch check, all_reduce float32 SUM, {n} ranks", n, load,
-                        [f"{args.rounds} rounds (checked, unchecked, control) per size of ~{args.target_ms:g} ms per measurement; see the "
-                         f"docstring of benchmarks/bench_check.py"],
-                        ["Target (issue 27): checked / unchecked <= 1.01 from 64 KiB up, on every path "
-                         "(8 B: bench_latency.py, <= 0.3 us).",
-                         "", *rows])
+        bc.write_report(
+            args.out,
+            f"check_np{n}.md",
+            f"Cost of the default mismatch check, all_reduce float32 SUM, {n} ranks",
+            n,
+            load,
+            [
+                f"{args.rounds} rounds (checked, unchecked, control) per size of ~{args.target_ms:g} ms per "
+                f"measurement; see the docstring of benchmarks/bench_check.py"
+            ],
+            [
+                "Target (issue 27): checked / unchecked <= 1.01 from 64 KiB up, on every path "
+                "(8 B: bench_latency.py, <= 0.3 us).",
+                "",
+                *rows,
+            ],
+        )
     mpidist.destroy_process_group()
 
 

@@ -76,9 +76,12 @@ Output (rank 0): the tables on stdout and in ``--out``: ``collectives_np{N}.md``
 collective, one line per implementation). The last lines printed are the headline
 ratios for all_reduce and whether each target is met.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # noqa: I001  (first: sets the thread variables before numpy)
+
+# isort: split
 
 import argparse
 import csv
@@ -100,10 +103,10 @@ from mpidist.collectives import ALGORITHMS
 
 DTYPE = np.float32
 ITEM = np.dtype(DTYPE).itemsize
-PERIOD = 65521                  # input values i % PERIOD + 1: exact in float32, even summed
+PERIOD = 65521  # input values i % PERIOD + 1: exact in float32, even summed
 FT = MPI.FLOAT
 OOP, IP = "out-of-place", "in-place"
-EXTRA_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "mpi")   # ("ring",) today
+EXTRA_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "mpi")  # ("ring",) today
 IMPLS = ("mpidist", "raw", *EXTRA_ALGORITHMS, "gloo")
 HEADLINE_SIZES = (8, 4 << 10, 1 << 20, 16 << 20, 64 << 20)
 GLOO_DOC = "torch.distributed gloo on the same ranks (tcp://127.0.0.1), torch.set_num_threads(1)"
@@ -122,7 +125,7 @@ def values(start: int, count: int) -> np.ndarray:
 class Env:
     """What every collective's cases need: the raw communicator and the gloo group."""
 
-    comm: MPI.Comm          # a Dup of COMM_WORLD for the raw calls
+    comm: MPI.Comm  # a Dup of COMM_WORLD for the raw calls
     rank: int
     n: int
     gloo: bc.Gloo
@@ -197,14 +200,16 @@ class Collective:
 
 
 def _ip_slot(out: np.ndarray, rank: int, c: int) -> np.ndarray:
-    return out[rank * c:(rank + 1) * c]
+    return out[rank * c : (rank + 1) * c]
 
 
 class AllReduce(Collective):
     name = "all_reduce"
     busbw_doc = "2(n-1)/n"
-    api = ("`all_reduce(x)` (in place only); raw `Allreduce(IN_PLACE, x, SUM)`; "
-           "ring `all_reduce(x, algorithm=\"ring\")`; gloo `dist.all_reduce(t)`")
+    api = (
+        "`all_reduce(x)` (in place only); raw `Allreduce(IN_PLACE, x, SUM)`; "
+        'ring `all_reduce(x, algorithm="ring")`; gloo `dist.all_reduce(t)`'
+    )
 
     @classmethod
     def factor(cls, n: int) -> float:
@@ -221,8 +226,10 @@ class AllReduce(Collective):
 
     def calls(self, b: dict, variant: str) -> dict:
         e, x = self.env, b["x"]
-        out = {"mpidist": partial(mpidist.all_reduce, x),
-               "raw": partial(e.comm.Allreduce, MPI.IN_PLACE, [x, FT], MPI.SUM)}
+        out = {
+            "mpidist": partial(mpidist.all_reduce, x),
+            "raw": partial(e.comm.Allreduce, MPI.IN_PLACE, [x, FT], MPI.SUM),
+        }
         out.update({alg: partial(mpidist.all_reduce, x, algorithm=alg) for alg in EXTRA_ALGORITHMS})
         if e.gloo.ok:
             out["gloo"] = partial(e.gloo.dist.all_reduce, e.t(x))
@@ -261,9 +268,11 @@ class Reduce(Collective):
     name = "reduce"
     root = 0
     busbw_doc = "1"
-    api = ("`reduce(x, dst=0)` (in place only; result on the root, only the root's checked); "
-           "raw `Reduce(IN_PLACE, x, SUM, 0)` on the root, `Reduce(x, None, SUM, 0)` elsewhere; "
-           "gloo `dist.reduce(t, 0)`")
+    api = (
+        "`reduce(x, dst=0)` (in place only; result on the root, only the root's checked); "
+        "raw `Reduce(IN_PLACE, x, SUM, 0)` on the root, `Reduce(x, None, SUM, 0)` elsewhere; "
+        "gloo `dist.reduce(t, 0)`"
+    )
 
     @classmethod
     def factor(cls, n: int) -> float:
@@ -278,8 +287,10 @@ class Reduce(Collective):
     def calls(self, b: dict, variant: str) -> dict:
         e, x = self.env, b["x"]
         send = MPI.IN_PLACE if e.rank == 0 else [x, FT]
-        out = {"mpidist": partial(mpidist.reduce, x, 0),
-               "raw": partial(e.comm.Reduce, send, [x, FT] if e.rank == 0 else None, MPI.SUM, 0)}
+        out = {
+            "mpidist": partial(mpidist.reduce, x, 0),
+            "raw": partial(e.comm.Reduce, send, [x, FT] if e.rank == 0 else None, MPI.SUM, 0),
+        }
         if e.gloo.ok:
             out["gloo"] = partial(e.gloo.dist.reduce, e.t(x), 0)
         return out
@@ -291,10 +302,12 @@ class AllGatherIntoTensor(Collective):
     chunked = True
     variants = (OOP, IP)
     busbw_doc = "(n-1)/n"
-    api = ("`all_gather_single(out, inp)` (torch 2.13's name of all_gather_into_tensor); raw `Allgather(inp, out)` / "
-           "`Allgather(IN_PLACE, out)`; "
-           "gloo `dist.all_gather_into_tensor(out, inp)` (torch 2.13 renamed it `all_gather_single`, "
-           "used where present)")
+    api = (
+        "`all_gather_single(out, inp)` (torch 2.13's name of all_gather_into_tensor); raw `Allgather(inp, out)` / "
+        "`Allgather(IN_PLACE, out)`; "
+        "gloo `dist.all_gather_into_tensor(out, inp)` (torch 2.13 renamed it `all_gather_single`, "
+        "used where present)"
+    )
 
     def _buffers(self, variant: str) -> dict:
         out = bc.aligned_empty(self.total, DTYPE)
@@ -311,19 +324,24 @@ class AllGatherIntoTensor(Collective):
     def calls(self, b: dict, variant: str) -> dict:
         e, out, inp = self.env, b["out"], b["inp"]
         send = MPI.IN_PLACE if variant == IP else [inp, FT]
-        calls = {"mpidist": partial(mpidist.all_gather_single, out, inp),
-                 "raw": partial(e.comm.Allgather, send, [out, FT])}
+        calls = {
+            "mpidist": partial(mpidist.all_gather_single, out, inp),
+            "raw": partial(e.comm.Allgather, send, [out, FT]),
+        }
         if e.gloo.ok:
             d = e.gloo.dist
-            calls["gloo"] = partial(getattr(d, "all_gather_single", None) or d.all_gather_into_tensor,
-                                    e.t(out), e.t(inp))
+            calls["gloo"] = partial(
+                getattr(d, "all_gather_single", None) or d.all_gather_into_tensor, e.t(out), e.t(inp)
+            )
         return calls
 
 
 class AllGather(AllGatherIntoTensor):
     name = "all_gather"
-    api = ("`all_gather(list(out.reshape(n, count)), inp)` (the list's arrays back to back); "
-           "raw `Allgather` as all_gather_into_tensor; gloo `dist.all_gather([t...], inp)`")
+    api = (
+        "`all_gather(list(out.reshape(n, count)), inp)` (the list's arrays back to back); "
+        "raw `Allgather` as all_gather_into_tensor; gloo `dist.all_gather([t...], inp)`"
+    )
 
     def _buffers(self, variant: str) -> dict:
         b = super()._buffers(variant)
@@ -334,8 +352,9 @@ class AllGather(AllGatherIntoTensor):
         calls = super().calls(b, variant)
         calls["mpidist"] = partial(mpidist.all_gather, b["list"], b["inp"])
         if self.env.gloo.ok:
-            calls["gloo"] = partial(self.env.gloo.dist.all_gather, [self.env.t(a) for a in b["list"]],
-                                    self.env.t(b["inp"]))
+            calls["gloo"] = partial(
+                self.env.gloo.dist.all_gather, [self.env.t(a) for a in b["list"]], self.env.t(b["inp"])
+            )
         return calls
 
 
@@ -344,11 +363,13 @@ class ReduceScatterTensor(Collective):
     chunked = True
     variants = (OOP, IP)
     busbw_doc = "(n-1)/n"
-    api = ("`reduce_scatter_single(out, inp)` (torch 2.13's name of reduce_scatter_tensor; in place: out = inp's "
-           "own block; mpidist then copies inp); "
-           "raw `Reduce_scatter_block(inp, out, SUM)` / `Reduce_scatter_block(IN_PLACE, inp, SUM)` "
-           "(result in inp's first block); gloo `dist.reduce_scatter_tensor(out, inp)` "
-           "(torch 2.13: `reduce_scatter_single`, used where present)")
+    api = (
+        "`reduce_scatter_single(out, inp)` (torch 2.13's name of reduce_scatter_tensor; in place: out = inp's "
+        "own block; mpidist then copies inp); "
+        "raw `Reduce_scatter_block(inp, out, SUM)` / `Reduce_scatter_block(IN_PLACE, inp, SUM)` "
+        "(result in inp's first block); gloo `dist.reduce_scatter_tensor(out, inp)` "
+        "(torch 2.13: `reduce_scatter_single`, used where present)"
+    )
 
     def _buffers(self, variant: str) -> dict:
         inp = bc.aligned_empty(self.total, DTYPE)
@@ -361,19 +382,22 @@ class ReduceScatterTensor(Collective):
 
     def wrong(self, b: dict, impl: str) -> int:
         in_place = np.may_share_memory(b["out"], b["inp"])
-        got = b["inp"][:self.count] if impl == "raw" and in_place else b["out"]  # MPI's in-place layout
+        got = b["inp"][: self.count] if impl == "raw" and in_place else b["out"]  # MPI's in-place layout
         want = values(self.env.rank * self.count, self.count) * self.sum_factor()
         return int(np.count_nonzero(got != want))
 
     def calls(self, b: dict, variant: str) -> dict:
         e, out, inp = self.env, b["out"], b["inp"]
-        raw = ((MPI.IN_PLACE, [inp, FT]) if variant == IP else ([inp, FT], [out, FT]))
-        calls = {"mpidist": partial(mpidist.reduce_scatter_single, out, inp),
-                 "raw": partial(e.comm.Reduce_scatter_block, *raw, MPI.SUM)}
+        raw = (MPI.IN_PLACE, [inp, FT]) if variant == IP else ([inp, FT], [out, FT])
+        calls = {
+            "mpidist": partial(mpidist.reduce_scatter_single, out, inp),
+            "raw": partial(e.comm.Reduce_scatter_block, *raw, MPI.SUM),
+        }
         if e.gloo.ok:
             d = e.gloo.dist
-            calls["gloo"] = partial(getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor,
-                                    e.t(out), e.t(inp))
+            calls["gloo"] = partial(
+                getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor, e.t(out), e.t(inp)
+            )
         return calls
 
 
@@ -399,8 +423,10 @@ class AllToAllSingle(Collective):
 
     def calls(self, b: dict, variant: str) -> dict:
         e, out, inp = self.env, b["out"], b["inp"]
-        calls = {"mpidist": partial(mpidist.all_to_all_single, out, inp),
-                 "raw": partial(e.comm.Alltoall, [inp, FT], [out, FT])}
+        calls = {
+            "mpidist": partial(mpidist.all_to_all_single, out, inp),
+            "raw": partial(e.comm.Alltoall, [inp, FT], [out, FT]),
+        }
         if e.gloo.ok:
             calls["gloo"] = partial(e.gloo.dist.all_to_all_single, e.t(out), e.t(inp))
         return calls
@@ -413,9 +439,11 @@ class Gather(Collective):
     chunked = True
     variants = (OOP, IP)
     busbw_doc = "(n-1)/n"
-    api = ("`gather(inp, list(out.reshape(n, count)) on the root, dst=0)` (in place: the root's inp is "
-           "its slot of out); raw `Gather(inp, out, 0)` / `Gather(IN_PLACE, out, 0)` on the root; "
-           "gloo `dist.gather(t, [t...], dst=0)`; only the root's result is checked")
+    api = (
+        "`gather(inp, list(out.reshape(n, count)) on the root, dst=0)` (in place: the root's inp is "
+        "its slot of out); raw `Gather(inp, out, 0)` / `Gather(IN_PLACE, out, 0)` on the root; "
+        "gloo `dist.gather(t, [t...], dst=0)`; only the root's result is checked"
+    )
 
     def _buffers(self, variant: str) -> dict:
         out = bc.aligned_empty(self.total, DTYPE)
@@ -433,8 +461,10 @@ class Gather(Collective):
         root = e.rank == 0
         outs = list(out.reshape(e.n, self.count)) if root else None
         send = MPI.IN_PLACE if root and variant == IP else [inp, FT]
-        calls = {"mpidist": partial(mpidist.gather, inp, outs, 0),
-                 "raw": partial(e.comm.Gather, send, [out, FT] if root else None, 0)}
+        calls = {
+            "mpidist": partial(mpidist.gather, inp, outs, 0),
+            "raw": partial(e.comm.Gather, send, [out, FT] if root else None, 0),
+        }
         if e.gloo.ok:
             calls["gloo"] = partial(e.gloo.dist.gather, e.t(inp), [e.t(a) for a in outs] if root else None, dst=0)
         return calls
@@ -447,9 +477,11 @@ class Scatter(Collective):
     chunked = True
     variants = (OOP, IP)
     busbw_doc = "(n-1)/n"
-    api = ("`scatter(out, list(inp.reshape(n, count)) on the root, src=0)` (in place: the root's out is "
-           "its slot of inp); raw `Scatter(inp, out, 0)` / `Scatter(inp, IN_PLACE, 0)` on the root; "
-           "gloo `dist.scatter(t, [t...], src=0)`")
+    api = (
+        "`scatter(out, list(inp.reshape(n, count)) on the root, src=0)` (in place: the root's out is "
+        "its slot of inp); raw `Scatter(inp, out, 0)` / `Scatter(inp, IN_PLACE, 0)` on the root; "
+        "gloo `dist.scatter(t, [t...], src=0)`"
+    )
 
     def _buffers(self, variant: str) -> dict:
         inp = bc.aligned_empty(self.total, DTYPE)
@@ -470,16 +502,29 @@ class Scatter(Collective):
         root = e.rank == 0
         ins = list(inp.reshape(e.n, self.count)) if root else None
         recv = MPI.IN_PLACE if root and variant == IP else [out, FT]
-        calls = {"mpidist": partial(mpidist.scatter, out, ins, 0),
-                 "raw": partial(e.comm.Scatter, [inp, FT] if root else None, recv, 0)}
+        calls = {
+            "mpidist": partial(mpidist.scatter, out, ins, 0),
+            "raw": partial(e.comm.Scatter, [inp, FT] if root else None, recv, 0),
+        }
         if e.gloo.ok:
             calls["gloo"] = partial(e.gloo.dist.scatter, e.t(out), [e.t(a) for a in ins] if root else None, src=0)
         return calls
 
 
-COLLECTIVES: dict[str, type[Collective]] = {c.name: c for c in (
-    AllReduce, Broadcast, Reduce, AllGatherIntoTensor, AllGather, ReduceScatterTensor, AllToAllSingle,
-    Gather, Scatter)}
+COLLECTIVES: dict[str, type[Collective]] = {
+    c.name: c
+    for c in (
+        AllReduce,
+        Broadcast,
+        Reduce,
+        AllGatherIntoTensor,
+        AllGather,
+        ReduceScatterTensor,
+        AllToAllSingle,
+        Gather,
+        Scatter,
+    )
+}
 
 
 # ---------------------------------------------------------------- running
@@ -492,7 +537,7 @@ class Row:
     op: str
     impl: str
     variant: str
-    nominal: int            # the sweep's size; nbytes may differ for blocked collectives
+    nominal: int  # the sweep's size; nbytes may differ for blocked collectives
     nbytes: int
     count: int
     m: bc.Measurement
@@ -559,8 +604,11 @@ class CopyRef:
 
 def run_collective(env: Env, coll: Collective, nominal: int, copy: CopyRef, args: argparse.Namespace) -> list[Row]:
     """Validate, warm up, calibrate and time every case of ``coll``, measurements interleaved."""
-    cases = [Case(impl, v, call, cap=args.gloo_max_iters if impl == "gloo" else None)
-             for v in coll.variants for impl, call in coll.calls(coll.bufs[v], v).items()]
+    cases = [
+        Case(impl, v, call, cap=args.gloo_max_iters if impl == "gloo" else None)
+        for v in coll.variants
+        for impl, call in coll.calls(coll.bufs[v], v).items()
+    ]
     wrong = {(c.impl, c.variant): validate(env, coll, c) for c in cases}
     coll.zero()
     ref = copy.case(coll.nbytes)
@@ -569,16 +617,16 @@ def run_collective(env: Env, coll: Collective, nominal: int, copy: CopyRef, args
     ms = {}
     for c in cases:
         first = bc.warm_up(env.comm, c.call, args.warmup, args.target_s, c.active)
-        ms[c.impl, c.variant] = bc.Measurement(iters=bc.calibrate(env.comm, c.call, args.target_s, c.active,
-                                                                  guess_s=first, max_iters=c.cap))
+        ms[c.impl, c.variant] = bc.Measurement(
+            iters=bc.calibrate(env.comm, c.call, args.target_s, c.active, guess_s=first, max_iters=c.cap)
+        )
     for k in range(args.reps):
-        for c in cases[k % len(cases):] + cases[:k % len(cases)]:  # rotated: no case always first
+        for c in cases[k % len(cases) :] + cases[: k % len(cases)]:  # rotated: no case always first
             m = ms[c.impl, c.variant]
             m.samples.append(bc.timed(env.comm, c.call, m.iters, c.active))
     if ref is not None:
         copy.done[coll.nbytes] = ms.pop(("copy", "copy"))
-    return [Row(coll.name, impl, v, nominal, coll.nbytes, coll.count, m, wrong[impl, v])
-            for (impl, v), m in ms.items()]
+    return [Row(coll.name, impl, v, nominal, coll.nbytes, coll.count, m, wrong[impl, v]) for (impl, v), m in ms.items()]
 
 
 def sizes_for(cls: type[Collective], nominal: int, n: int) -> int:
@@ -613,10 +661,12 @@ def index(rows: list[Row]) -> dict:
 
 
 def header(n: int, args: argparse.Namespace, gloo: bc.Gloo, ops: list[str]) -> list[str]:
-    timing = (f"median of {args.reps} measurements of {args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms "
-              f"(>= 1 call; gloo <= {args.gloo_max_iters} calls), each the max over ranks of the mean time per "
-              f"call; up to {args.warmup} warm-up calls; all cases of one collective and size interleaved, "
-              f"the order rotated each pass")
+    timing = (
+        f"median of {args.reps} measurements of {args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms "
+        f"(>= 1 call; gloo <= {args.gloo_max_iters} calls), each the max over ranks of the mean time per "
+        f"call; up to {args.warmup} warm-up calls; all cases of one collective and size interleaved, "
+        f"the order rotated each pass"
+    )
     return [
         f"# Collectives benchmark, {n} ranks, float32",
         "",
@@ -637,9 +687,11 @@ def header(n: int, args: argparse.Namespace, gloo: bc.Gloo, ops: list[str]) -> l
 
 
 def nccl_table(ix: dict, coll: type[Collective], impl: str, nominals: list[int], n: int) -> list[str]:
-    lines = ["| size(B) | count | type | redop | root | out-of-place time(us) | algbw(GB/s) | busbw(GB/s) | "
-             "#wrong | in-place time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
-             "|---:|---:|---|---|---:|" + "---:|" * 8]
+    lines = [
+        "| size(B) | count | type | redop | root | out-of-place time(us) | algbw(GB/s) | busbw(GB/s) | "
+        "#wrong | in-place time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
+        "|---:|---:|---|---|---:|" + "---:|" * 8,
+    ]
     for s in nominals:
         rows = [ix.get((coll.name, impl, v, s)) for v in (OOP, IP)]
         ref = next((r for r in rows if r), None)
@@ -647,14 +699,18 @@ def nccl_table(ix: dict, coll: type[Collective], impl: str, nominals: list[int],
             continue
         cells = [str(ref.nbytes), str(ref.count), "float", coll.redop, str(coll.root)]
         for r in rows:
-            cells += (["n/a"] * 4 if r is None else
-                      [f"{r.time_s * 1e6:.2f}", f"{r.algbw:.3f}", f"{r.busbw(n):.3f}", str(r.wrong)])
+            cells += (
+                ["n/a"] * 4
+                if r is None
+                else [f"{r.time_s * 1e6:.2f}", f"{r.algbw:.3f}", f"{r.busbw(n):.3f}", str(r.wrong)]
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def compare_table(ix: dict, coll: type[Collective], impls: list[str], nominals: list[int], n: int,
-                  copy: CopyRef) -> list[str]:
+def compare_table(
+    ix: dict, coll: type[Collective], impls: list[str], nominals: list[int], n: int, copy: CopyRef
+) -> list[str]:
     v = coll.primary()
     peers = [i for i in impls if i != "mpidist"]
     cols = ["size(B)", "mpidist time(us)"] + [f"{p}/mpidist time" for p in peers] + ["copy bw(GB/s)"]
@@ -678,8 +734,9 @@ def impls_of(ix: dict, name: str) -> list[str]:
     return [i for i in IMPLS if i in present]
 
 
-def report(rows: list[Row], copy: CopyRef, n: int, args: argparse.Namespace, gloo: bc.Gloo,
-           ops: list[str]) -> list[str]:
+def report(
+    rows: list[Row], copy: CopyRef, n: int, args: argparse.Namespace, gloo: bc.Gloo, ops: list[str]
+) -> list[str]:
     ix = index(rows)
     nominals = sorted({r.nominal for r in rows})
     lines = header(n, args, gloo, ops)
@@ -687,8 +744,12 @@ def report(rows: list[Row], copy: CopyRef, n: int, args: argparse.Namespace, glo
         cls = COLLECTIVES[name]
         impls = impls_of(ix, name)
         primary = cls.primary()
-        lines += ["", f"## {name}", "",
-                  f"{cls.api}. Variants: {', '.join(cls.variants)}. busbw factor {cls.busbw_doc}."]
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            f"{cls.api}. Variants: {', '.join(cls.variants)}. busbw factor {cls.busbw_doc}.",
+        ]
         for impl in impls:
             lines += ["", f"### {name}: {impl}", ""] + nccl_table(ix, cls, impl, nominals, n)
         lines += ["", f"### {name}: ratios ({primary}) and the copy reference", ""]
@@ -718,22 +779,45 @@ def headlines(rows: list[Row], n: int) -> list[str]:
             lines.append(f"headline: all_reduce {bc.human_bytes(s)}: not measured")
             continue
         md, raw = t("mpidist", s), t("raw", s)
-        lines.append(f"headline: all_reduce {bc.human_bytes(s):>7}: mpidist/raw time = "
-                     f"{bc.fmt(q('mpidist', 'raw', s), 3)} ({md * 1e6:.2f} us vs {raw * 1e6:.2f} us); "
-                     f"gloo/mpidist = {bc.fmt(q('gloo', 'mpidist', s), 2)}x ({bc.fmt(t('gloo', s) * 1e6)} us); "
-                     f"ring/raw busbw = {bc.fmt(q('raw', 'ring', s), 3)}")
+        lines.append(
+            f"headline: all_reduce {bc.human_bytes(s):>7}: mpidist/raw time = "
+            f"{bc.fmt(q('mpidist', 'raw', s), 3)} ({md * 1e6:.2f} us vs {raw * 1e6:.2f} us); "
+            f"gloo/mpidist = {bc.fmt(q('gloo', 'mpidist', s), 2)}x ({bc.fmt(t('gloo', s) * 1e6)} us); "
+            f"ring/raw busbw = {bc.fmt(q('raw', 'ring', s), 3)}"
+        )
 
     verdict = bc.verdict
     ring = "ring" in EXTRA_ALGORITHMS
     lines += [
-        verdict("8 B mpidist within 1.5x raw", [s for s in got if s == 8],
-                lambda s: q("mpidist", "raw", s), lambda x: x <= 1.5, max),
-        verdict(">= 1 MiB mpidist within 1.05x raw", [s for s in got if s >= 1 << 20],
-                lambda s: q("mpidist", "raw", s), lambda x: x <= 1.05, max),
-        verdict("4 KiB..64 MiB mpidist >= 5x faster than gloo", [s for s in got if 4 << 10 <= s <= 64 << 20],
-                lambda s: q("gloo", "mpidist", s), lambda x: x >= 5, min, "x"),
-        verdict("ring busbw >= 0.8x MPI's at >= 4 MiB", [s for s in got if s >= 4 << 20 and ring],
-                lambda s: q("raw", "ring", s), lambda x: x >= 0.8, min),
+        verdict(
+            "8 B mpidist within 1.5x raw",
+            [s for s in got if s == 8],
+            lambda s: q("mpidist", "raw", s),
+            lambda x: x <= 1.5,
+            max,
+        ),
+        verdict(
+            ">= 1 MiB mpidist within 1.05x raw",
+            [s for s in got if s >= 1 << 20],
+            lambda s: q("mpidist", "raw", s),
+            lambda x: x <= 1.05,
+            max,
+        ),
+        verdict(
+            "4 KiB..64 MiB mpidist >= 5x faster than gloo",
+            [s for s in got if 4 << 10 <= s <= 64 << 20],
+            lambda s: q("gloo", "mpidist", s),
+            lambda x: x >= 5,
+            min,
+            "x",
+        ),
+        verdict(
+            "ring busbw >= 0.8x MPI's at >= 4 MiB",
+            [s for s in got if s >= 4 << 20 and ring],
+            lambda s: q("raw", "ring", s),
+            lambda x: x >= 0.8,
+            min,
+        ),
     ]
     return lines
 
@@ -741,26 +825,82 @@ def headlines(rows: list[Row], n: int) -> list[str]:
 def write_csv(path: Path, rows: list[Row], copy: CopyRef, n: int) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["ranks", "collective", "impl", "variant", "size_bytes", "count", "type", "redop", "root",
-                    "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "time_min_us", "time_max_us",
-                    "copy_bw_GBps", "busbw_over_copy_bw"])
+        w.writerow(
+            [
+                "ranks",
+                "collective",
+                "impl",
+                "variant",
+                "size_bytes",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time_us",
+                "algbw_GBps",
+                "busbw_GBps",
+                "wrong",
+                "iters",
+                "time_min_us",
+                "time_max_us",
+                "copy_bw_GBps",
+                "busbw_over_copy_bw",
+            ]
+        )
         for r in rows:
             cls = COLLECTIVES[r.op]
             cbw = copy.bw(r.nbytes)
-            w.writerow([n, r.op, r.impl, r.variant, r.nbytes, r.count, "float", cls.redop, cls.root,
-                        f"{r.time_s * 1e6:.6g}", f"{r.algbw:.6g}", f"{r.busbw(n):.6g}", r.wrong, r.m.iters,
-                        f"{min(r.m.samples) * 1e6:.6g}", f"{max(r.m.samples) * 1e6:.6g}", f"{cbw:.6g}",
-                        f"{bc.ratio(r.busbw(n), cbw):.6g}"])
+            w.writerow(
+                [
+                    n,
+                    r.op,
+                    r.impl,
+                    r.variant,
+                    r.nbytes,
+                    r.count,
+                    "float",
+                    cls.redop,
+                    cls.root,
+                    f"{r.time_s * 1e6:.6g}",
+                    f"{r.algbw:.6g}",
+                    f"{r.busbw(n):.6g}",
+                    r.wrong,
+                    r.m.iters,
+                    f"{min(r.m.samples) * 1e6:.6g}",
+                    f"{max(r.m.samples) * 1e6:.6g}",
+                    f"{cbw:.6g}",
+                    f"{bc.ratio(r.busbw(n), cbw):.6g}",
+                ]
+            )
         for nbytes, m in sorted(copy.done.items()):
-            w.writerow([n, "copy", "copy", "rank 0 alone", nbytes, nbytes // ITEM, "float", "none", -1,
-                        f"{m.time_s * 1e6:.6g}", f"{nbytes / m.time_s / 1e9:.6g}", "", 0, m.iters,
-                        f"{min(m.samples) * 1e6:.6g}", f"{max(m.samples) * 1e6:.6g}",
-                        f"{nbytes / m.time_s / 1e9:.6g}", ""])
+            w.writerow(
+                [
+                    n,
+                    "copy",
+                    "copy",
+                    "rank 0 alone",
+                    nbytes,
+                    nbytes // ITEM,
+                    "float",
+                    "none",
+                    -1,
+                    f"{m.time_s * 1e6:.6g}",
+                    f"{nbytes / m.time_s / 1e9:.6g}",
+                    "",
+                    0,
+                    m.iters,
+                    f"{min(m.samples) * 1e6:.6g}",
+                    f"{max(m.samples) * 1e6:.6g}",
+                    f"{nbytes / m.time_s / 1e9:.6g}",
+                    "",
+                ]
+            )
 
 
 def plot(path: Path, rows: list[Row], copy: CopyRef, n: int, ops: list[str], metric: str) -> None:
     """One subplot per collective, one line per implementation (its primary variant), log axes."""
     import matplotlib  # noqa: PLC0415  (rank 0 only, after timing)
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
@@ -772,8 +912,9 @@ def plot(path: Path, rows: list[Row], copy: CopyRef, n: int, ops: list[str], met
     for ax, name in zip(axes.flat, ops):
         primary = COLLECTIVES[name].primary()
         for impl in impls_of(ix, name):
-            rs = sorted((r for r in rows if r.op == name and r.impl == impl and r.variant == primary),
-                        key=lambda r: r.nbytes)
+            rs = sorted(
+                (r for r in rows if r.op == name and r.impl == impl and r.variant == primary), key=lambda r: r.nbytes
+            )
             ys = [r.time_s * 1e6 if metric == "latency" else r.busbw(n) for r in rs]
             ax.plot([r.nbytes for r in rs], ys, marker="o", markersize=3, label=impl)
         sizes = sorted({r.nbytes for r in rows if r.op == name})
@@ -784,11 +925,14 @@ def plot(path: Path, rows: list[Row], copy: CopyRef, n: int, ops: list[str], met
         ax.set_xticks(sizes)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bc.human_bytes(int(x)).replace(" ", "")))
         ax.tick_params(axis="x", labelrotation=45, labelsize=7)
-        ax.set(title=f"{name} ({primary})", xlabel="size (B)",
-               ylabel="time per call (us)" if metric == "latency" else "busbw (GB/s); copy: S / t")
+        ax.set(
+            title=f"{name} ({primary})",
+            xlabel="size (B)",
+            ylabel="time per call (us)" if metric == "latency" else "busbw (GB/s); copy: S / t",
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(ops):]:
+    for ax in list(axes.flat)[len(ops) :]:
         ax.set_visible(False)
     fig.suptitle(f"{metric}, float32, {n} ranks, {bc.cpu_model()}")
     fig.tight_layout()
@@ -796,8 +940,7 @@ def plot(path: Path, rows: list[Row], copy: CopyRef, n: int, ops: list[str], met
     plt.close(fig)
 
 
-def save(rows: list[Row], copy: CopyRef, n: int, ops: list[str], lines: list[str],
-         out: Path) -> list[Path]:
+def save(rows: list[Row], copy: CopyRef, n: int, ops: list[str], lines: list[str], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"collectives_np{n}"
     md, csv_path = stem.with_suffix(".md"), stem.with_suffix(".csv")
@@ -817,8 +960,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--min-bytes", type=bc.parse_bytes, default=8)
     p.add_argument("--max-bytes", type=bc.parse_bytes, default=bc.parse_bytes("64M"))
     p.add_argument("--factor", type=int, default=4, help="sizes are the powers of FACTOR in range")
-    p.add_argument("--ops", default=",".join(COLLECTIVES),
-                   help=f"comma-separated subset of {','.join(COLLECTIVES)}")
+    p.add_argument("--ops", default=",".join(COLLECTIVES), help=f"comma-separated subset of {','.join(COLLECTIVES)}")
     p.add_argument("--quick", action="store_true", help="3 measurements of ~10 ms instead of 5 of ~40 ms")
     p.add_argument("--target-ms", type=float, default=None, help="length of one measurement (default 40; 10 quick)")
     p.add_argument("--reps", type=int, default=None, help="measurements per case (default 5; 3 quick)")

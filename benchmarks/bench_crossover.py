@@ -17,8 +17,8 @@ mean time per call (``_bench_common.timed``); ``iters`` calibrated so that it la
 ``--target-ms``; the reported time is the median of ``--reps`` measurements taken round-robin
 over the variants. Crossovers and the tables use the fastest of them (``time_min_us``):
 on a shared machine interference only ever adds time, so the minimum is the steadier
-estimate of what each algorithm costs (the CSV keeps the median as well). Before timing, every variant reduces rank-dependent small integers and
-must get them exactly (``#wrong`` = 0).
+estimate of what each algorithm costs (the CSV keeps the median as well). Before timing, every
+variant reduces rank-dependent small integers and must get them exactly (``#wrong`` = 0).
 
 Crossover: the range of sizes ``[lo, hi)`` where shm is faster than the alternative, as the
 run of consecutive measured sizes with the most wins minus losses (so one noisy point moves
@@ -29,10 +29,20 @@ Output (rank 0): ``allreduce_crossover.csv`` in ``--out`` keeps the rows of ever
 count measured (this run replaces those of N), and ``allreduce_crossover.md`` is rebuilt
 from it; the crossovers are printed last.
 """
+
 from __future__ import annotations
 
 from _bench_common import (  # noqa: I001  (first: it pins the BLAS thread pools before numpy)
-    aligned_empty, calibrate, human_bytes, machine_lines, parse_bytes, sweep, thread_limit, timed, versions,
+    # isort: split
+    aligned_empty,
+    calibrate,
+    human_bytes,
+    machine_lines,
+    parse_bytes,
+    sweep,
+    thread_limit,
+    timed,
+    versions,
     warm_up,
 )
 
@@ -53,11 +63,29 @@ import mpidist
 from mpidist._mpi import collectives
 
 # (name, dtype, algorithm)
-VARIANTS = [("mpi", np.float32, "mpi"), ("ring", np.float32, "ring"), ("shm", np.float32, "shm"),
-            ("auto", np.float32, None), ("ring16", np.float16, "ring"), ("shm16", np.float16, "shm"),
-            ("auto16", np.float16, None)]
-FIELDS = ["ranks", "cores", "date", "load_at_start", "variant", "dtype", "size_bytes", "time_us", "time_min_us", "time_max_us", "iters",
-          "wrong"]
+VARIANTS = [
+    ("mpi", np.float32, "mpi"),
+    ("ring", np.float32, "ring"),
+    ("shm", np.float32, "shm"),
+    ("auto", np.float32, None),
+    ("ring16", np.float16, "ring"),
+    ("shm16", np.float16, "shm"),
+    ("auto16", np.float16, None),
+]
+FIELDS = [
+    "ranks",
+    "cores",
+    "date",
+    "load_at_start",
+    "variant",
+    "dtype",
+    "size_bytes",
+    "time_us",
+    "time_min_us",
+    "time_max_us",
+    "iters",
+    "wrong",
+]
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -97,13 +125,26 @@ def bench_size(comm: MPI.Comm, nbytes: int, args: argparse.Namespace, stamp: dic
         for name in calls:
             samples[name].append(timed(comm, calls[name], iters[name]))
     n, cores = comm.Get_size(), os.cpu_count() or 1
-    return [{"ranks": n, "cores": cores, **stamp, "variant": name, "dtype": np.dtype(dtype).name, "size_bytes": nbytes,
-             "time_us": statistics.median(samples[name]) * 1e6, "time_min_us": min(samples[name]) * 1e6,
-             "time_max_us": max(samples[name]) * 1e6, "iters": iters[name], "wrong": wrong[name]}
-            for name, dtype, _ in VARIANTS]
+    return [
+        {
+            "ranks": n,
+            "cores": cores,
+            **stamp,
+            "variant": name,
+            "dtype": np.dtype(dtype).name,
+            "size_bytes": nbytes,
+            "time_us": statistics.median(samples[name]) * 1e6,
+            "time_min_us": min(samples[name]) * 1e6,
+            "time_max_us": max(samples[name]) * 1e6,
+            "iters": iters[name],
+            "wrong": wrong[name],
+        }
+        for name, dtype, _ in VARIANTS
+    ]
 
 
 # ---------------------------------------------------------------- reporting
+
 
 def crossover(times: dict, shm: str, other: str) -> Optional[tuple[int, Optional[int]]]:
     """The size range ``[lo, hi)`` where ``shm`` beats ``other``: of all runs of consecutive
@@ -114,7 +155,7 @@ def crossover(times: dict, shm: str, other: str) -> Optional[tuple[int, Optional
     best, found = 0, None
     for i in range(len(sizes)):
         for j in range(i, len(sizes)):
-            score = sum(wins[i:j + 1])
+            score = sum(wins[i : j + 1])
             if score > best:
                 best, found = score, (sizes[i], sizes[j + 1] if j + 1 < len(sizes) else None)
     return found
@@ -141,21 +182,27 @@ def section(rows: list[dict], n: int) -> list[str]:
     wrong = sum(int(r["wrong"]) for r in rows if int(r["ranks"]) == n)
     x_mpi, x_ring = crossover(times, "shm", "mpi"), crossover(times, "shm16", "ring16")
     first = next(r for r in rows if int(r["ranks"]) == n)
-    lines = [f"## {n} ranks on {cores} cores" + (" (oversubscribed)" if n > cores else ""), "",
-             f"- measured {first['date']}, 1-min load average {first['load_at_start']} at start",
-             f"- shm faster than MPI (float32): **{range_text(x_mpi)}**; shm faster than the ring (float16): "
-             f"**{range_text(x_ring)}**",
-             f"- wrong elements over all variants and sizes: {wrong}", "",
-             "| size | mpi (us) | ring (us) | shm (us) | fastest | auto (us) | auto/fastest | ring16 (us) | "
-             "shm16 (us) | fastest16 | auto16 (us) | auto16/fastest16 |",
-             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        f"## {n} ranks on {cores} cores" + (" (oversubscribed)" if n > cores else ""),
+        "",
+        f"- measured {first['date']}, 1-min load average {first['load_at_start']} at start",
+        f"- shm faster than MPI (float32): **{range_text(x_mpi)}**; shm faster than the ring (float16): "
+        f"**{range_text(x_ring)}**",
+        f"- wrong elements over all variants and sizes: {wrong}",
+        "",
+        "| size | mpi (us) | ring (us) | shm (us) | fastest | auto (us) | auto/fastest | ring16 (us) | "
+        "shm16 (us) | fastest16 | auto16 (us) | auto16/fastest16 |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for size in sorted(times):
         t = times[size]
         best = min(("mpi", "ring", "shm"), key=t.__getitem__)
         best16 = min(("ring16", "shm16"), key=t.__getitem__)
-        lines.append(f"| {human_bytes(size)} | {t['mpi']:.2f} | {t['ring']:.2f} | {t['shm']:.2f} | {best} | "
-                     f"{t['auto']:.2f} | {t['auto'] / t[best]:.2f} | {t['ring16']:.2f} | {t['shm16']:.2f} | "
-                     f"{best16.removesuffix('16')} | {t['auto16']:.2f} | {t['auto16'] / t[best16]:.2f} |")
+        lines.append(
+            f"| {human_bytes(size)} | {t['mpi']:.2f} | {t['ring']:.2f} | {t['shm']:.2f} | {best} | "
+            f"{t['auto']:.2f} | {t['auto'] / t[best]:.2f} | {t['ring16']:.2f} | {t['shm16']:.2f} | "
+            f"{best16.removesuffix('16')} | {t['auto16']:.2f} | {t['auto16'] / t[best16]:.2f} |"
+        )
     return lines
 
 
@@ -174,12 +221,16 @@ def write(out: Path, new_rows: list[dict], n: int, header: list[str]) -> tuple[P
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS})
-    doc = ["# all_reduce crossover: MPI_Allreduce vs the ring vs shared memory", "",
-           "Made by `benchmarks/bench_crossover.py` (its docstring: method); the thresholds of "
-           "all_reduce's automatic choice (`SHM_OVER_MPI`, `SHM_OVER_RING` in mpidist/_mpi/collectives.py) "
-           "quote this file. Times are per call, the fastest of the measurements (see the script's docstring); `auto` is "
-           "`algorithm=None` with the thresholds in effect when it ran; `auto/fastest` near 1 means "
-           "the choice was right.", ""]
+    doc = [
+        "# all_reduce crossover: MPI_Allreduce vs the ring vs shared memory",
+        "",
+        "Made by `benchmarks/bench_crossover.py` (its docstring: method); the thresholds of "
+        "all_reduce's automatic choice (`SHM_OVER_MPI`, `SHM_OVER_RING` in mpidist/_mpi/collectives.py) "
+        "quote this file. Times are per call, the fastest of the measurements (see the script's docstring); `auto` is "
+        "`algorithm=None` with the thresholds in effect when it ran; `auto/fastest` near 1 means "
+        "the choice was right.",
+        "",
+    ]
     doc += header
     for m in sorted({int(r["ranks"]) for r in rows}):
         doc += [""] + section(rows, m)
@@ -204,16 +255,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     mpidist.destroy_process_group()
     if rank != 0:
         return 0
-    header = [f"Last run ({n} ranks):", ""] + machine_lines(n, load) + [
-        f"- {versions(mpidist=mpidist.__version__)}; thresholds in effect: SHM_OVER_MPI = "
-        f"{collectives.SHM_OVER_MPI}, SHM_OVER_RING = {collectives.SHM_OVER_RING}, "
-        f"MPIDIST_SHM_MIN_BYTES = {os.environ.get('MPIDIST_SHM_MIN_BYTES', 'unset')}",
-        f"- fastest of {args.reps} measurements of ~{args.target_ms:g} ms each, variants interleaved"]
+    header = (
+        [f"Last run ({n} ranks):", ""]
+        + machine_lines(n, load)
+        + [
+            f"- {versions(mpidist=mpidist.__version__)}; thresholds in effect: SHM_OVER_MPI = "
+            f"{collectives.SHM_OVER_MPI}, SHM_OVER_RING = {collectives.SHM_OVER_RING}, "
+            f"MPIDIST_SHM_MIN_BYTES = {os.environ.get('MPIDIST_SHM_MIN_BYTES', 'unset')}",
+            f"- fastest of {args.reps} measurements of ~{args.target_ms:g} ms each, variants interleaved",
+        ]
+    )
     for path in write(args.out, rows, n, header):
         print(f"# wrote {path}")
     times = by_size(rows, n)
-    print(f"crossover {n} ranks: shm beats mpi {range_text(crossover(times, 'shm', 'mpi'))}; "
-          f"shm16 beats ring16 {range_text(crossover(times, 'shm16', 'ring16'))}")
+    print(
+        f"crossover {n} ranks: shm beats mpi {range_text(crossover(times, 'shm', 'mpi'))}; "
+        f"shm16 beats ring16 {range_text(crossover(times, 'shm16', 'ring16'))}"
+    )
     return 0 if all(r["wrong"] == 0 for r in rows) else 1
 
 

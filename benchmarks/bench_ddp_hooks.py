@@ -32,21 +32,25 @@ feedback from the previous step included).
 
 Output (rank 0): the table on stdout and ``ddp_hooks_np{N}.md`` / ``.csv`` in ``--out``.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # noqa: I001  (first: sets the thread variables before numpy)
 
-import os  # noqa: E402
+# isort: split
+
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import csv  # noqa: E402
 import datetime  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable, Iterator, Optional  # noqa: E402
+from typing import Callable, Optional
 
 import mpi4py  # noqa: E402
 import numpy as np  # noqa: E402
@@ -70,10 +74,10 @@ class Variant:
     """One benchmarked configuration and its live model."""
 
     name: str
-    make_hook: Optional[Callable[[], tuple]] = None   # () -> (state, hook)
+    make_hook: Optional[Callable[[], tuple]] = None  # () -> (state, hook)
     view: bool = False
     local: bool = False
-    set_to_none: bool = True   # zero_grad's argument: False keeps bucket-view grads in place
+    set_to_none: bool = True  # zero_grad's argument: False keeps bucket-view grads in place
     model: Sequential = field(init=False)
     runner: Callable = field(init=False)
     opt: SGD = field(init=False)
@@ -104,10 +108,12 @@ VARIANTS = [
     Variant("allreduce_hook", lambda: (None, default_hooks.allreduce_hook)),
     Variant("fp16_compress_hook", lambda: (None, default_hooks.fp16_compress_hook)),
     Variant("bf16_compress_hook", lambda: (None, default_hooks.bf16_compress_hook)),
-    Variant("powerSGD r=1", lambda: (PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2),
-                                     powerSGD_hook)),
-    Variant("powerSGD r=4", lambda: (PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2),
-                                     powerSGD_hook)),
+    Variant(
+        "powerSGD r=1", lambda: (PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2), powerSGD_hook)
+    ),
+    Variant(
+        "powerSGD r=4", lambda: (PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2), powerSGD_hook)
+    ),
     Variant("local (no DDP)", local=True),
 ]
 
@@ -152,8 +158,10 @@ def relative_error(v: Variant, x: np.ndarray, y: np.ndarray, crit: CrossEntropyL
         dst.data[...] = src.data
     ref.step(x, y, crit, update=False)
     v.step(x, y, crit, update=False)
-    num = sum(float(np.sum((p.grad.astype(np.float64) - q.grad) ** 2))
-              for p, q in zip(v.model.parameters(), ref.model.parameters()))
+    num = sum(
+        float(np.sum((p.grad.astype(np.float64) - q.grad) ** 2))
+        for p, q in zip(v.model.parameters(), ref.model.parameters())
+    )
     den = sum(float(np.sum(q.grad.astype(np.float64) ** 2)) for q in ref.model.parameters())
     return (num / den) ** 0.5
 
@@ -204,12 +212,21 @@ def main() -> int:
         error = 0.0 if v.local else relative_error(v, x, y, crit)
         t = statistics.median(v.samples)
         base = base or (t, payload)
-        rows.append({"variant": v.name, "time_ms": t * 1e3, "time_vs_builtin": t / base[0],
-                     "min_ms": min(v.samples) * 1e3, "max_ms": max(v.samples) * 1e3,
-                     "all_reduces_per_step": len(sizes), "payload_bytes_per_step": payload,
-                     "payload_vs_builtin": payload / base[1] if base[1] else 0.0,
-                     "wire_bytes_per_step": payload * 2 * (n - 1) / n,
-                     "grad_memory_bytes": memory, "rel_error": error})
+        rows.append(
+            {
+                "variant": v.name,
+                "time_ms": t * 1e3,
+                "time_vs_builtin": t / base[0],
+                "min_ms": min(v.samples) * 1e3,
+                "max_ms": max(v.samples) * 1e3,
+                "all_reduces_per_step": len(sizes),
+                "payload_bytes_per_step": payload,
+                "payload_vs_builtin": payload / base[1] if base[1] else 0.0,
+                "wire_bytes_per_step": payload * 2 * (n - 1) / n,
+                "grad_memory_bytes": memory,
+                "rel_error": error,
+            }
+        )
     if rank == 0:
         write(args, rows, n, load)
     mpidist.destroy_process_group()
@@ -239,10 +256,13 @@ def write(args: argparse.Namespace, rows: list, n: int, load: float) -> None:
         "| vs builtin | wire/step (MiB) | grad memory (MiB) | rel. error (1 step) |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    lines = [f"| {r['variant']} | {r['time_ms']:.2f} | {r['time_vs_builtin']:.2f}x | "
-             f"{r['min_ms']:.2f}-{r['max_ms']:.2f} | {r['all_reduces_per_step']} | "
-             f"{mib(r['payload_bytes_per_step'])} | {r['payload_vs_builtin']:.3f}x | {mib(r['wire_bytes_per_step'])} | "
-             f"{mib(r['grad_memory_bytes'])} | {r['rel_error']:.2e} |" for r in rows]
+    lines = [
+        f"| {r['variant']} | {r['time_ms']:.2f} | {r['time_vs_builtin']:.2f}x | "
+        f"{r['min_ms']:.2f}-{r['max_ms']:.2f} | {r['all_reduces_per_step']} | "
+        f"{mib(r['payload_bytes_per_step'])} | {r['payload_vs_builtin']:.3f}x | {mib(r['wire_bytes_per_step'])} | "
+        f"{mib(r['grad_memory_bytes'])} | {r['rel_error']:.2e} |"
+        for r in rows
+    ]
     notes = [
         "",
         "Notes:",

@@ -29,6 +29,7 @@ Output: the tables on stdout and in ``ddp_scaling.md``, one row per configuratio
 ``ddp_scaling.csv``; ``ddp_trace_np2.rank{r}.json``: the traced step of 2 ranks,
 algorithm "mpi", bucket_cap_mb 25 (open in https://ui.perfetto.dev).
 """
+
 from __future__ import annotations
 
 import os
@@ -58,9 +59,9 @@ BUCKETS_MB = (1, 5, 25, 100)
 WANTED_ALGORITHMS = ("mpi", "ring", "shm")
 LR = 1e-3
 WARMUP = 2
-TRACE = ("mpi", 25)      # the configuration whose 2-rank trace is kept in --out
+TRACE = ("mpi", 25)  # the configuration whose 2-rank trace is kept in --out
 TRACE_VAR = "MPIDIST_TIMELINE"
-SHM_HOOK = "shm-hook"    # ShmAllReduce through a comm hook (see ShmHook)
+SHM_HOOK = "shm-hook"  # ShmAllReduce through a comm hook (see ShmHook)
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
 
@@ -75,9 +76,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--bind", action="store_true", help="mpiexec -bind-to core (one core per rank)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per mpiexec sub-run")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--plot-only", action="store_true",
-                   help="only redraw OUT/ddp_scaling.png from OUT/ddp_scaling.csv (no measurement)")
-    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)     # sub-run: its JSON result file
+    p.add_argument(
+        "--plot-only",
+        action="store_true",
+        help="only redraw OUT/ddp_scaling.png from OUT/ddp_scaling.csv (no measurement)",
+    )
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # sub-run: its JSON result file
     p.add_argument("--trace-dir", type=Path, help=argparse.SUPPRESS)  # sub-run: where traces go
     args = p.parse_args(argv)
     if args.quick:
@@ -94,6 +98,7 @@ def n_params() -> int:
 
 
 # ---------------------------------------------------------------- trace analysis
+
 
 def keep_last_step(path: Path) -> list:
     """Rewrite the Chrome trace at ``path`` with only its last step (from the last
@@ -122,18 +127,27 @@ def union_length(intervals: list, lo: float = -np.inf, hi: float = np.inf) -> fl
 
 def overlap(events: list) -> dict:
     """All-reduce time of one step and the part hidden behind backward (microseconds)."""
+
     def one(name: str) -> dict:
         return next(e for e in events if e.get("name") == name and e.get("ph") == "X")
+
     backward, sync = one("backward"), one("synchronize")
     reduces = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "allreduce"]
     comm = union_length(reduces)
     hidden = union_length(reduces, hi=sync["ts"])
-    return {"comm_us": comm, "hidden_us": hidden, "exposed_us": comm - hidden,
-            "backward_us": backward["dur"], "compute_us": sync["ts"] - backward["ts"], "sync_us": sync["dur"],
-            "buckets": len(reduces)}
+    return {
+        "comm_us": comm,
+        "hidden_us": hidden,
+        "exposed_us": comm - hidden,
+        "backward_us": backward["dur"],
+        "compute_us": sync["ts"] - backward["ts"],
+        "sync_us": sync["dur"],
+        "buckets": len(reduces),
+    }
 
 
 # ---------------------------------------------------------------- worker (under mpiexec)
+
 
 class ShmHook:
     """A DDP comm hook: divide the bucket by the world size, then sum it with
@@ -164,12 +178,12 @@ class Trainer:
     """One DDP configuration with its model, optimizer and batch (``close`` is collective)."""
 
     def __init__(self, algorithm: str, cap: float, x: np.ndarray, y: np.ndarray) -> None:
+        from _bench_common import build_mlp  # noqa: PLC0415  (imports mpi4py: workers only)
         from mpi4py import MPI  # noqa: PLC0415
 
         from mpidist.nn import CrossEntropyLoss  # noqa: PLC0415
         from mpidist.optim import SGD  # noqa: PLC0415
         from mpidist.parallel import DistributedDataParallel  # noqa: PLC0415
-        from _bench_common import build_mlp  # noqa: PLC0415  (imports mpi4py: workers only)
 
         self.model = build_mlp(SIZES, np.random.default_rng(0))
         builtin = "mpi" if algorithm == SHM_HOOK else algorithm
@@ -246,19 +260,41 @@ def worker(args: argparse.Namespace) -> int:
             ov = traced_step(comm, algorithm, cap, x, y, args.trace_dir, n)
             per_rank = comm.gather(ov)
             if rank == 0:
-                rows.append({"ranks": n, "algorithm": algorithm, "bucket_cap_mb": cap, "buckets": buckets,
-                             "step_s": statistics.median(samples), "step_min_s": min(samples),
-                             "step_max_s": max(samples), "batch": args.batch, "overlap": per_rank})
-                print(f"# {n} ranks {algorithm:8} bucket_cap_mb {cap:>5}: "
-                      f"{statistics.median(samples) * 1e3:8.2f} ms/step", flush=True)
+                rows.append(
+                    {
+                        "ranks": n,
+                        "algorithm": algorithm,
+                        "bucket_cap_mb": cap,
+                        "buckets": buckets,
+                        "step_s": statistics.median(samples),
+                        "step_min_s": min(samples),
+                        "step_max_s": max(samples),
+                        "batch": args.batch,
+                        "overlap": per_rank,
+                    }
+                )
+                print(
+                    f"# {n} ranks {algorithm:8} bucket_cap_mb {cap:>5}: "
+                    f"{statistics.median(samples) * 1e3:8.2f} ms/step",
+                    flush=True,
+                )
     if rank == 0:
-        args.worker.write_text(json.dumps({"rows": rows, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-                                           "mpidist": mpidist.__version__, "algorithms": list(ALGORITHMS)}))
+        args.worker.write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                    "mpidist": mpidist.__version__,
+                    "algorithms": list(ALGORITHMS),
+                }
+            )
+        )
     mpidist.destroy_process_group()
     return 0
 
 
 # ---------------------------------------------------------------- driver
+
 
 def mpiexec() -> str:
     local = Path(sys.executable).with_name("mpiexec")
@@ -268,16 +304,34 @@ def mpiexec() -> str:
 def run_sub(args: argparse.Namespace, k: int, tmp: Path) -> Optional[dict]:
     """One ``mpiexec -n k`` sub-run; its results, or None (reported) if it failed."""
     out = tmp / f"np{k}.json"
-    cmd = [mpiexec(), "-n", str(k), *(["-bind-to", "core"] if args.bind else []), sys.executable,
-           str(Path(__file__).resolve()), "--worker", str(out), "--trace-dir", str(tmp), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--reps", str(args.reps), "--buckets", ",".join(map(str, args.buckets))]
+    cmd = [
+        mpiexec(),
+        "-n",
+        str(k),
+        *(["-bind-to", "core"] if args.bind else []),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(out),
+        "--trace-dir",
+        str(tmp),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--reps",
+        str(args.reps),
+        "--buckets",
+        ",".join(map(str, args.buckets)),
+    ]
     env = {key: v for key, v in os.environ.items() if not key.startswith(_LAUNCHER_PREFIXES)}
     env.pop(TRACE_VAR, None)
     print(f"== {' '.join(cmd[:3])} ... ({k} ranks)", flush=True)
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, timeout=args.timeout, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            cmd, env=env, timeout=args.timeout, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
     except subprocess.TimeoutExpired:
         print(f"!! {k} ranks: timed out after {args.timeout:.0f} s", flush=True)
         return None
@@ -296,29 +350,39 @@ def summarize(row: dict, base: Optional[dict]) -> dict:
     k = row["ranks"]
     sps = k * row["batch"] / row["step_s"]
     return {
-        "ranks": k, "algorithm": row["algorithm"], "bucket_cap_mb": row["bucket_cap_mb"], "buckets": row["buckets"],
-        "step_ms": row["step_s"] * 1e3, "step_min_ms": row["step_min_s"] * 1e3, "step_max_ms": row["step_max_s"] * 1e3,
+        "ranks": k,
+        "algorithm": row["algorithm"],
+        "bucket_cap_mb": row["bucket_cap_mb"],
+        "buckets": row["buckets"],
+        "step_ms": row["step_s"] * 1e3,
+        "step_min_ms": row["step_min_s"] * 1e3,
+        "step_max_ms": row["step_max_s"] * 1e3,
         "samples_per_s": sps,
         "efficiency": base["step_s"] / row["step_s"] if base else float("nan"),
         "comm_ms": statistics.mean(o["comm_us"] for o in ov) / 1e3,
         "exposed_ms": statistics.mean(o["exposed_us"] for o in ov) / 1e3,
         "compute_ms": statistics.mean(o["compute_us"] for o in ov) / 1e3,
         "hidden_share": statistics.mean(shares) if shares else float("nan"),
-        "hidden_min": min(shares) if shares else float("nan"), "hidden_max": max(shares) if shares else float("nan"),
+        "hidden_min": min(shares) if shares else float("nan"),
+        "hidden_max": max(shares) if shares else float("nan"),
     }
 
 
 def table(rows: list) -> list:
-    lines = ["| ranks | algorithm | bucket_cap_mb | buckets | step (ms) | min-max (ms) | samples/s | weak-scaling eff. "
-             "| backward compute (ms) | all-reduce C (ms) | exposed (ms) | hidden / C |",
-             "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| ranks | algorithm | bucket_cap_mb | buckets | step (ms) | min-max (ms) | samples/s | weak-scaling eff. "
+        "| backward compute (ms) | all-reduce C (ms) | exposed (ms) | hidden / C |",
+        "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         hidden = "-" if r["ranks"] == 1 else (f"{r['hidden_share']:.2f} ({r['hidden_min']:.2f}-{r['hidden_max']:.2f})")
-        lines.append(f"| {r['ranks']} | {r['algorithm']} | {r['bucket_cap_mb']} | {r['buckets']} | "
-                     f"{r['step_ms']:.1f} | "
-                     f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f} | {r['samples_per_s']:.0f} | "
-                     f"{r['efficiency']:.3f} | {r['compute_ms']:.1f} | {r['comm_ms']:.1f} | {r['exposed_ms']:.1f} | "
-                     f"{hidden} |")
+        lines.append(
+            f"| {r['ranks']} | {r['algorithm']} | {r['bucket_cap_mb']} | {r['buckets']} | "
+            f"{r['step_ms']:.1f} | "
+            f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f} | {r['samples_per_s']:.0f} | "
+            f"{r['efficiency']:.3f} | {r['compute_ms']:.1f} | {r['comm_ms']:.1f} | {r['exposed_ms']:.1f} | "
+            f"{hidden} |"
+        )
     return lines
 
 
@@ -329,15 +393,20 @@ def verdict(rows: list) -> list:
     best = max(two, key=lambda r: r["efficiency"])
     hidden = max(two, key=lambda r: r["hidden_share"])
     ok = best["efficiency"] >= 0.85
-    lines = [f"- 2 ranks, best weak-scaling efficiency: {best['efficiency']:.3f} ({best['algorithm']}, bucket_cap_mb "
-             f"{best['bucket_cap_mb']}; target >= 0.85: {'met' if ok else 'NOT met'}), all-reduce hidden there "
-             f"{best['hidden_share']:.2f} (target > 0.5: {'met' if best['hidden_share'] > 0.5 else 'NOT met'})",
-             f"- 2 ranks, largest hidden share: {hidden['hidden_share']:.2f} ({hidden['algorithm']}, bucket_cap_mb "
-             f"{hidden['bucket_cap_mb']}, efficiency {hidden['efficiency']:.3f})"]
-    both = [f"{r['algorithm']}/{r['bucket_cap_mb']}" for r in two
-            if r["efficiency"] >= 0.85 and r["hidden_share"] > 0.5]
-    lines.append(f"- 2-rank configurations (algorithm/bucket_cap_mb) meeting both targets: {len(both)} of {len(two)}"
-                 + (f": {', '.join(both)}" if both else ""))
+    lines = [
+        f"- 2 ranks, best weak-scaling efficiency: {best['efficiency']:.3f} ({best['algorithm']}, bucket_cap_mb "
+        f"{best['bucket_cap_mb']}; target >= 0.85: {'met' if ok else 'NOT met'}), all-reduce hidden there "
+        f"{best['hidden_share']:.2f} (target > 0.5: {'met' if best['hidden_share'] > 0.5 else 'NOT met'})",
+        f"- 2 ranks, largest hidden share: {hidden['hidden_share']:.2f} ({hidden['algorithm']}, bucket_cap_mb "
+        f"{hidden['bucket_cap_mb']}, efficiency {hidden['efficiency']:.3f})",
+    ]
+    both = [
+        f"{r['algorithm']}/{r['bucket_cap_mb']}" for r in two if r["efficiency"] >= 0.85 and r["hidden_share"] > 0.5
+    ]
+    lines.append(
+        f"- 2-rank configurations (algorithm/bucket_cap_mb) meeting both targets: {len(both)} of {len(two)}"
+        + (f": {', '.join(both)}" if both else "")
+    )
     return lines
 
 
@@ -366,11 +435,16 @@ def report(args: argparse.Namespace, results: dict, rows: list) -> list:
         f"`ddp_trace_np2.rank{{0,1}}.json` (https://ui.perfetto.dev)",
     ]
     if cores:
-        lines.append(f"- {cores} cores: 4 ranks are oversubscribed (each rank gets about half a core), so their "
-                     f"efficiency is bounded by about {cores / 4:.2f}")
+        lines.append(
+            f"- {cores} cores: 4 ranks are oversubscribed (each rank gets about half a core), so their "
+            f"efficiency is bounded by about {cores / 4:.2f}"
+        )
     lines += ["", "## Results", ""] + table(rows)
-    lines += ["", "## Against the targets (2 ranks: efficiency >= 0.85, more than half of the all-reduce hidden)",
-              ""] + verdict(rows)
+    lines += [
+        "",
+        "## Against the targets (2 ranks: efficiency >= 0.85, more than half of the all-reduce hidden)",
+        "",
+    ] + verdict(rows)
     lines += ["", "## What limits it", ""] + limits(rows)
     return lines
 
@@ -378,15 +452,21 @@ def report(args: argparse.Namespace, results: dict, rows: list) -> list:
 def limits(rows: list) -> list:
     """The run's own numbers behind the scaling, and what the machine imposes."""
     one = {r["bucket_cap_mb"]: r for r in rows if r["ranks"] == 1}
-    lines = ["Where a 2-rank step's extra time over 1 rank goes (ms): the exposed all-reduce, and backward "
-             "itself running slower while the reductions share its cores and memory:", "",
-             "| algorithm | bucket_cap_mb | step: 2 ranks - 1 rank | exposed all-reduce | backward compute, "
-             "2 ranks | backward compute, 1 rank |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "Where a 2-rank step's extra time over 1 rank goes (ms): the exposed all-reduce, and backward "
+        "itself running slower while the reductions share its cores and memory:",
+        "",
+        "| algorithm | bucket_cap_mb | step: 2 ranks - 1 rank | exposed all-reduce | backward compute, "
+        "2 ranks | backward compute, 1 rank |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         base = one.get(r["bucket_cap_mb"])
         if r["ranks"] == 2 and base is not None:
-            lines.append(f"| {r['algorithm']} | {r['bucket_cap_mb']} | {r['step_ms'] - base['step_ms']:+.1f} | "
-                         f"{r['exposed_ms']:.1f} | {r['compute_ms']:.1f} | {base['compute_ms']:.1f} |")
+            lines.append(
+                f"| {r['algorithm']} | {r['bucket_cap_mb']} | {r['step_ms'] - base['step_ms']:+.1f} | "
+                f"{r['exposed_ms']:.1f} | {r['compute_ms']:.1f} | {base['compute_ms']:.1f} |"
+            )
     lines.append("")
     lines += [
         "- Cores: each rank runs backward on its main thread and the bucket reductions on mpidist's engine "
@@ -417,6 +497,7 @@ def write_csv(path: Path, rows: list) -> None:
 
 def read_csv(path: Path) -> list:
     """The rows :func:`write_csv` wrote, numbers as numbers."""
+
     def num(v: str) -> Any:
         try:
             return int(v)
@@ -436,6 +517,7 @@ def plot(path: Path, rows: list) -> None:
     efficiency and the hidden share of the all-reduce against bucket_cap_mb; one line per
     algorithm."""
     import matplotlib  # noqa: PLC0415
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
@@ -447,19 +529,27 @@ def plot(path: Path, rows: list) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     for alg in algorithms:
-        pts = sorted((int(r["ranks"]), float(r["samples_per_s"])) for r in rows
-                     if r["algorithm"] == alg and float(r["bucket_cap_mb"]) == cap)
+        pts = sorted(
+            (int(r["ranks"]), float(r["samples_per_s"]))
+            for r in rows
+            if r["algorithm"] == alg and float(r["bucket_cap_mb"]) == cap
+        )
         if pts:
             ax.plot(*zip(*pts), marker="o", label=alg)
     one = [float(r["samples_per_s"]) for r in rows if int(r["ranks"]) == 1 and float(r["bucket_cap_mb"]) == cap]
     if one:
         ax.plot(ranks, [k * max(one) for k in ranks], linestyle="--", color="grey", label="linear (1 rank x k)")
     ax.set(title=f"samples/s, bucket_cap_mb {cap:g}", xlabel="ranks", ylabel="samples/s", xticks=ranks)
-    for ax, key, title in ((axes[1], "efficiency", "weak-scaling efficiency"),
-                           (axes[2], "hidden_share", "all-reduce hidden behind backward")):
+    for ax, key, title in (
+        (axes[1], "efficiency", "weak-scaling efficiency"),
+        (axes[2], "hidden_share", "all-reduce hidden behind backward"),
+    ):
         for alg in algorithms:
-            pts = sorted((float(r["bucket_cap_mb"]), float(r[key])) for r in rows
-                         if r["algorithm"] == alg and int(r["ranks"]) == pair)
+            pts = sorted(
+                (float(r["bucket_cap_mb"]), float(r[key]))
+                for r in rows
+                if r["algorithm"] == alg and int(r["ranks"]) == pair
+            )
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=alg)
         ax.axhline(0.85 if key == "efficiency" else 0.5, linestyle="--", color="grey", label="target")

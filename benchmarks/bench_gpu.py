@@ -31,9 +31,12 @@ Run: ``mpiexec -n N python benchmarks/bench_gpu.py [--max-bytes 256M] [--out ben
 writes ``gpu_np{N}.md`` and ``.csv``. Without CuPy or a GPU it prints one SKIPPED line and
 exits 0.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # first: sets the BLAS thread variables
+
+# isort: split
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
@@ -50,14 +53,32 @@ from mpi4py import MPI  # noqa: E402
 COMM = MPI.COMM_WORLD
 TARGET_S = 0.02
 REPEATS = 3
-FIELDS = ["path", "op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong",
-          "copy_gbps", "vs_copy", "vs_raw", "host_gbps", "vs_host", "note"]
+FIELDS = [
+    "path",
+    "op",
+    "size",
+    "count",
+    "type",
+    "redop",
+    "root",
+    "time_us",
+    "algbw",
+    "busbw",
+    "wrong",
+    "copy_gbps",
+    "vs_copy",
+    "vs_raw",
+    "host_gbps",
+    "vs_host",
+    "note",
+]
 
 
 def skip_reason() -> str:
     """Why this machine cannot run the benchmark ('' if it can); the same on every rank."""
     try:
         import cupy  # noqa: PLC0415
+
         count = cupy.cuda.runtime.getDeviceCount()
         reason = "" if count > 0 else "no GPU"
     except Exception as exc:  # noqa: BLE001
@@ -82,6 +103,7 @@ def nccl_ok(cupy: Any, n_local: int) -> str:
 
     try:
         from cupy.cuda import nccl  # noqa: PLC0415
+
         version = nccl.get_version()
     except Exception as exc:  # noqa: BLE001
         return f"CuPy has no NCCL ({exc})"
@@ -103,8 +125,9 @@ def timed(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
     return COMM.allreduce(elapsed / iters, op=MPI.MAX)
 
 
-def measurements(fn: Callable[[], Any], sync: Callable[[], None], target: float = TARGET_S,
-                 reps: int = REPEATS) -> list[float]:
+def measurements(
+    fn: Callable[[], Any], sync: Callable[[], None], target: float = TARGET_S, reps: int = REPEATS
+) -> list[float]:
     """``reps`` measurements of ~``target`` seconds each (seconds per call), calls per
     measurement calibrated first (also used by bench_torch_gpu.py)."""
     fn()
@@ -168,16 +191,17 @@ class RawNccl(DevicePath):
     def start(self, dist: Any, cupy: Any) -> str:
         try:
             from cupy.cuda import nccl  # noqa: PLC0415
+
             uid = COMM.bcast(nccl.get_unique_id() if COMM.Get_rank() == 0 else None, root=0)
             comm = nccl.NcclCommunicator(COMM.Get_size(), uid, COMM.Get_rank())
         except Exception as exc:  # noqa: BLE001
             return COMM.allreduce(f"NcclCommunicator failed: {exc}", op=MPI.MAX)
         stream = lambda: cupy.cuda.get_current_stream().ptr  # noqa: E731
         self.comm = comm
-        self.all_reduce = lambda x: comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32,
-                                                   nccl.NCCL_SUM, stream())
-        self.all_gather = lambda out, x: comm.allGather(x.data.ptr, out.data.ptr, x.size, nccl.NCCL_FLOAT32,
-                                                        stream())
+        self.all_reduce = lambda x: comm.allReduce(
+            x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream()
+        )
+        self.all_gather = lambda out, x: comm.allGather(x.data.ptr, out.data.ptr, x.size, nccl.NCCL_FLOAT32, stream())
         return COMM.allreduce("", op=MPI.MAX)
 
     def stop(self, dist: Any) -> None:
@@ -206,7 +230,7 @@ def run_sizes(path: DevicePath, cupy: Any, sizes: list[int], copy_bw: dict, rows
     for size in sizes:
         count = max(1, size // 4)
         x = zeros(count)
-        t = measure(lambda: path.all_reduce(x), sync)
+        t = measure(lambda x=x: path.all_reduce(x), sync)
         x[...] = me + 1
         path.all_reduce(x)
         wrong = int(xp.count_nonzero(x != n * (n + 1) / 2))
@@ -214,21 +238,37 @@ def run_sizes(path: DevicePath, cupy: Any, sizes: list[int], copy_bw: dict, rows
         per = max(1, size // (4 * n))
         inp, out = zeros(per), zeros(per * n)
         inp[...] = me + 1
-        t = measure(lambda: path.all_gather(out, inp), sync)
+        t = measure(lambda out=out, inp=inp: path.all_gather(out, inp), sync)
         want = xp.repeat(xp.arange(1, n + 1, dtype=xp.float32), per)
         wrong = int(xp.count_nonzero(out != want))
         rows.append(row(path, "all_gather", per * n * 4, per, "none", t, (n - 1) / n, wrong, copy_bw))
 
 
-def row(path: DevicePath, op: str, size: int, count: int, redop: str, t: float, factor: float, wrong: int,
-        copy_bw: dict) -> dict:
+def row(
+    path: DevicePath, op: str, size: int, count: int, redop: str, t: float, factor: float, wrong: int, copy_bw: dict
+) -> dict:
     algbw = size / t / 1e9
     busbw = algbw * factor
     cbw = copy_bw.get(size, float("nan"))
-    return {"path": path.name, "op": op, "size": size, "count": count, "type": "float", "redop": redop,
-            "root": -1, "time_us": t * 1e6, "algbw": algbw, "busbw": busbw,
-            "wrong": COMM.allreduce(wrong), "copy_gbps": cbw, "vs_copy": bc.ratio(busbw, cbw),
-            "vs_raw": float("nan"), "host_gbps": float("nan"), "vs_host": float("nan"), "note": path.note}
+    return {
+        "path": path.name,
+        "op": op,
+        "size": size,
+        "count": count,
+        "type": "float",
+        "redop": redop,
+        "root": -1,
+        "time_us": t * 1e6,
+        "algbw": algbw,
+        "busbw": busbw,
+        "wrong": COMM.allreduce(wrong),
+        "copy_gbps": cbw,
+        "vs_copy": bc.ratio(busbw, cbw),
+        "vs_raw": float("nan"),
+        "host_gbps": float("nan"),
+        "vs_host": float("nan"),
+        "note": path.note,
+    }
 
 
 def compare(rows: list, host_bw: dict) -> None:
@@ -254,7 +294,7 @@ def host_bandwidths(cupy: Any, sizes: list[int]) -> dict:
     for size in wanted:
         dev = cupy.ones(size // 4, cupy.float32)
         host = cupyx.empty_pinned(size // 4, cupy.float32)
-        out[size] = size / measure(lambda: (dev.get(out=host), dev.set(host)), sync) / 1e9
+        out[size] = size / measure(lambda dev=dev, host=host: (dev.get(out=host), dev.set(host)), sync) / 1e9
     return out
 
 
@@ -266,7 +306,7 @@ def copy_bandwidths(cupy: Any, sizes: list[int]) -> dict:
     out = {}
     for size in wanted:
         src, dst = cupy.ones(size // 4, cupy.float32), cupy.empty(size // 4, cupy.float32)
-        out[size] = size / measure(lambda: cupy.copyto(dst, src), sync) / 1e9
+        out[size] = size / measure(lambda dst=dst, src=src: cupy.copyto(dst, src), sync) / 1e9
     return out
 
 
@@ -278,8 +318,10 @@ def write(rows: list, header: list[str], out_dir: Path) -> Path:
         w.writeheader()
         w.writerows(rows)
     lines = [f"# GPU benchmark, {n} rank(s), float32", "", *header, "", *targets(rows), ""]
-    cols = ("| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong | "
-            "copy bw(GB/s) | vs copy | vs raw | host bw(GB/s) | vs host |")
+    cols = (
+        "| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong | "
+        "copy bw(GB/s) | vs copy | vs raw | host bw(GB/s) | vs host |"
+    )
     for op in ("all_reduce", "all_gather"):
         for path in dict.fromkeys(r["path"] for r in rows):
             sel = [r for r in rows if r["op"] == op and r["path"] == path]
@@ -292,10 +334,13 @@ def write(rows: list, header: list[str], out_dir: Path) -> Path:
                 lines += ["(no measurements)", ""]
                 continue
             lines += [cols, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-            lines += [f"| {r['size']} | {r['count']} | float | {r['redop']} | -1 | {bc.fmt(r['time_us'])} | "
-                      f"{bc.fmt(r['algbw'], 3)} | {bc.fmt(r['busbw'], 3)} | {r['wrong']} | "
-                      f"{bc.fmt(r['copy_gbps'], 1)} | {bc.fmt(r['vs_copy'], 3)} | {bc.fmt(r['vs_raw'], 3)} | "
-                      f"{bc.fmt(r['host_gbps'], 1)} | {bc.fmt(r['vs_host'], 3)} |" for r in sel]
+            lines += [
+                f"| {r['size']} | {r['count']} | float | {r['redop']} | -1 | {bc.fmt(r['time_us'])} | "
+                f"{bc.fmt(r['algbw'], 3)} | {bc.fmt(r['busbw'], 3)} | {r['wrong']} | "
+                f"{bc.fmt(r['copy_gbps'], 1)} | {bc.fmt(r['vs_copy'], 3)} | {bc.fmt(r['vs_raw'], 3)} | "
+                f"{bc.fmt(r['host_gbps'], 1)} | {bc.fmt(r['vs_host'], 3)} |"
+                for r in sel
+            ]
             lines.append("")
     path = out_dir / f"gpu_np{n}.md"
     path.write_text("\n".join(lines))
@@ -306,16 +351,29 @@ def targets(rows: list) -> list[str]:
     """The issue's targets from 16 MiB: nccl >= 0.9 of raw NCCL, host staging >= 0.5 of the host bound."""
     lines = []
     for op in ("all_reduce", "all_gather"):
-        for name, col, label, bound in (("nccl", "vs_raw", "time vs raw NCCL", 0.9),
-                                        ("host-staging", "vs_host", "algbw vs host-copy bound", 0.5)):
+        for name, col, label, bound in (
+            ("nccl", "vs_raw", "time vs raw NCCL", 0.9),
+            ("host-staging", "vs_host", "algbw vs host-copy bound", 0.5),
+        ):
             sel = {r["size"]: r[col] for r in rows if r["path"] == name and r["op"] == op and r["size"]}
             big = [s for s in sel if s >= 16 << 20]
-            lines.append("- " + bc.verdict(f"{op} {name} {label} >= {bound} from 16 MiB", big,
-                                           lambda s: sel[s], lambda v: v >= bound, min))
+            lines.append(
+                "- "
+                + bc.verdict(
+                    f"{op} {name} {label} >= {bound} from 16 MiB",
+                    big,
+                    lambda s, sel=sel: sel[s],
+                    lambda v, bound=bound: v >= bound,
+                    min,
+                )
+            )
         stg = {r["size"]: r for r in rows if r["path"] == "host-staging" and r["op"] == op and r["size"]}
         mpi = {r["size"]: r for r in rows if r["path"] == "host-mpi" and r["op"] == op and r["size"]}
-        parts = [f"{bc.human_bytes(z)} {stg[z]['time_us'] / (mpi[z]['time_us'] + z / stg[z]['host_gbps'] / 1e3):.2f}"
-                 for z in sorted(stg) if z in mpi and z >= 1 << 20 and stg[z]["host_gbps"] > 0]
+        parts = [
+            f"{bc.human_bytes(z)} {stg[z]['time_us'] / (mpi[z]['time_us'] + z / stg[z]['host_gbps'] / 1e3):.2f}"
+            for z in sorted(stg)
+            if z in mpi and z >= 1 << 20 and stg[z]["host_gbps"] > 0
+        ]
         if parts:
             lines.append(f"- {op} host-staging time / (host-mpi time + device<->host copy time): " + ", ".join(parts))
     return lines
@@ -323,8 +381,10 @@ def targets(rows: list) -> list[str]:
 
 def unavailable(name: str, why: str) -> list[dict]:
     base = {f: "" for f in FIELDS}
-    return [{**base, "path": name, "op": op, "size": 0, "note": f"not measured: {why}"}
-            for op in ("all_reduce", "all_gather")]
+    return [
+        {**base, "path": name, "op": op, "size": 0, "note": f"not measured: {why}"}
+        for op in ("all_reduce", "all_gather")
+    ]
 
 
 def main() -> int:
@@ -352,11 +412,13 @@ def main() -> int:
     copy_bw = copy_bandwidths(cupy, sizes)
     aware, how = cuda_aware_mpi()
     host_bw = host_bandwidths(cupy, sizes)
-    paths = [("raw-nccl", "", {}, nccl_ok(cupy, n_local)),
-             ("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
-             ("cuda-aware-mpi", "mpi", {"MPIDIST_CUDA_AWARE": "1"}, "" if aware else f"not CUDA-aware ({how})"),
-             ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, ""),
-             ("host-mpi", "mpi", {}, "")]
+    paths = [
+        ("raw-nccl", "", {}, nccl_ok(cupy, n_local)),
+        ("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
+        ("cuda-aware-mpi", "mpi", {"MPIDIST_CUDA_AWARE": "1"}, "" if aware else f"not CUDA-aware ({how})"),
+        ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, ""),
+        ("host-mpi", "mpi", {}, ""),
+    ]
     rows: list = []
     for name, backend, env, why in paths:
         why = COMM.allreduce(why, op=MPI.MAX)

@@ -27,9 +27,12 @@ per call, and the table shows the median over passes and the median per-pass rat
 Writes ``latency_np{N}.md`` to ``--out`` (default benchmarks/results). The target it
 explains (8 B within 1.5x raw) is in benchmarks/results/targets.md.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # first: sets the BLAS thread variables
+
+# isort: split
 
 import argparse  # noqa: E402
 import os  # noqa: E402
@@ -145,11 +148,23 @@ def main() -> None:
             ratio = statistics.median(t / r for t, r in zip(ts, times["raw"]))
             rows.append(f"| {name} | {statistics.median(ts) * 1e6:.2f} | {ratio:.3f} |")
         check = statistics.median((c - b) * 1e6 for c, b in zip(times["bare+check"], times["bare"]))
-        rows += ["", f"The default mismatch check on this path (bare+check - bare, median of per-pass "
-                     f"differences): {check:+.3f} us per call (target <= 0.3 us)"]
-        bc.write_report(args.out, f"latency_np{n}.md", f"8-byte all_reduce latency breakdown, {n} ranks", n, load,
-                        [f"{args.passes} passes of {args.calls} calls per loop, interleaved; see the docstring of "
-                         f"benchmarks/bench_latency.py for the loops"], rows)
+        rows += [
+            "",
+            f"The default mismatch check on this path (bare+check - bare, median of per-pass "
+            f"differences): {check:+.3f} us per call (target <= 0.3 us)",
+        ]
+        bc.write_report(
+            args.out,
+            f"latency_np{n}.md",
+            f"8-byte all_reduce latency breakdown, {n} ranks",
+            n,
+            load,
+            [
+                f"{args.passes} passes of {args.calls} calls per loop, interleaved; see the docstring of "
+                f"benchmarks/bench_latency.py for the loops"
+            ],
+            rows,
+        )
     mpidist.destroy_process_group()
 
 

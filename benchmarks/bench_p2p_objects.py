@@ -24,9 +24,12 @@ steadier figure for a before/after comparison.
 
 Writes ``p2p_objects_np{N}.md`` to ``--out`` (default benchmarks/results) on rank 0.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # first: sets the BLAS thread variables
+
+# isort: split
 
 import argparse  # noqa: E402
 import os  # noqa: E402
@@ -90,6 +93,7 @@ def object_cases(rank: int, size: int) -> dict[str, Callable[[int], None]]:
     big = {"w": np.arange(1 << 17, dtype=np.float64)}
     cases: dict[str, Callable[[int], None]] = {}
     for label, obj in (("small dict", small), ("1 MiB array", big)):
+
         def bcast(calls: int, obj: object = obj) -> None:
             for _ in range(calls):
                 mpidist.broadcast_object_list([obj if rank == 0 else None], src=0)
@@ -137,8 +141,11 @@ def envelope_rows() -> list[str]:
 
     pickler = pkl5.pickle
     rows = []
-    for label, obj in (("small dict", [{"step": 3, "loss": 0.25, "name": "x" * 20}]),
-                       ("1 MiB array", [{"w": np.arange(1 << 17, dtype=np.float64)}])):
+    for label, obj in (
+        ("small dict", [{"step": 3, "loss": 0.25, "name": "x" * 20}]),
+        ("1 MiB array", [{"w": np.arange(1 << 17, dtype=np.float64)}]),
+    ):
+
         def plain(obj: object = obj) -> None:
             pickler.loads_oob(*pickler.dumps_oob(obj))
 
@@ -188,9 +195,18 @@ def main() -> None:
         rows = ["| case | median (us) | best (us) |", "|---|---:|---:|"]
         rows += [f"| {name} | {statistics.median(ts) * 1e6:.2f} | {min(ts) * 1e6:.2f} |" for name, ts in times.items()]
         rows += envelope_rows()
-        bc.write_report(args.out, f"p2p_objects_np{n}.md", f"Point-to-point receive and object collectives, {n} ranks",
-                        n, load, [f"{args.passes} passes of {args.calls} calls per case ({args.calls // 20} for the "
-                                  f"MiB cases), interleaved; see benchmarks/bench_p2p_objects.py"], rows)
+        bc.write_report(
+            args.out,
+            f"p2p_objects_np{n}.md",
+            f"Point-to-point receive and object collectives, {n} ranks",
+            n,
+            load,
+            [
+                f"{args.passes} passes of {args.calls} calls per case ({args.calls // 20} for the "
+                f"MiB cases), interleaved; see benchmarks/bench_p2p_objects.py"
+            ],
+            rows,
+        )
     mpidist.destroy_process_group()
 
 

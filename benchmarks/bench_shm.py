@@ -24,14 +24,17 @@ lines are the crossovers (the smallest size from which on shm beats MPI, resp. t
 ring, at every larger measured size), e.g. ``crossover shm>mpi at >= 4 KiB``, then
 the headline ratios at 16 and 64 MiB.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # noqa: I001  (first: sets the thread variables before numpy)
 
-import os  # noqa: E402
+# isort: split
+
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import datetime  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -44,14 +47,18 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
+from mpidist._reduce_op import ReduceOp  # noqa: E402
 from mpidist.algorithms import ShmAllReduce, ring_all_reduce  # noqa: E402
 from mpidist.algorithms.shm import DEFAULT_SLOT_BYTES  # noqa: E402
-from mpidist._reduce_op import ReduceOp  # noqa: E402
 
 COLLECTIVES = ("raw", "shm", "ring")
-LABELS = {"raw": "raw mpi4py Allreduce", "shm": "ShmAllReduce (mpidist.algorithms.shm)",
-          "ring": "mpidist.algorithms.ring_all_reduce", "copy": "np.copyto, rank 0 alone",
-          "copy-all": "np.copyto, every rank at once"}
+LABELS = {
+    "raw": "raw mpi4py Allreduce",
+    "shm": "ShmAllReduce (mpidist.algorithms.shm)",
+    "ring": "mpidist.algorithms.ring_all_reduce",
+    "copy": "np.copyto, rank 0 alone",
+    "copy-all": "np.copyto, every rank at once",
+}
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -94,6 +101,7 @@ def make_cases(comm: MPI.Comm, rank: int) -> tuple:
 
 # ---------------------------------------------------------------- reporting
 
+
 def busbw(r: bc.Result, n: int) -> float:
     """nccl-tests' busbw for the collectives; plain S / t for the copies."""
     return bc.algbw(r) * (2 * (n - 1) / n if r.name in COLLECTIVES else 1.0)
@@ -118,25 +126,36 @@ def crossover_text(results: list, a: str, b: str, label: str) -> str:
 
 
 def nccl_table(rows: list, n: int) -> list:
-    lines = ["| size(B) | count | type | redop | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
-             "|---:|---:|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| size(B) | count | type | redop | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
+        "|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         collective = r.name in COLLECTIVES
-        lines.append(f"| {r.nbytes} | {r.nbytes // 4} | float | {'sum' if collective else 'copy'} | "
-                     f"{r.time_s * 1e6:.2f} | {bc.algbw(r):.2f} | {busbw(r, n):.2f} | "
-                     f"{r.wrong if collective else '-'} |")
+        lines.append(
+            f"| {r.nbytes} | {r.nbytes // 4} | float | {'sum' if collective else 'copy'} | "
+            f"{r.time_s * 1e6:.2f} | {bc.algbw(r):.2f} | {busbw(r, n):.2f} | "
+            f"{r.wrong if collective else '-'} |"
+        )
     return lines
 
 
 def ratio_table(results: list, n: int) -> list:
-    cols = ["size", "copy bw(GB/s)", "copy-all bw(GB/s)", "shm/raw", "shm/ring"] + \
-           [f"{c} busbw/copy bw" for c in COLLECTIVES] + ["shm busbw/copy-all bw"]
+    cols = (
+        ["size", "copy bw(GB/s)", "copy-all bw(GB/s)", "shm/raw", "shm/ring"]
+        + [f"{c} busbw/copy bw" for c in COLLECTIVES]
+        + ["shm busbw/copy-all bw"]
+    )
     lines = ["| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
     for res in results:
         copy, copy_all, shm = bc.algbw(res["copy"]), bc.algbw(res["copy-all"]), busbw(res["shm"], n)
-        vals = [bc.human_bytes(res["raw"].nbytes), f"{copy:.2f}", f"{copy_all:.2f}",
-                f"{bc.ratio(res['raw'].time_s, res['shm'].time_s):.2f}",
-                f"{bc.ratio(res['ring'].time_s, res['shm'].time_s):.2f}"]
+        vals = [
+            bc.human_bytes(res["raw"].nbytes),
+            f"{copy:.2f}",
+            f"{copy_all:.2f}",
+            f"{bc.ratio(res['raw'].time_s, res['shm'].time_s):.2f}",
+            f"{bc.ratio(res['ring'].time_s, res['shm'].time_s):.2f}",
+        ]
         vals += [f"{bc.ratio(busbw(res[c], n), copy):.3f}" for c in COLLECTIVES] + [f"{bc.ratio(shm, copy_all):.3f}"]
         lines.append("| " + " | ".join(vals) + " |")
     return lines
@@ -149,10 +168,12 @@ def headlines(results: list, n: int) -> list:
         if size in by_size:
             res = by_size[size]
             shm, copy = busbw(res["shm"], n), bc.algbw(res["copy"])
-            lines.append(f"headline: {bc.human_bytes(size)} shm busbw/copy bw = {bc.ratio(shm, copy):.3f} "
-                         f"({shm:.2f} vs {copy:.2f} GB/s; target >= 0.5), "
-                         f"raw {bc.ratio(busbw(res['raw'], n), copy):.3f}, "
-                         f"shm/copy-all {bc.ratio(shm, bc.algbw(res['copy-all'])):.3f}")
+            lines.append(
+                f"headline: {bc.human_bytes(size)} shm busbw/copy bw = {bc.ratio(shm, copy):.3f} "
+                f"({shm:.2f} vs {copy:.2f} GB/s; target >= 0.5), "
+                f"raw {bc.ratio(busbw(res['raw'], n), copy):.3f}, "
+                f"shm/copy-all {bc.ratio(shm, bc.algbw(res['copy-all'])):.3f}"
+            )
     return lines
 
 
@@ -168,8 +189,11 @@ def header(n: int, args: argparse.Namespace) -> list:
         f"numpy {np.__version__}, mpi4py {mpi4py.__version__}, mpidist {mpidist.__version__}; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         f"- shm: window of {bc.human_bytes(DEFAULT_SLOT_BYTES)} per rank (DEFAULT_SLOT_BYTES); "
-        + ("2 ranks: pairwise (each rank folds whole chunks of half a slot, one barrier per chunk)" if n == 2
-           else "reduce-scatter + all-gather in shared memory (two barriers per chunk of one slot)"),
+        + (
+            "2 ranks: pairwise (each rank folds whole chunks of half a slot, one barrier per chunk)"
+            if n == 2
+            else "reduce-scatter + all-gather in shared memory (two barriers per chunk of one slot)"
+        ),
         f"- timing: median of {args.reps} measurements of "
         f"{args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms "
         f"(>= {bc.MIN_ITERS} calls), each the max over ranks of the mean time per call; {args.warmup} warm-up calls; "
@@ -178,8 +202,10 @@ def header(n: int, args: argparse.Namespace) -> list:
         "shm/raw and shm/ring: time ratios (> 1: shm faster)",
     ]
     if cores and n > cores:
-        lines.append(f"- **oversubscribed**: {n} ranks on {cores} cores; timings are noisy and the "
-                     f"shm barrier yields the core at every check")
+        lines.append(
+            f"- **oversubscribed**: {n} ranks on {cores} cores; timings are noisy and the "
+            f"shm barrier yields the core at every check"
+        )
     return lines
 
 
@@ -191,9 +217,11 @@ def analysis(results: list, n: int) -> list:
             continue
         size = bc.human_bytes(res["raw"].nbytes)
         shm, copy, copy_all = busbw(res["shm"], n), bc.algbw(res["copy"]), bc.algbw(res["copy-all"])
-        lines.append(f"- {size}: shm busbw {shm:.2f} GB/s = {bc.ratio(shm, copy):.2f} x the single-core copy "
-                     f"({copy:.2f} GB/s alone) and {bc.ratio(shm, copy_all):.2f} x the copy bandwidth each rank "
-                     f"gets when all {n} ranks copy their own buffer at once ({copy_all:.2f} GB/s).")
+        lines.append(
+            f"- {size}: shm busbw {shm:.2f} GB/s = {bc.ratio(shm, copy):.2f} x the single-core copy "
+            f"({copy:.2f} GB/s alone) and {bc.ratio(shm, copy_all):.2f} x the copy bandwidth each rank "
+            f"gets when all {n} ranks copy their own buffer at once ({copy_all:.2f} GB/s)."
+        )
     lines += [
         "- Memory traffic: every rank reads its input from, and writes its output to, its buffer once, "
         "the DRAM traffic of one copy (over half a copy's footprint, as the all-reduce is in place); the "
@@ -219,9 +247,11 @@ def analysis(results: list, n: int) -> list:
         "are far below `copy-all` ran in such a period.",
     ]
     if os.cpu_count() and n > os.cpu_count():
-        lines.append(f"- {n} ranks on {os.cpu_count()} cores: the ranks take turns on the cores, so every "
-                     f"synchronization waits for a descheduled rank (shm's barrier then yields the core at "
-                     f"once); these timings measure the scheduler more than the algorithms.")
+        lines.append(
+            f"- {n} ranks on {os.cpu_count()} cores: the ranks take turns on the cores, so every "
+            f"synchronization waits for a descheduled rank (shm's barrier then yields the core at "
+            f"once); these timings measure the scheduler more than the algorithms."
+        )
     return lines
 
 
@@ -240,13 +270,42 @@ def report(results: list, n: int, args: argparse.Namespace) -> list:
 def write_csv(path: Path, results: list, n: int) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["ranks", "impl", "size_bytes", "count", "type", "redop", "time_us", "algbw_GBps", "busbw_GBps",
-                    "wrong", "iters", "time_min_us", "time_max_us"])
+        w.writerow(
+            [
+                "ranks",
+                "impl",
+                "size_bytes",
+                "count",
+                "type",
+                "redop",
+                "time_us",
+                "algbw_GBps",
+                "busbw_GBps",
+                "wrong",
+                "iters",
+                "time_min_us",
+                "time_max_us",
+            ]
+        )
         for res in results:
             for r in res.values():
-                w.writerow([n, r.name, r.nbytes, r.nbytes // 4, "float", "sum" if r.name in COLLECTIVES else "copy",
-                            f"{r.time_s * 1e6:.6g}", f"{bc.algbw(r):.6g}", f"{busbw(r, n):.6g}", r.wrong, r.iters,
-                            f"{min(r.samples) * 1e6:.6g}", f"{max(r.samples) * 1e6:.6g}"])
+                w.writerow(
+                    [
+                        n,
+                        r.name,
+                        r.nbytes,
+                        r.nbytes // 4,
+                        "float",
+                        "sum" if r.name in COLLECTIVES else "copy",
+                        f"{r.time_s * 1e6:.6g}",
+                        f"{bc.algbw(r):.6g}",
+                        f"{busbw(r, n):.6g}",
+                        r.wrong,
+                        r.iters,
+                        f"{min(r.samples) * 1e6:.6g}",
+                        f"{max(r.samples) * 1e6:.6g}",
+                    ]
+                )
 
 
 def main(argv: Optional[list] = None) -> int:

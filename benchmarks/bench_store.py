@@ -17,6 +17,7 @@ Two parts, every rank taking part, all on one machine:
 
 Writes ``store_np{N}.md`` to ``--out`` (default benchmarks/results) on rank 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,15 +68,17 @@ def _max(x: float) -> float:
 
 def latency(stores: dict, ops: int, passes: int) -> dict:
     results: dict = {}
-    for name, store in stores.items():
+    for store in stores.values():
         store.set(f"there/{RANK}", b"x" * 16)
     COMM.Barrier()
     for _ in range(passes):
         for name, store in stores.items():
             key = f"k/{RANK}"
-            for op, fn in (("set", lambda n, s=store: [s.set(key, b"v" * 16) for _ in range(n)]),
-                           ("get", lambda n, s=store: [s.get(f"there/{(RANK + 1) % SIZE}") for _ in range(n)]),
-                           ("add", lambda n, s=store: [s.add("counter", 1) for _ in range(n)])):
+            for op, fn in (
+                ("set", lambda n, s=store, key=key: [s.set(key, b"v" * 16) for _ in range(n)]),
+                ("get", lambda n, s=store: [s.get(f"there/{(RANK + 1) % SIZE}") for _ in range(n)]),
+                ("add", lambda n, s=store: [s.add("counter", 1) for _ in range(n)]),
+            ):
                 results.setdefault((op, name), []).append(per_call(fn, ops))
     return {k: statistics.median(v) for k, v in results.items()}
 
@@ -113,31 +116,34 @@ def main() -> None:
             inits[way].append(init_time(way))
     if RANK != 0:
         return
-    lines = [f"# The store over MPI vs torch's TCPStore, {SIZE} ranks",
-             "",
-             f"`mpiexec -n {SIZE} python benchmarks/bench_store.py --ops {args.ops} --passes {args.passes} "
-             f"--inits {args.inits}`; torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0]}; "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-             "",
-             "Latency per call, every rank calling at once (max over ranks, median of the passes):",
-             "",
-             "| op | MPIStore (us) | TCPStore (us) | MPIStore / TCPStore |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        f"# The store over MPI vs torch's TCPStore, {SIZE} ranks",
+        "",
+        f"`mpiexec -n {SIZE} python benchmarks/bench_store.py --ops {args.ops} --passes {args.passes} "
+        f"--inits {args.inits}`; torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0]}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "Latency per call, every rank calling at once (max over ranks, median of the passes):",
+        "",
+        "| op | MPIStore (us) | TCPStore (us) | MPIStore / TCPStore |",
+        "|---|---:|---:|---:|",
+    ]
     for op in ("set", "get", "add"):
         m, t = lat[(op, "MPIStore")] * 1e6, lat[(op, "TCPStore")] * 1e6
         lines.append(f"| {op} | {m:.0f} | {t:.0f} | {m / t:.2f} |")
     m, t = statistics.median(inits["mpi://"]), statistics.median(inits["TCPStore"])
-    lines += ["",
-              "torch's gloo: `init_process_group` through its first `all_reduce` (max over ranks, median of "
-              f"{args.inits}):",
-              "",
-              "| store | init (ms) | runs (ms) |",
-              "|---|---:|---|",
-              f"| MPIStore (`init_method=\"mpi://\"`) | {m * 1e3:.1f} | "
-              f"{', '.join(f'{x * 1e3:.1f}' for x in inits['mpi://'])} |",
-              f"| TCPStore | {t * 1e3:.1f} | {', '.join(f'{x * 1e3:.1f}' for x in inits['TCPStore'])} |",
-              "",
-              f"Init over MPIStore / over TCPStore: {m / t:.2f}."]
+    lines += [
+        "",
+        f"torch's gloo: `init_process_group` through its first `all_reduce` (max over ranks, median of {args.inits}):",
+        "",
+        "| store | init (ms) | runs (ms) |",
+        "|---|---:|---|",
+        f'| MPIStore (`init_method="mpi://"`) | {m * 1e3:.1f} | '
+        f"{', '.join(f'{x * 1e3:.1f}' for x in inits['mpi://'])} |",
+        f"| TCPStore | {t * 1e3:.1f} | {', '.join(f'{x * 1e3:.1f}' for x in inits['TCPStore'])} |",
+        "",
+        f"Init over MPIStore / over TCPStore: {m / t:.2f}.",
+    ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"store_np{SIZE}.md").write_text("\n".join(lines) + "\n")

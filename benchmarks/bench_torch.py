@@ -51,11 +51,12 @@ MiB; DDP step over mpidist no slower than over gloo; the backend's cost over tor
 raw (without it). Exit
 status 1 when an element is wrong or the two DDP models differ at 2 ranks.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # noqa: I001  (first: sets the thread variables before numpy)
-import bench_collectives as bcoll
 
+# isort: split
 import argparse
 import copy
 import csv
@@ -69,7 +70,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
+import bench_collectives as bcoll
 from mpi4py import MPI
 
 import mpidist
@@ -120,7 +121,7 @@ def noop_backend(torch: Any, dist: Any) -> None:
 class TorchEnv(bcoll.Env):
     """bench_collectives' Env plus the torch groups."""
 
-    groups: dict = field(default_factory=dict)   # impl -> torch ProcessGroup (None: the default group)
+    groups: dict = field(default_factory=dict)  # impl -> torch ProcessGroup (None: the default group)
 
 
 def start(comm: MPI.Comm) -> TorchEnv:
@@ -133,8 +134,9 @@ def start(comm: MPI.Comm) -> TorchEnv:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     port = comm.bcast(bc._free_port() if comm.Get_rank() == 0 else None, root=0)
-    dist.init_process_group("mpidist", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
-                            world_size=comm.Get_size())
+    dist.init_process_group(
+        "mpidist", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
+    )
     noop_backend(torch, dist)
     groups = {"mpidist": None, "gloo": dist.new_group(backend="gloo"), NOOP: dist.new_group(backend=NOOP)}
     return TorchEnv(comm.Dup(), comm.Get_rank(), comm.Get_size(), bc.Gloo(dist=dist, torch=torch), groups)
@@ -143,14 +145,17 @@ def start(comm: MPI.Comm) -> TorchEnv:
 class TorchAllReduce(bcoll.AllReduce):
     """``dist.all_reduce(t, group=g)`` for each group, and raw mpi4py on the tensor's numpy view."""
 
-    api = ("`dist.all_reduce(t, group=g)` (in place) for g = mpidist (the default group), gloo and noop; "
-           "raw `Allreduce(IN_PLACE, t.numpy(), SUM)`")
+    api = (
+        "`dist.all_reduce(t, group=g)` (in place) for g = mpidist (the default group), gloo and noop; "
+        "raw `Allreduce(IN_PLACE, t.numpy(), SUM)`"
+    )
 
     def calls(self, b: dict, variant: str) -> dict:
         e, x = self.env, b["x"]
         t = e.t(x)
         out: dict[str, Callable[[], object]] = {
-            impl: partial(e.gloo.dist.all_reduce, t, group=e.groups[impl]) for impl in ("mpidist", "gloo")}
+            impl: partial(e.gloo.dist.all_reduce, t, group=e.groups[impl]) for impl in ("mpidist", "gloo")
+        }
         out["raw"] = partial(e.comm.Allreduce, MPI.IN_PLACE, [x, bcoll.FT], MPI.SUM)
         out[NOOP] = partial(e.gloo.dist.all_reduce, t, group=e.groups[NOOP])
         return out
@@ -176,7 +181,7 @@ class DdpResult:
     impl: str
     m: bc.Measurement
     params: int
-    max_diff: float      # largest |parameter difference| from the other DDP after the check steps
+    max_diff: float  # largest |parameter difference| from the other DDP after the check steps
 
     @property
     def time_s(self) -> float:
@@ -193,7 +198,7 @@ def build_mlp(torch: Any, width: int, layers: int) -> Any:
 
 def bench_ddp(env: TorchEnv, args: argparse.Namespace) -> list[DdpResult]:
     """Two DDPs of one model (mpidist's group, gloo's): checked equal, then timed alternately."""
-    torch, dist = env.gloo.torch, env.gloo.dist
+    torch = env.gloo.torch
     torch.manual_seed(0)
     base = build_mlp(torch, args.ddp_width, args.ddp_layers)
     gen = torch.Generator().manual_seed(1 + env.rank)
@@ -225,7 +230,7 @@ def bench_ddp(env: TorchEnv, args: argparse.Namespace) -> list[DdpResult]:
         ms[impl] = bc.Measurement(iters=bc.calibrate(env.comm, call, args.ddp_target_s, guess_s=first))
     order = list(ddps)
     for k in range(args.ddp_reps):
-        for impl in order[k % 2:] + order[:k % 2]:
+        for impl in order[k % 2 :] + order[: k % 2]:
             ms[impl].samples.append(bc.timed(env.comm, partial(step, impl), ms[impl].iters))
     return [DdpResult(impl, ms[impl], n_params, diff) for impl in ddps]
 
@@ -247,20 +252,33 @@ def diff_us(a: Optional[bcoll.Row], b: Optional[bcoll.Row]) -> float:
 
 def nccl_table(ix: dict, impl: str, nominals: list[int], n: int) -> list[str]:
     """nccl-tests' in-place columns for one implementation (all_reduce is in place in torch)."""
-    lines = ["| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
-             "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| size(B) | count | type | redop | root | time(us) | algbw(GB/s) | busbw(GB/s) | #wrong |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
     for s in nominals:
         r = ix.get(("all_reduce", impl, bcoll.IP, s))
         if r is not None:
             wrong = "n/a" if impl == NOOP else str(r.wrong)
-            lines.append(f"| {r.nbytes} | {r.count} | float | sum | -1 | {r.time_s * 1e6:.2f} | {r.algbw:.3f} | "
-                         f"{r.busbw(n):.3f} | {wrong} |")
+            lines.append(
+                f"| {r.nbytes} | {r.count} | float | sum | -1 | {r.time_s * 1e6:.2f} | {r.algbw:.3f} | "
+                f"{r.busbw(n):.3f} | {wrong} |"
+            )
     return lines
 
 
 def compare_table(ix: dict, nominals: list[int], n: int, copy_ref: bcoll.CopyRef) -> list[str]:
-    cols = ["size(B)", "mpidist time(us)", "gloo/mpidist time", "mpidist/raw time", "noop time(us)",
-            "mpidist - noop (us)", "mpidist - noop - raw (us)", "copy bw(GB/s)", "mpidist busbw/copy bw"]
+    cols = [
+        "size(B)",
+        "mpidist time(us)",
+        "gloo/mpidist time",
+        "mpidist/raw time",
+        "noop time(us)",
+        "mpidist - noop (us)",
+        "mpidist - noop - raw (us)",
+        "copy bw(GB/s)",
+        "mpidist busbw/copy bw",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for s in nominals:
         row = {i: ix.get(("all_reduce", i, bcoll.IP, s)) for i in IMPLS}
@@ -268,44 +286,66 @@ def compare_table(ix: dict, nominals: list[int], n: int, copy_ref: bcoll.CopyRef
         if md is None:
             continue
         added = diff_us(md, row[NOOP])
-        lines.append("| " + " | ".join([
-            str(md.nbytes), f"{md.time_s * 1e6:.2f}", bc.fmt(bcoll.paired(row["gloo"], md), 2),
-            bc.fmt(bcoll.paired(md, row["raw"]), 3), bc.fmt(row[NOOP].time_s * 1e6 if row[NOOP] else math.nan),
-            bc.fmt(added), bc.fmt(added - row["raw"].time_s * 1e6 if row["raw"] else math.nan),
-            bc.fmt(copy_ref.bw(md.nbytes)), bc.fmt(bc.ratio(md.busbw(n), copy_ref.bw(md.nbytes)), 3)]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    str(md.nbytes),
+                    f"{md.time_s * 1e6:.2f}",
+                    bc.fmt(bcoll.paired(row["gloo"], md), 2),
+                    bc.fmt(bcoll.paired(md, row["raw"]), 3),
+                    bc.fmt(row[NOOP].time_s * 1e6 if row[NOOP] else math.nan),
+                    bc.fmt(added),
+                    bc.fmt(added - row["raw"].time_s * 1e6 if row["raw"] else math.nan),
+                    bc.fmt(copy_ref.bw(md.nbytes)),
+                    bc.fmt(bc.ratio(md.busbw(n), copy_ref.bw(md.nbytes)), 3),
+                ]
+            )
+            + " |"
+        )
     return lines
 
 
 def ddp_table(res: list[DdpResult], args: argparse.Namespace, n: int) -> list[str]:
-    lines = ["| backend | step time(ms) | min-max of the measurements (ms) | steps/measurement | gloo/mpidist |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| backend | step time(ms) | min-max of the measurements (ms) | steps/measurement | gloo/mpidist |",
+        "|---|---:|---:|---:|---:|",
+    ]
     ratio = ddp_ratio(res)
     for r in res:
-        lines.append(f"| {r.impl} | {r.time_s * 1e3:.2f} | {min(r.m.samples) * 1e3:.2f}-{max(r.m.samples) * 1e3:.2f} "
-                     f"| {r.m.iters} | {bc.fmt(ratio, 3) if r.impl == 'mpidist' else ''} |")
+        lines.append(
+            f"| {r.impl} | {r.time_s * 1e3:.2f} | {min(r.m.samples) * 1e3:.2f}-{max(r.m.samples) * 1e3:.2f} "
+            f"| {r.m.iters} | {bc.fmt(ratio, 3) if r.impl == 'mpidist' else ''} |"
+        )
     equal = "bitwise equal" if res[0].max_diff == 0 else f"largest difference {res[0].max_diff:.3g}"
-    lines += ["", f"Parameters of the two DDPs after the same 3 steps from the same start: {equal}"
-                  f"{' (expected at 2 ranks)' if n == 2 else ''}."]
+    lines += [
+        "",
+        f"Parameters of the two DDPs after the same 3 steps from the same start: {equal}"
+        f"{' (expected at 2 ranks)' if n == 2 else ''}.",
+    ]
     return lines
 
 
-def report(rows: list[bcoll.Row], copy_ref: bcoll.CopyRef, ddp: list[DdpResult], n: int,
-           args: argparse.Namespace) -> list[str]:
+def report(
+    rows: list[bcoll.Row], copy_ref: bcoll.CopyRef, ddp: list[DdpResult], n: int, args: argparse.Namespace
+) -> list[str]:
     ix = bcoll.index(rows)
     nominals = sorted({r.nominal for r in rows})
     torch = args.torch
-    timing = (f"median of {args.reps} measurements of {args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms "
-              f"(>= 1 call; gloo <= {args.gloo_max_iters} calls), each the max over "
-              f"ranks of the mean time per call; up to {args.warmup} warm-up calls; the cases of one size "
-              f"interleaved, the order rotated each pass")
+    timing = (
+        f"median of {args.reps} measurements of {args.target_s * 2e3 / 3:.0f}-{args.target_s * 4e3 / 3:.0f} ms "
+        f"(>= 1 call; gloo <= {args.gloo_max_iters} calls), each the max over "
+        f"ranks of the mean time per call; up to {args.warmup} warm-up calls; the cases of one size "
+        f"interleaved, the order rotated each pass"
+    )
     lines = [
         f"# torch.distributed over mpidist, gloo, raw mpi4py and a do-nothing backend, {n} ranks",
         "",
         *([f"**{args.note}**", ""] if args.note else []),
         *bc.machine_lines(n, args.load_at_start),
         f"- {bc.versions(torch=torch.__version__, mpidist=mpidist.__version__)}; torch.set_num_threads(1)",
-        "- groups: mpidist = the default group (`init_process_group(\"mpidist\", init_method=\"tcp://127.0.0.1:PORT\")`), "
-        "gloo = `new_group(backend=\"gloo\")`, noop = `new_group(backend=\"noop\")` (a Python ProcessGroup whose "
+        '- groups: mpidist = the default group (`init_process_group("mpidist", init_method="tcp://127.0.0.1:PORT")`), '
+        'gloo = `new_group(backend="gloo")`, noop = `new_group(backend="noop")` (a Python ProcessGroup whose '
         "allreduce returns None: torch's front end alone); raw = mpi4py `Allreduce` on the tensor's numpy view",
         f"- timing: {timing}; wall time {args.elapsed:.0f} s",
         "- columns as nccl-tests (doc/PERFORMANCE.md): size(B), count, algbw = size / time, busbw = algbw * 2(n-1)/n, "
@@ -322,12 +362,17 @@ def report(rows: list[bcoll.Row], copy_ref: bcoll.CopyRef, ddp: list[DdpResult],
     for impl in IMPLS:
         lines += ["", f"### {impl}", "", *nccl_table(ix, impl, nominals, n)]
     if ddp:
-        lines += ["", "## DDP step", "",
-                  f"MLP 784-{args.ddp_width}x{args.ddp_layers}-10 ({ddp[0].params:,} parameters, "
-                  f"{ddp[0].params * 4 / 1e6:.1f} MB of gradients), {args.ddp_batch} samples per rank, default "
-                  f"DDP (25 MB buckets), SGD; median of {args.ddp_reps} alternating measurements of about "
-                  f"{args.ddp_target_s * 1e3:.0f} ms, each the max over ranks of the mean step time.", "",
-                  *ddp_table(ddp, args, n)]
+        lines += [
+            "",
+            "## DDP step",
+            "",
+            f"MLP 784-{args.ddp_width}x{args.ddp_layers}-10 ({ddp[0].params:,} parameters, "
+            f"{ddp[0].params * 4 / 1e6:.1f} MB of gradients), {args.ddp_batch} samples per rank, default "
+            f"DDP (25 MB buckets), SGD; median of {args.ddp_reps} alternating measurements of about "
+            f"{args.ddp_target_s * 1e3:.0f} ms, each the max over ranks of the mean step time.",
+            "",
+            *ddp_table(ddp, args, n),
+        ]
     wrong = sum(r.wrong for r in rows if r.impl != NOOP)
     lines += ["", f"Out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
     return lines
@@ -349,30 +394,62 @@ def headlines(rows: list[bcoll.Row], ddp: list[DdpResult]) -> list[str]:
         if md is None:
             lines.append(f"headline: all_reduce {bc.human_bytes(s)}: not measured")
             continue
-        lines.append(f"headline: all_reduce {bc.human_bytes(s):>7}: gloo/mpidist = {bc.fmt(q(s))}x "
-                     f"({md.time_s * 1e6:.2f} us vs {row('gloo', s).time_s * 1e6:.2f} us); mpidist/raw = "
-                     f"{bc.fmt(bcoll.paired(md, row('raw', s)), 3)}; mpidist - noop = "
-                     f"{bc.fmt(diff_us(md, row(NOOP, s)))} us (noop {row(NOOP, s).time_s * 1e6:.2f} us)")
+        lines.append(
+            f"headline: all_reduce {bc.human_bytes(s):>7}: gloo/mpidist = {bc.fmt(q(s))}x "
+            f"({md.time_s * 1e6:.2f} us vs {row('gloo', s).time_s * 1e6:.2f} us); mpidist/raw = "
+            f"{bc.fmt(bcoll.paired(md, row('raw', s)), 3)}; mpidist - noop = "
+            f"{bc.fmt(diff_us(md, row(NOOP, s)))} us (noop {row(NOOP, s).time_s * 1e6:.2f} us)"
+        )
 
     verdict = bc.verdict
     lines += [
-        verdict("all_reduce <= 64 KiB: mpidist >= 10x faster than gloo", [s for s in got if s <= 64 << 10],
-                q, lambda x: x >= 10, min, "x"),
-        verdict("all_reduce 1 MiB: mpidist >= 4x faster than gloo", [s for s in got if s == 1 << 20],
-                q, lambda x: x >= 4, min, "x"),
-        verdict("all_reduce 16-64 MiB: mpidist >= 2x faster than gloo",
-                [s for s in got if 16 << 20 <= s <= 64 << 20], q, lambda x: x >= 2, min, "x"),
-        verdict("8 B: mpidist - noop (what the backend adds to torch's front end, MPI's own time included) <= 5 us",
-                [s for s in got if s == 8], lambda s: diff_us(row("mpidist", s), row(NOOP, s)),
-                lambda x: x <= FRONT_END_BUDGET_US, max, " us"),
-        verdict("8 B: mpidist - noop - raw (the same without MPI's own time) <= 5 us", [s for s in got if s == 8],
-                lambda s: diff_us(row("mpidist", s), row(NOOP, s)) - row("raw", s).time_s * 1e6,
-                lambda x: x <= FRONT_END_BUDGET_US, max, " us"),
+        verdict(
+            "all_reduce <= 64 KiB: mpidist >= 10x faster than gloo",
+            [s for s in got if s <= 64 << 10],
+            q,
+            lambda x: x >= 10,
+            min,
+            "x",
+        ),
+        verdict(
+            "all_reduce 1 MiB: mpidist >= 4x faster than gloo",
+            [s for s in got if s == 1 << 20],
+            q,
+            lambda x: x >= 4,
+            min,
+            "x",
+        ),
+        verdict(
+            "all_reduce 16-64 MiB: mpidist >= 2x faster than gloo",
+            [s for s in got if 16 << 20 <= s <= 64 << 20],
+            q,
+            lambda x: x >= 2,
+            min,
+            "x",
+        ),
+        verdict(
+            "8 B: mpidist - noop (what the backend adds to torch's front end, MPI's own time included) <= 5 us",
+            [s for s in got if s == 8],
+            lambda s: diff_us(row("mpidist", s), row(NOOP, s)),
+            lambda x: x <= FRONT_END_BUDGET_US,
+            max,
+            " us",
+        ),
+        verdict(
+            "8 B: mpidist - noop - raw (the same without MPI's own time) <= 5 us",
+            [s for s in got if s == 8],
+            lambda s: diff_us(row("mpidist", s), row(NOOP, s)) - row("raw", s).time_s * 1e6,
+            lambda x: x <= FRONT_END_BUDGET_US,
+            max,
+            " us",
+        ),
     ]
     if ddp:
         r = ddp_ratio(ddp)
-        lines.append(f"target: DDP step over mpidist no slower than over gloo: gloo/mpidist = {r:.3f} -> "
-                     f"{'MET' if r >= 1 else 'NOT MET'}")
+        lines.append(
+            f"target: DDP step over mpidist no slower than over gloo: gloo/mpidist = {r:.3f} -> "
+            f"{'MET' if r >= 1 else 'NOT MET'}"
+        )
     else:
         lines.append("target: DDP step: not measured (--no-ddp)")
     return lines
@@ -381,12 +458,36 @@ def headlines(rows: list[bcoll.Row], ddp: list[DdpResult]) -> list[str]:
 def write_ddp_csv(path: Path, res: list[DdpResult], args: argparse.Namespace, n: int) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["ranks", "backend", "params", "batch_per_rank", "step_ms", "step_min_ms", "step_max_ms",
-                    "steps_per_measurement", "gloo_over_mpidist", "max_param_diff"])
+        w.writerow(
+            [
+                "ranks",
+                "backend",
+                "params",
+                "batch_per_rank",
+                "step_ms",
+                "step_min_ms",
+                "step_max_ms",
+                "steps_per_measurement",
+                "gloo_over_mpidist",
+                "max_param_diff",
+            ]
+        )
         ratio = ddp_ratio(res)
         for r in res:
-            w.writerow([n, r.impl, r.params, args.ddp_batch, f"{r.time_s * 1e3:.6g}", f"{min(r.m.samples) * 1e3:.6g}",
-                        f"{max(r.m.samples) * 1e3:.6g}", r.m.iters, f"{ratio:.6g}", f"{r.max_diff:.6g}"])
+            w.writerow(
+                [
+                    n,
+                    r.impl,
+                    r.params,
+                    args.ddp_batch,
+                    f"{r.time_s * 1e3:.6g}",
+                    f"{min(r.m.samples) * 1e3:.6g}",
+                    f"{max(r.m.samples) * 1e3:.6g}",
+                    r.m.iters,
+                    f"{ratio:.6g}",
+                    f"{r.max_diff:.6g}",
+                ]
+            )
 
 
 # ---------------------------------------------------------------- main
@@ -417,8 +518,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args.target_s = (args.target_ms or (10.0 if args.quick else 40.0)) / 1e3
     args.ddp_reps = args.ddp_reps or (3 if args.quick else 7)
     args.ddp_target_s = (args.ddp_target_ms or (200.0 if args.quick else 500.0)) / 1e3
-    if min(args.reps, args.warmup, args.gloo_max_iters, args.ddp_reps, args.ddp_width, args.ddp_layers,
-           args.ddp_batch) < 1 or args.target_s <= 0 or args.ddp_target_s <= 0:
+    if (
+        min(args.reps, args.warmup, args.gloo_max_iters, args.ddp_reps, args.ddp_width, args.ddp_layers, args.ddp_batch)
+        < 1
+        or args.target_s <= 0
+        or args.ddp_target_s <= 0
+    ):
         p.error("counts, sizes and times must be positive")
     return args
 

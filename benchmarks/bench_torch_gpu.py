@@ -29,11 +29,12 @@ NCCL's busbw from 16 MiB, i.e. a time ratio <= 1.11).
 Output (rank 0): ``--out``/``torch_gpu_np{N}.md``. Exit status 1 when an element is wrong or the
 DDP parameters differ at 1 or 2 ranks.
 """
+
 from __future__ import annotations
 
 import _bench_common as bc  # noqa: I001  (first: sets the thread variables)
-import bench_gpu as bg  # noqa: E402  (its timing: a barrier, back-to-back calls, synchronized)
 
+# isort: split
 import argparse  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -41,6 +42,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
+import bench_gpu as bg  # noqa: E402  (its timing: a barrier, back-to-back calls, synchronized)
 from mpi4py import MPI  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -78,7 +80,7 @@ def sweep(torch: Any, dist: Any, sizes: list[int]) -> dict:
     for size in sizes:
         count = max(1, size // 4)
         x = torch.zeros(count, device=DEV)
-        t = statistics.median(bg.measurements(lambda: dist.all_reduce(x), sync(torch)))
+        t = statistics.median(bg.measurements(lambda x=x: dist.all_reduce(x), sync(torch)))
         x.fill_(me + 1)
         dist.all_reduce(x)
         wrong = int((x != n * (n + 1) / 2).sum().item())
@@ -130,8 +132,11 @@ def main() -> int:
     parser.add_argument("--max-bytes", default="256M")
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--cpu", action="store_true",
-                        help="CPU tensors, gloo in place of NCCL: a check of this script where there is no GPU")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="CPU tensors, gloo in place of NCCL: a check of this script where there is no GPU",
+    )
     args = parser.parse_args()
     global DEV, BASE
     if args.cpu:
@@ -184,35 +189,51 @@ def main() -> int:
     if me == 0:
         gpu = torch.cuda.get_device_properties(device).name if DEV == "cuda" else "none (--cpu)"
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if DEV == "cuda" else "-"
-        lines = [f"# torch on {DEV}: mpidist vs torch's {BASE}, {n} rank(s), float32", "",
-                 *bc.machine_lines(n, load),
-                 f"- GPU: {gpu} (device {device} of rank 0; {n_local} rank(s) on this node)",
-                 f"- {bc.versions(torch=torch.__version__, mpidist=mpidist.__version__)}, torch's NCCL {nccl}",
-                 *[f"- {k}: {v}" for k, v in notes.items()],
-                 "- timing: median of 3 measurements of ~20 ms, each the max over ranks of the mean time per "
-                 "call (barrier, back-to-back calls, device synchronized); busbw = algbw * 2(n-1)/n", ""]
+        lines = [
+            f"# torch on {DEV}: mpidist vs torch's {BASE}, {n} rank(s), float32",
+            "",
+            *bc.machine_lines(n, load),
+            f"- GPU: {gpu} (device {device} of rank 0; {n_local} rank(s) on this node)",
+            f"- {bc.versions(torch=torch.__version__, mpidist=mpidist.__version__)}, torch's NCCL {nccl}",
+            *[f"- {k}: {v}" for k, v in notes.items()],
+            "- timing: median of 3 measurements of ~20 ms, each the max over ranks of the mean time per "
+            "call (barrier, back-to-back calls, device synchronized); busbw = algbw * 2(n-1)/n",
+            "",
+        ]
         cols = "| size(B) | " + " | ".join(f"{k} time(us) | {k} busbw(GB/s) | {k} #wrong" for k in results)
-        lines += ["## dist.all_reduce, float32, sum, in place", "",
-                  cols + (f" | mpidist/{BASE} time |" if len(results) == 2 else " |"),
-                  "|" + "---:|" * (1 + 3 * len(results) + (len(results) == 2))]
+        lines += [
+            "## dist.all_reduce, float32, sum, in place",
+            "",
+            cols + (f" | mpidist/{BASE} time |" if len(results) == 2 else " |"),
+            "|" + "---:|" * (1 + 3 * len(results) + (len(results) == 2)),
+        ]
         for s in sizes:
             cells = [str(max(1, s // 4) * 4)]
-            for k, (sw, _, _) in results.items():
+            for sw, _, _ in results.values():
                 t, w = sw[s]
                 cells += [f"{t * 1e6:.2f}", f"{max(1, s // 4) * 4 / t / 1e9 * 2 * (n - 1) / n:.3f}", str(w)]
             if len(results) == 2:
                 cells.append(f"{results['mpidist'][0][s][0] / results[BASE][0][s][0]:.3f}")
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "## DDP step (MLP 784-1024x3-10, batch 64 per rank)", "",
-                  "| backend | step time(ms), median | min-max (ms) |", "|---|---:|---:|"]
+        lines += [
+            "",
+            "## DDP step (MLP 784-1024x3-10, batch 64 per rank)",
+            "",
+            "| backend | step time(ms), median | min-max (ms) |",
+            "|---|---:|---:|",
+        ]
         for k, (_, _, times) in results.items():
-            lines.append(f"| {k} | {statistics.median(times) * 1e3:.3f} | {min(times) * 1e3:.3f}-"
-                         f"{max(times) * 1e3:.3f} |")
+            lines.append(
+                f"| {k} | {statistics.median(times) * 1e3:.3f} | {min(times) * 1e3:.3f}-{max(times) * 1e3:.3f} |"
+            )
         if len(results) == 2:
             ratio = statistics.median(results["mpidist"][2]) / statistics.median(results[BASE][2])
-            lines += ["", f"- DDP step mpidist/{BASE} time: {ratio:.3f}",
-                      f"- parameters after 3 steps, largest |{BASE} - mpidist|: {diff!r}"
-                      f"{' (bitwise equal)' if diff == 0.0 else ''}"]
+            lines += [
+                "",
+                f"- DDP step mpidist/{BASE} time: {ratio:.3f}",
+                f"- parameters after 3 steps, largest |{BASE} - mpidist|: {diff!r}"
+                f"{' (bitwise equal)' if diff == 0.0 else ''}",
+            ]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         name = f"torch_{'gpu' if DEV == 'cuda' else 'cpu_check'}_np{n}.md"

@@ -1,4 +1,5 @@
 """``python -m mpidist script.py | -m module | -c code [args]``: see :mod:`mpidist.run`."""
+
 from mpidist.run import main
 
 main()

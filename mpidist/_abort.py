@@ -21,6 +21,7 @@ ends that thread only (Python's rule, kept: the program may join the thread and 
 its failure), and if the main thread then waits for a peer forever, the timeout catches
 it. Imports nothing of mpidist: callers pass what they need (the dump function).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,7 @@ def abort_job(code: int) -> None:
     MPI.COMM_WORLD.Abort(code)
 
 
-def end_job(rank: int, size: int, code: int, reason: str,
-            dump: Optional[Callable[[str], str]] = None) -> None:
+def end_job(rank: int, size: int, code: int, reason: str, dump: Optional[Callable[[str], str]] = None) -> None:
     """End a failing multi-rank job: ``dump("abort: " + reason)`` (every rank writes its
     flight recorder; it returns the line to print: where, or why not; None when mpidist is
     not initialized), then MPI_Abort(code).

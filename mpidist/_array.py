@@ -3,6 +3,7 @@
 Code that must run on numpy today and cupy later asks :func:`array_module`
 for the module of an array instead of importing numpy directly.
 """
+
 from __future__ import annotations
 
 from types import ModuleType

@@ -6,6 +6,7 @@ mpidist has one transport, MPI: host (numpy) arrays always travel over it; devic
 or host staging (docs/device.md). torch's ``"gloo"`` names are accepted by
 init_process_group and run over MPI.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,26 @@ from mpidist import _runtime
 from mpidist._group import ProcessGroup
 from mpidist.errors import prefix
 
-__all__ = ["is_available", "is_backend_available", "is_gloo_available", "is_ucc_available", "is_xccl_available",
-           "is_torchelastic_launched", "get_default_backend_for_device", "BackendConfig", "get_backend_config"]
+__all__ = [
+    "is_available",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_ucc_available",
+    "is_xccl_available",
+    "is_torchelastic_launched",
+    "get_default_backend_for_device",
+    "BackendConfig",
+    "get_backend_config",
+]
 
 #: backend name -> available here. gloo: torch's name, run over MPI; ucc and xccl: not provided.
-_KNOWN = {"mpi": lambda: True, "gloo": lambda: True, "nccl": lambda: _runtime.is_nccl_available(),
-          "ucc": lambda: False, "xccl": lambda: False}
+_KNOWN = {
+    "mpi": lambda: True,
+    "gloo": lambda: True,
+    "nccl": lambda: _runtime.is_nccl_available(),
+    "ucc": lambda: False,
+    "xccl": lambda: False,
+}
 #: device type -> the backend init_process_group gives it when none is named
 _DEFAULT_FOR_DEVICE = {"cpu": "mpi", "cuda": "nccl"}
 
@@ -79,8 +94,11 @@ def is_backend_available(backend: str) -> bool:
         check = _KNOWN.get(name.strip())
         return check is not None and check()
     parts = _device_backends(name)
-    return (parts is not None and all(d in _DEFAULT_FOR_DEVICE for d in parts)
-            and all(is_backend_available(b) for b in parts.values()))
+    return (
+        parts is not None
+        and all(d in _DEFAULT_FOR_DEVICE for d in parts)
+        and all(is_backend_available(b) for b in parts.values())
+    )
 
 
 def get_default_backend_for_device(device: Any) -> str:
@@ -95,12 +113,16 @@ def get_default_backend_for_device(device: Any) -> str:
     """
     kind = getattr(device, "type", device)
     if not isinstance(kind, str):
-        raise TypeError(f"{prefix('get_default_backend_for_device')} device must be a string such as 'cpu' or "
-                        f"'cuda:0', or have a .type, got {type(device).__name__}")
+        raise TypeError(
+            f"{prefix('get_default_backend_for_device')} device must be a string such as 'cpu' or "
+            f"'cuda:0', or have a .type, got {type(device).__name__}"
+        )
     found = _DEFAULT_FOR_DEVICE.get(kind.partition(":")[0].strip().lower())
     if found is None:
-        raise ValueError(f"{prefix('get_default_backend_for_device')} Default backend not registered for device : "
-                         f"{device!r}; mpidist knows {sorted(_DEFAULT_FOR_DEVICE)}")
+        raise ValueError(
+            f"{prefix('get_default_backend_for_device')} Default backend not registered for device : "
+            f"{device!r}; mpidist knows {sorted(_DEFAULT_FOR_DEVICE)}"
+        )
     return found
 
 
@@ -124,8 +146,10 @@ class BackendConfig:
         name = backend.lower().strip()
         parts = _device_backends(name) if ":" in name else {d: name for d in _DEFAULT_FOR_DEVICE}
         if parts is None or not set(parts) <= set(_DEFAULT_FOR_DEVICE):
-            raise ValueError(f"{prefix('BackendConfig')} backend {backend!r} is not a backend name or a "
-                             f"'cpu:<backend>,cuda:<backend>' string")
+            raise ValueError(
+                f"{prefix('BackendConfig')} backend {backend!r} is not a backend name or a "
+                f"'cpu:<backend>,cuda:<backend>' string"
+            )
         if parts.get("cpu", "nccl") == "nccl":  # NCCL does not move host arrays: MPI does
             parts["cpu"] = "mpi"
         self.device_backend_map = {d: parts[d] for d in sorted(parts)}

@@ -12,9 +12,10 @@ datatype travel as it and are reduced by MPI itself (the fast path); the others
 per element, registered here so a user-defined MPI reduction can tell which numpy
 dtype it is reducing (:func:`dtype_of`).
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any, Optional
 
 import numpy as np
@@ -23,8 +24,18 @@ from mpi4py import MPI
 from mpidist._array import is_device_array
 from mpidist.errors import prefix
 
-__all__ = ["host_array", "array_list", "mpi_datatype", "mpi_reducible", "same_dtype", "group_blocks", "holds",
-           "value_kind", "dtype_of", "split_sizes"]
+__all__ = [
+    "host_array",
+    "array_list",
+    "mpi_datatype",
+    "mpi_reducible",
+    "same_dtype",
+    "group_blocks",
+    "holds",
+    "value_kind",
+    "dtype_of",
+    "split_sizes",
+]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
 # (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
@@ -33,10 +44,18 @@ __all__ = ["host_array", "array_list", "mpi_datatype", "mpi_reducible", "same_dt
 _NUMERIC_KINDS = "biufc"
 _PREDEFINED = {
     ("b", 1): MPI.C_BOOL,
-    ("i", 1): MPI.INT8_T, ("i", 2): MPI.INT16_T, ("i", 4): MPI.INT32_T, ("i", 8): MPI.INT64_T,
-    ("u", 1): MPI.UINT8_T, ("u", 2): MPI.UINT16_T, ("u", 4): MPI.UINT32_T, ("u", 8): MPI.UINT64_T,
-    ("f", 4): MPI.FLOAT, ("f", 8): MPI.DOUBLE,
-    ("c", 8): MPI.C_FLOAT_COMPLEX, ("c", 16): MPI.C_DOUBLE_COMPLEX,
+    ("i", 1): MPI.INT8_T,
+    ("i", 2): MPI.INT16_T,
+    ("i", 4): MPI.INT32_T,
+    ("i", 8): MPI.INT64_T,
+    ("u", 1): MPI.UINT8_T,
+    ("u", 2): MPI.UINT16_T,
+    ("u", 4): MPI.UINT32_T,
+    ("u", 8): MPI.UINT64_T,
+    ("f", 4): MPI.FLOAT,
+    ("f", 8): MPI.DOUBLE,
+    ("c", 8): MPI.C_FLOAT_COMPLEX,
+    ("c", 16): MPI.C_DOUBLE_COMPLEX,
 }
 # C long double (x86-64: 80-bit extended in 16 bytes) where it differs from double.
 if np.dtype(np.longdouble).itemsize > 8:
@@ -46,7 +65,7 @@ if np.dtype(np.longdouble).itemsize > 8:
 _OPAQUE: dict = {}
 
 
-@lru_cache(maxsize=None)
+@cache
 def value_kind(dtype: np.dtype) -> str:
     """numpy's ``dtype.kind``, except that ml_dtypes' types report what they hold.
 
@@ -83,17 +102,23 @@ def host_array(x: Any, op: str, arg: str, *, writable: bool) -> np.ndarray:
         if is_device_array(x):
             return _device_array(x, op, arg)
         if not isinstance(x, np.ndarray):
-            hint = ("; a numpy array's .data is its raw buffer, not an array as torch's tensor.data: pass "
-                    "the array itself" if isinstance(x, memoryview) else "")
+            hint = (
+                "; a numpy array's .data is its raw buffer, not an array as torch's tensor.data: pass the array itself"
+                if isinstance(x, memoryview)
+                else ""
+            )
             raise TypeError(f"{prefix(op)} {arg} must be a numpy.ndarray, got {type(x).__name__}{hint}")
     if not x.flags.c_contiguous:
-        raise ValueError(f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of "
-                         f"shape {x.shape} and strides {x.strides}")
+        raise ValueError(
+            f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of "
+            f"shape {x.shape} and strides {x.strides}"
+        )
     if writable and not x.flags.writeable:
         raise ValueError(f"{prefix(op)} {arg} must be writable, got a read-only array")
     if x.dtype.kind not in _NUMERIC_KINDS and value_kind(x.dtype) not in _NUMERIC_KINDS:
-        raise TypeError(f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; "
-                        f"expected a numeric or bool dtype")
+        raise TypeError(
+            f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; expected a numeric or bool dtype"
+        )
     return x
 
 
@@ -106,19 +131,24 @@ def _device_array(x: Any, op: str, arg: str) -> Any:
     if not arrays.passing_through():
         primary = arrays.primary_name(op)
         if primary is None or primary == arg:
-            raise TypeError(f"{prefix(op)} {arg} is a device ({arrays.device_label(x)}) array, which {op} "
-                            f"does not take; copy it to a numpy array first")
+            raise TypeError(
+                f"{prefix(op)} {arg} is a device ({arrays.device_label(x)}) array, which {op} "
+                f"does not take; copy it to a numpy array first"
+            )
         raise arrays.mixed_error(op, arg, x, primary)
     if not x.flags.c_contiguous:
-        raise ValueError(f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of "
-                         f"shape {x.shape} and strides {x.strides}")
+        raise ValueError(
+            f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of "
+            f"shape {x.shape} and strides {x.strides}"
+        )
     if x.dtype.kind not in _NUMERIC_KINDS and value_kind(x.dtype) not in _NUMERIC_KINDS:
-        raise TypeError(f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; "
-                        f"expected a numeric or bool dtype")
+        raise TypeError(
+            f"{prefix(op)} {arg} has dtype {x.dtype}, which cannot be communicated; expected a numeric or bool dtype"
+        )
     return x
 
 
-@lru_cache(maxsize=None)
+@cache
 def mpi_datatype(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype matching a numpy dtype (cached).
 
@@ -142,14 +172,21 @@ def dtype_of(datatype: MPI.Datatype) -> np.dtype:
     return _OPAQUE[datatype.handle]
 
 
-@lru_cache(maxsize=None)
+@cache
 def mpi_reducible(dtype: np.dtype) -> bool:
     """True if MPI's predefined reduction ops work on ``dtype``."""
     return dtype.isnative and (dtype.kind, dtype.itemsize) in _PREDEFINED
 
 
-def array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, expected: str = "",
-                dtype_of: Optional[tuple[np.ndarray, str]] = None) -> list[np.ndarray]:
+def array_list(
+    xs: Any,
+    op: str,
+    arg: str,
+    n: Optional[int],
+    writable: bool,
+    expected: str = "",
+    dtype_of: Optional[tuple[np.ndarray, str]] = None,
+) -> list[np.ndarray]:
     """Validate argument ``arg`` of ``op``: a list or tuple of ``n`` arrays (any length >= 1 if
     ``n`` is None), each a :func:`host_array` (writable if asked), of one dtype; returns them
     as a list.
@@ -164,8 +201,9 @@ def array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, exp
     if (type(xs) is list or type(xs) is tuple) and xs and (n is None or len(xs) == n):
         # fast path: one cheap test per element; anything unusual takes the full checks below,
         # which raise the same errors in the same order
-        ref_dtype = (dtype_of[0] if dtype_of is not None
-                     else host_array(xs[0], op, f"{arg}[0]", writable=writable)).dtype
+        ref_dtype = (
+            dtype_of[0] if dtype_of is not None else host_array(xs[0], op, f"{arg}[0]", writable=writable)
+        ).dtype
         for x in xs:
             if type(x) is not np.ndarray or x.dtype != ref_dtype:
                 break
@@ -190,8 +228,7 @@ def array_list(xs: Any, op: str, arg: str, n: Optional[int], writable: bool, exp
 def same_dtype(ref: np.ndarray, other: np.ndarray, op: str, ref_arg: str, other_arg: str) -> None:
     """Raise TypeError unless ``other`` has the dtype of ``ref``."""
     if ref.dtype != other.dtype:
-        raise TypeError(f"{prefix(op)} {other_arg} dtype {other.dtype} does not match {ref_arg} "
-                        f"dtype {ref.dtype}")
+        raise TypeError(f"{prefix(op)} {other_arg} dtype {other.dtype} does not match {ref_arg} dtype {ref.dtype}")
 
 
 def group_blocks(out: Any, inp: Any, n: int, op: str, out_arg: str, in_arg: str, gather: bool) -> None:
@@ -208,8 +245,10 @@ def holds(op: str, whole: Any, whole_arg: str, part: Any, part_arg: str, n: int)
     """ValueError unless ``whole`` has ``n`` times ``part``'s elements (one block per group
     rank); both have ``.size`` and ``.shape`` (host arrays, or the NCCL path's descriptions)."""
     if whole.size != part.size * n:
-        raise ValueError(f"{prefix(op)} {whole_arg} must hold world_size * {part_arg}.size = {n} * {part.size} = "
-                         f"{n * part.size} elements, got {whole.size} (shape {whole.shape})")
+        raise ValueError(
+            f"{prefix(op)} {whole_arg} must hold world_size * {part_arg}.size = {n} * {part.size} = "
+            f"{n * part.size} elements, got {whole.size} (shape {whole.shape})"
+        )
 
 
 def split_sizes(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: int) -> list[int]:
@@ -218,19 +257,21 @@ def split_sizes(splits: Any, arr: np.ndarray, op: str, arg: str, name: str, n: i
     TypeError / ValueError for sizes that are not ints, negative, of another count, or
     whose sum is not ``arr.shape[0]``."""
     if arr.ndim == 0:
-        raise ValueError(f"{prefix(op)} {name} must have at least one dimension (it is split along "
-                         f"dim 0), got a 0-d array")
+        raise ValueError(
+            f"{prefix(op)} {name} must have at least one dimension (it is split along dim 0), got a 0-d array"
+        )
     rows = arr.shape[0]
     if splits is None or (hasattr(splits, "__len__") and len(splits) == 0):
         if rows % n:
-            raise ValueError(f"{prefix(op)} {name}.shape[0] = {rows} is not divisible by the group size "
-                             f"{n}; pass {arg} to split it unevenly")
+            raise ValueError(
+                f"{prefix(op)} {name}.shape[0] = {rows} is not divisible by the group size "
+                f"{n}; pass {arg} to split it unevenly"
+            )
         return [rows // n] * n
     if not isinstance(splits, (list, tuple, np.ndarray)):
         raise TypeError(f"{prefix(op)} {arg} must be a list of ints or None, got {type(splits).__name__}")
     if len(splits) != n:
-        raise ValueError(f"{prefix(op)} {arg} must hold one size per group member = {n} sizes, "
-                         f"got {len(splits)}")
+        raise ValueError(f"{prefix(op)} {arg} must hold one size per group member = {n} sizes, got {len(splits)}")
     for i, s in enumerate(splits):
         if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
             raise TypeError(f"{prefix(op)} {arg}[{i}] must be an int, got {type(s).__name__}")

@@ -6,9 +6,11 @@ not. A call on host arrays goes to the MPI backend's body of the same name
 (:mod:`mpidist._mpi.coalesced`); one on device arrays to the router
 (:mod:`mpidist.device.route`).
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -23,13 +25,15 @@ __all__ = ["all_reduce_coalesced", "all_gather_coalesced"]
 
 
 @public_op(H.all_reduce_coalesced)
-def _all_reduce_coalesced(tensors: Sequence[Any], op: Op, group: Optional[ProcessGroup],
-                          async_op: bool) -> Optional[Work]:
+def _all_reduce_coalesced(
+    tensors: Sequence[Any], op: Op, group: Optional[ProcessGroup], async_op: bool
+) -> Optional[Work]:
     """all_reduce_coalesced on a list (:mod:`mpidist._public_op`)."""
 
 
-def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-                         async_op: bool = False) -> Optional[Work]:
+def all_reduce_coalesced(
+    tensors: Any, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None, async_op: bool = False
+) -> Optional[Work]:
     """all_reduce of every array of ``tensors`` in one collective (torch.distributed.all_reduce_coalesced).
 
     Args:
@@ -57,8 +61,12 @@ def all_reduce_coalesced(tensors: Any, op: Op = ReduceOp.SUM, group: Optional[Pr
 
 
 @public_op(H.all_gather_coalesced)
-def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[np.ndarray]], input_tensor_list: Sequence[np.ndarray],
-                         group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_gather_coalesced(
+    output_tensor_lists: Sequence[Sequence[np.ndarray]],
+    input_tensor_list: Sequence[np.ndarray],
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """all_gather of several arrays per rank in one collective (torch.distributed.all_gather_coalesced).
 
     Args:

@@ -19,6 +19,7 @@ table lookup: the 8-byte all_reduce keeps its speed, benchmarks/results/latency_
 Every backend lives below the public functions and the router and never calls them
 (docs/architecture.md).
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol

@@ -7,6 +7,7 @@ watchdog's channel to the other ranks while one runs (None with one rank or with
 the flight recorder, the mismatch check) read them here, so they import nothing above
 themselves. This module imports nothing of the package.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

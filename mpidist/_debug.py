@@ -33,7 +33,8 @@ MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
 its calls (:func:`mpidist._signature.fold`); each exchange carries the hash of the calls
 before it. The members compare at points that cannot differ between them: the sequence
 numbers :data:`PERIOD` (K = 4096), 2K, ... (every member posts an exchange there, cached
-call or not, verified at the next multiple: :func:`_periodic`), and the final comparison (:func:`compare_final`: destroy_process_group, the exit of a
+call or not, verified at the next multiple: :func:`_periodic`), and the final comparison
+(:func:`compare_final`: destroy_process_group, the exit of a
 process that did not destroy its groups, ``check_collectives``). So calls whose keys are all
 cached but differ (e.g. two sizes used alternately, out of step between ranks) are caught
 within 2K calls or at the end, and every member raises the same ValueError naming the first
@@ -50,6 +51,7 @@ it also catches what the cache cannot, and keeps the inline latency paths off. S
 ``MPIDIST_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG`` (read when mpidist is imported and by
 init_process_group), or :func:`set_debug_level`. Every rank must use the same level.
 """
+
 from __future__ import annotations
 
 import collections
@@ -64,8 +66,24 @@ from mpi4py import MPI
 from mpidist import _current, _recorder as R, _signature as S, work
 from mpidist.errors import prefix
 
-__all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env", "LEVELS", "DETAIL",
-           "CHECK", "STATES", "NOTE", "GroupCheck", "check", "agreed", "broken", "probe_answer", "shm_mismatch", "env_level"]
+__all__ = [
+    "DebugLevel",
+    "get_debug_level",
+    "set_debug_level",
+    "set_debug_level_from_env",
+    "LEVELS",
+    "DETAIL",
+    "CHECK",
+    "STATES",
+    "NOTE",
+    "GroupCheck",
+    "check",
+    "agreed",
+    "broken",
+    "probe_answer",
+    "shm_mismatch",
+    "env_level",
+]
 
 
 class DebugLevel(enum.Enum):
@@ -108,11 +126,11 @@ KEYS_MASK = 2 * PERIOD - 1
 #: their own: the exchange is the op.
 FINAL_OPS = frozenset({"destroy_process_group", "exit", "check_collectives"})
 
-_SPINS = 200        # tests of the exchange before yielding between tests
-_YIELD_S = 0.01     # s: then testing it and yielding the core in turn, before sleeping between tests
+_SPINS = 200  # tests of the exchange before yielding between tests
+_YIELD_S = 0.01  # s: then testing it and yielding the core in turn, before sleeping between tests
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _FIRST_PROBE = 0.05  # s: first question to the peers about a stalled exchange; then doubling
-_PROBE_MAX = 2.0    # s: longest interval between questions
+_PROBE_MAX = 2.0  # s: longest interval between questions
 _FINAL_SILENT = 10.0  # s: a final comparison that no peer answers for this long gives up
 _ANSWER_WAIT = 0.2  # s: how long a stalled exchange waits for the peers' answers to one question
 
@@ -159,8 +177,7 @@ def env_level(where: str) -> Optional[DebugLevel]:
         if text.strip():
             name = text.strip().upper()
             if name not in LEVELS:
-                raise ValueError(f"{where}{' ' if where else ''}{var} must be one of {', '.join(LEVELS)}, "
-                                 f"got {text!r}")
+                raise ValueError(f"{where}{' ' if where else ''}{var} must be one of {', '.join(LEVELS)}, got {text!r}")
             return DebugLevel[name]
     return None
 
@@ -224,8 +241,24 @@ class GroupCheck:
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
-    __slots__ = ("group", "comm", "final_comm", "report_comm", "agreed", "fps", "decided", "exchanging", "exchanged",
-                 "h", "base", "keys", "pending", "stale", "lkey", "lkh")
+    __slots__ = (
+        "group",
+        "comm",
+        "final_comm",
+        "report_comm",
+        "agreed",
+        "fps",
+        "decided",
+        "exchanging",
+        "exchanged",
+        "h",
+        "base",
+        "keys",
+        "pending",
+        "stale",
+        "lkey",
+        "lkh",
+    )
 
     def __init__(self, g: Any) -> None:
         self.group = g
@@ -456,8 +489,9 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
     if not S.same_point(rows):
         broken(g, f"a mismatched collective before sequence number {seq}")
         raise ValueError(f"{prefix(op)} {_mixed_text(g, rows)}")
-    calls_differ = S.mismatched(np.concatenate([rows[:, :S.KIND], np.zeros((len(rows), S.WORDS - S.KIND),
-                                                                           np.int64)], axis=1))
+    calls_differ = S.mismatched(
+        np.concatenate([rows[:, : S.KIND], np.zeros((len(rows), S.WORDS - S.KIND), np.int64)], axis=1)
+    )
     history_differs = bool((rows[:, S.HASH] != rows[0, S.HASH]).any())
     if calls_differ and not (history_differs and key[S.OP] in FINAL_OPS):
         calls = comm.allgather(S.describe(key, seq) if key[S.OP] not in FINAL_OPS else S.decode(rows[g.rank()]))
@@ -469,9 +503,11 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
     # the same call (or final comparison) here, after calls that differed: find the first
     first = _first_text(g, chk, seq, comm)
     broken(g, f"mismatched collectives before sequence number {seq}")
-    raise ValueError(f"{prefix(op)} the members of group {name!r} called mismatched collectives: {first} "
-                     f"(found at sequence number {seq}, where they compare the calls made so far: every "
-                     f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)")
+    raise ValueError(
+        f"{prefix(op)} the members of group {name!r} called mismatched collectives: {first} "
+        f"(found at sequence number {seq}, where they compare the calls made so far: every "
+        f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)"
+    )
 
 
 def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
@@ -491,8 +527,11 @@ def _last_call(chk: GroupCheck, seq: int) -> tuple:
 def _first_text(g: Any, chk: GroupCheck, seq: int, comm: MPI.Comm) -> str:
     """The first call since the last agreement at which the members differ, with each
     member's call there (collective over the group: every member exchanges its history)."""
-    mine = [(s, S.key_hash(k), S.describe(k, s)) for s in range(max(chk.base + 1, seq - KEYS_MASK), seq)
-            if (k := _recent(chk, seq, s)) is not None]
+    mine = [
+        (s, S.key_hash(k), S.describe(k, s))
+        for s in range(max(chk.base + 1, seq - KEYS_MASK), seq)
+        if (k := _recent(chk, seq, s)) is not None
+    ]
     hists = comm.allgather(mine)
     by_rank = [{s: (kh, text) for s, kh, text in h} for h in hists]
     for s in range(chk.base + 1, seq):
@@ -503,7 +542,8 @@ def _first_text(g: Any, chk: GroupCheck, seq: int, comm: MPI.Comm) -> str:
             for r, call in enumerate(calls):
                 by_call.setdefault(call, []).append(g.ranks[r])
             return f"first at sequence number {s}: " + "; ".join(
-                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {call}" for call, rs in by_call.items())
+                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {call}" for call, rs in by_call.items()
+            )
     return f"their calls between sequence numbers {chk.base + 1} and {seq - 1} differ"
 
 
@@ -513,11 +553,14 @@ def _mixed_text(g: Any, rows: np.ndarray) -> str:
     for r, row in enumerate(rows):
         call = S.decode(row)
         if row[S.KIND] == S.FINAL:
-            call = (f"{call}, its last call before its final comparison at seq={int(row[S.CALLS])} "
-                    f"(destroy_process_group, exit or check_collectives)")
+            call = (
+                f"{call}, its last call before its final comparison at seq={int(row[S.CALLS])} "
+                f"(destroy_process_group, exit or check_collectives)"
+            )
         by_call.setdefault(call, []).append(g.ranks[r])
-    parts = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {call}"
-                      for call, rs in by_call.items())
+    parts = "; ".join(
+        f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {call}" for call, rs in by_call.items()
+    )
     return f"the members of group {g.group_name!r} called mismatched collectives: {parts}"
 
 
@@ -525,14 +568,16 @@ def _mismatch_text(g: Any, op: str, differ: list, calls: list) -> str:
     by_call: dict = {}
     for r, call in enumerate(calls):
         by_call.setdefault(call, []).append(g.ranks[r])
-    parts = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {call}"
-                      for call, ranks in by_call.items())
-    return (f"{prefix(op)} the members of group {g.group_name!r} called mismatched collectives (they differ "
-            f"in {', '.join(differ)}): {parts}")
+    parts = "; ".join(
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {call}" for call, ranks in by_call.items()
+    )
+    return (
+        f"{prefix(op)} the members of group {g.group_name!r} called mismatched collectives (they differ "
+        f"in {', '.join(differ)}): {parts}"
+    )
 
 
-def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple,
-          final: bool = False) -> bool:
+def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple, final: bool = False) -> bool:
     """Until the exchange ``req`` completes (True). While it stalls, ask the peers (after
     50 ms, then at doubling intervals) whether one ran this sequence number without an
     exchange: then raise the mismatch (:func:`_diverged`). Past the op's timeout the
@@ -575,7 +620,7 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
             interval = min(2 * interval, _PROBE_MAX)
             ask_at = time.monotonic() + interval
         if now < yield_until:  # a late peer (the usual case, or one waiting for a core): no sleep,
-            _yield()           # whose least is ~60 us, but let the peers run
+            _yield()  # whose least is ~60 us, but let the peers run
         else:
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
@@ -594,9 +639,14 @@ def _answers(g: Any, seq: int) -> dict:
 def _skipped(answers: dict, seq: int) -> dict:
     """The peers that passed collective ``seq`` without an exchange, with what they said
     (their call there, when known)."""
-    return {p: info for p, info in answers.items()
-            if info.get("member", True) and not info.get("left")
-            and info.get("decided", -1) >= seq and seq not in info.get("exchanged", ())}
+    return {
+        p: info
+        for p, info in answers.items()
+        if info.get("member", True)
+        and not info.get("left")
+        and info.get("decided", -1) >= seq
+        and seq not in info.get("exchanged", ())
+    }
 
 
 def broken(g: Any, why: str) -> None:
@@ -615,8 +665,12 @@ def probe_answer(g: Any, seq: int) -> dict:
     last_seq = chk.decided
     at, key = chk.exchanging
     last_key = key if at == seq else _recent(chk, last_seq, seq)  # its call at ``seq``, if it ran one recently
-    return {"decided": last_seq, "exchanged": list(chk.exchanged), "key": last_key,
-            "left": g.engine.broken is not None or g.destroyed}
+    return {
+        "decided": last_seq,
+        "exchanged": list(chk.exchanged),
+        "key": last_key,
+        "left": g.engine.broken is not None or g.destroyed,
+    }
 
 
 def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
@@ -634,13 +688,21 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
             at = info.get("at_seq")
             call = f"{at[0]}(seq={seq})" if at else f"an op at seq={seq}"
         others.append(f"rank {p}: {call}")
-    fields = [name for name in ("op", "count", "dtype", "root", "reduce op", "sizes") if name in differ
-              and key[S.OP] not in FINAL_OPS]
-    mine = (f"its final comparison of the calls made ({key[S.OP]}, seq={seq})" if key[S.OP] in FINAL_OPS
-            else f"{S.describe(key, seq)}, a call new to the group, which its members compare before running it")
-    body = (f"the members of group {g.group_name!r} called mismatched collectives"
-            f"{' (they differ in ' + ', '.join(fields) + ')' if fields else ''}: rank {me}: "
-            f"{mine}; {'; '.join(others)}, a call the members agreed on before, run without comparing it")
+    fields = [
+        name
+        for name in ("op", "count", "dtype", "root", "reduce op", "sizes")
+        if name in differ and key[S.OP] not in FINAL_OPS
+    ]
+    mine = (
+        f"its final comparison of the calls made ({key[S.OP]}, seq={seq})"
+        if key[S.OP] in FINAL_OPS
+        else f"{S.describe(key, seq)}, a call new to the group, which its members compare before running it"
+    )
+    body = (
+        f"the members of group {g.group_name!r} called mismatched collectives"
+        f"{' (they differ in ' + ', '.join(fields) + ')' if fields else ''}: rank {me}: "
+        f"{mine}; {'; '.join(others)}, a call the members agreed on before, run without comparing it"
+    )
     wd = _current.watchdog
     if wd is not None:
         wd.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
@@ -659,8 +721,10 @@ def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, ro
         chk.comm.Alltoall([np.asarray(parts[1], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
         mine = [(g.ranks[i], int(got[i]), int(parts[2][i])) for i in range(n) if got[i] != parts[2][i]]
         for r, found in enumerate(chk.comm.allgather(mine[:4])):
-            bad += [f"rank {src} sends {sent} elements to rank {g.ranks[r]}, which expects {want}"
-                    for src, sent, want in found]
+            bad += [
+                f"rank {src} sends {sent} elements to rank {g.ranks[r]}, which expects {want}"
+                for src, sent, want in found
+            ]
     else:
         root = g.group_rank(key[S.ROOT])
         expected = np.asarray(parts[2] if g.rank() == root else np.zeros(n), np.int64)
@@ -668,12 +732,18 @@ def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, ro
         own = rows[:, S.OWN]
         where = "dst" if parts[0] == "gather" else "src"
         lst = "gather_list" if parts[0] == "gather" else "scatter_list"
-        bad = [f"rank {g.ranks[k]}'s tensor holds {int(own[k])} elements, {where} rank {key[S.ROOT]}'s "
-               f"{lst}[{k}] holds {int(expected[k])}" for k in range(n) if own[k] != expected[k]]
+        bad = [
+            f"rank {g.ranks[k]}'s tensor holds {int(own[k])} elements, {where} rank {key[S.ROOT]}'s "
+            f"{lst}[{k}] holds {int(expected[k])}"
+            for k in range(n)
+            if own[k] != expected[k]
+        ]
     if bad:
         more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
-        raise ValueError(f"{prefix(op)} the members of group {g.group_name!r} called {S.describe(key, seq)} "
-                         f"with sizes that do not match: {'; '.join(bad[:4])}{more}")
+        raise ValueError(
+            f"{prefix(op)} the members of group {g.group_name!r} called {S.describe(key, seq)} "
+            f"with sizes that do not match: {'; '.join(bad[:4])}{more}"
+        )
 
 
 def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
@@ -686,7 +756,10 @@ def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
         chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
         chk.keys[seq & KEYS_MASK] = None
     keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]
-    differ = [name for name in ("count", "dtype", "reduce op")
-              if len({k[{"count": S.COUNT, "dtype": S.DTYPE, "reduce op": S.REDOP}[name]] for k in keys}) > 1]
+    differ = [
+        name
+        for name in ("count", "dtype", "reduce op")
+        if len({k[{"count": S.COUNT, "dtype": S.DTYPE, "reduce op": S.REDOP}[name]] for k in keys}) > 1
+    ]
     text = _mismatch_text(g, "all_reduce", differ, [S.describe(k, seq) for k in keys])
     return ValueError(f"{text} (found by the shared-memory algorithm's check, which compares every call)")

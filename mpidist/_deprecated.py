@@ -8,6 +8,7 @@ undeprecated implementations (which mpidist itself calls, so it never warns):
 ``mpidist.all_gather_into_tensor`` is this module's wrapper;
 ``mpidist.gather_scatter.all_gather_into_tensor`` the implementation.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,6 +23,7 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coales
 def _deprecated(impl: Callable[..., Any], message: str) -> Callable[..., Any]:
     """``impl`` (same name, signature and docstring) that first warns ``message``
     (FutureWarning, pointing at the caller's line)."""
+
     @functools.wraps(impl)
     def public(*args: Any, **kwargs: Any) -> Any:
         warnings.warn(message, FutureWarning, stacklevel=2)
@@ -33,14 +35,18 @@ def _deprecated(impl: Callable[..., Any], message: str) -> Callable[..., Any]:
 
 all_gather_into_tensor = _deprecated(
     gather_scatter.all_gather_into_tensor,
-    "`mpidist.all_gather_into_tensor` is deprecated. Please use `mpidist.all_gather_single` instead.")
+    "`mpidist.all_gather_into_tensor` is deprecated. Please use `mpidist.all_gather_single` instead.",
+)
 reduce_scatter_tensor = _deprecated(
     reductions.reduce_scatter_tensor,
-    "`mpidist.reduce_scatter_tensor` is deprecated. Please use `mpidist.reduce_scatter_single` instead.")
+    "`mpidist.reduce_scatter_tensor` is deprecated. Please use `mpidist.reduce_scatter_single` instead.",
+)
 all_reduce_coalesced = _deprecated(
     _coalesced.all_reduce_coalesced,
-    "`mpidist.all_reduce_coalesced` will be deprecated (torch 2.13); all_reduce each array, or one flat array.")
+    "`mpidist.all_reduce_coalesced` will be deprecated (torch 2.13); all_reduce each array, or one flat array.",
+)
 all_gather_coalesced = _deprecated(
     _coalesced.all_gather_coalesced,
     "`mpidist.all_gather_coalesced` will be deprecated (torch 2.13); all_gather_single of one flat array does "
-    "the same.")
+    "the same.",
+)

@@ -3,6 +3,7 @@ record the op (flight recorder, timeout watchdog), check that every member makes
 call (:mod:`mpidist._debug`), run it inline or on the group's engine, and turn MPI errors
 into mpidist's.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -11,35 +12,60 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _current, _debug, _recorder as R, _runtime, work
-from mpidist._tags import USER_TAG_MAX
-from mpidist.errors import DistError, from_mpi, prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import ReduceOp
+from mpidist._tags import USER_TAG_MAX
+from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.work import CompletedWork, FutureWork, Work, bounded_result
 
-__all__ = ["launch", "member", "group_root", "root_rank", "root_list", "peer_rank", "check_tag", "p2p_call", "unusable",
-           "signature"]
+__all__ = [
+    "launch",
+    "member",
+    "group_root",
+    "root_rank",
+    "root_list",
+    "peer_rank",
+    "check_tag",
+    "p2p_call",
+    "unusable",
+    "signature",
+]
 
 _state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
 _PMASK, _KMASK = _debug.PERIOD_MASK, _debug.KEYS_MASK
 
 
-def signature(g: ProcessGroup, op: str, count: int = -1, dtype: Any = None, root: int = -1, redop: Any = None,
-              layout: Optional[tuple] = None) -> Optional[tuple]:
+def signature(
+    g: ProcessGroup,
+    op: str,
+    count: int = -1,
+    dtype: Any = None,
+    root: int = -1,
+    redop: Any = None,
+    layout: Optional[tuple] = None,
+) -> Optional[tuple]:
     """The key :func:`mpidist._debug.check` compares for a call on ``g`` (see
     :mod:`mpidist._signature`), or None where nothing is checked (a one-rank group, or
     checks switched off by a benchmark)."""
     if not _debug.CHECK or len(g.ranks) == 1:
         return None
-    return (op, count, dtype, root, redop._value_ if type(redop) is ReduceOp else None if redop is None
-            else "premul_sum", layout)
+    return (
+        op,
+        count,
+        dtype,
+        root,
+        redop._value_ if type(redop) is ReduceOp else None if redop is None else "premul_sum",
+        layout,
+    )
 
 
-def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: Optional[tuple],
-             parts: Optional[tuple] = None) -> Callable[..., Any]:
+def _guarded(
+    g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: Optional[tuple], parts: Optional[tuple] = None
+) -> Callable[..., Any]:
     """``fn`` wrapped to run as ``rec``: it becomes the group's op in flight, its end (or
     failure) is recorded, the check of its signature ``key`` (:func:`signature`; None: no
     check) runs first, MPI errors become mpidist's."""
+
     def run(*args: Any) -> Any:
         if rec[R.STATE] is R.SCHEDULED:  # it was queued on the engine: it starts now
             rec[R.T_START] = R._now()
@@ -73,13 +99,28 @@ def _guarded(g: ProcessGroup, op: str, fn: Callable[..., Any], rec: list, key: O
             raise
         R.end(rec)
         return out
+
     return run
 
 
-def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool,
-           outputs: tuple = (), *, shapes: Any = None, dtype: Any = None, root: int = -1, count: int = -1,
-           redop: Any = None, layout: Optional[tuple] = None, parts: Optional[tuple] = None,
-           limit: Optional[float] = None, checked: bool = True) -> Optional[Work]:
+def launch(
+    group: ProcessGroup,
+    op: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    async_op: bool,
+    outputs: tuple = (),
+    *,
+    shapes: Any = None,
+    dtype: Any = None,
+    root: int = -1,
+    count: int = -1,
+    redop: Any = None,
+    layout: Optional[tuple] = None,
+    parts: Optional[tuple] = None,
+    limit: Optional[float] = None,
+    checked: bool = True,
+) -> Optional[Work]:
     """Run ``fn(*args)`` in the group's op order; return a Work when ``async_op``.
 
     Sync: inline when nothing is queued, else behind the queued ops; returns None.
@@ -117,8 +158,7 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     # Numbered now only when no other thread can number one of this group's ops meanwhile
     # (no op queued or running); else under the engine's lock as it is queued or put
     # before the queued ones (a callback's), so that numbers follow the order ops run in.
-    rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED,
-                  number=not (queued or nested))
+    rec = R.begin(group, op, shapes, dtype, root, R.SCHEDULED if queued else R.STARTED, number=not (queued or nested))
     if nested:
         eng.run_before_queued(rec)
     if limit is not None:
@@ -128,8 +168,14 @@ def launch(group: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, as
     elif not checked:
         key = _debug.NOTE  # not compared; the check only notes that this rank got here
     else:
-        key = (op, count, dtype, root, redop._value_ if type(redop) is ReduceOp else None if redop is None
-               else "premul_sum", layout)
+        key = (
+            op,
+            count,
+            dtype,
+            root,
+            redop._value_ if type(redop) is ReduceOp else None if redop is None else "premul_sum",
+            layout,
+        )
     run = _guarded(group, op, fn, rec, key, parts)
     if async_op and not eager:
         return FutureWork(op, prefix(op), eng.submit(run, *args, rec=rec), outputs, rec)
@@ -155,8 +201,14 @@ def compare_final(group: ProcessGroup, what: str) -> None:
     numbered, run after the ops queued before it, watched by the timeout watchdog). Nothing
     on a group that is destroyed, broken (a mismatch was found already), of one rank, or
     where the caller is not a member."""
-    if (group.comm is None or group.destroyed or group.engine.broken is not None or not _debug.CHECK
-            or len(group.ranks) == 1 or not group.is_member()):
+    if (
+        group.comm is None
+        or group.destroyed
+        or group.engine.broken is not None
+        or not _debug.CHECK
+        or len(group.ranks) == 1
+        or not group.is_member()
+    ):
         return
     launch(group, what, _nothing, (), False, limit=_UNWATCHED)
 
@@ -222,8 +274,9 @@ def group_root(g: ProcessGroup, rank: Any, op: str, arg: str) -> int:
         raise ValueError(f"{prefix(op)} {arg}={rank}: {exc}") from None
 
 
-def root_rank(g: ProcessGroup, rank: Any, group_rank: Any, op: str, arg: str, group_arg: str,
-              default: Optional[int] = None) -> int:
+def root_rank(
+    g: ProcessGroup, rank: Any, group_rank: Any, op: str, arg: str, group_arg: str, default: Optional[int] = None
+) -> int:
     """Group rank of the rank an op names either as a global rank (``rank``, its argument
     ``arg``: ``src``, ``dst``, ``peer``) or as a rank in ``g`` (``group_rank``, its argument
     ``group_arg``: ``group_src``, ``group_dst``, ``group_peer``), exactly one of them.
@@ -241,19 +294,26 @@ def root_rank(g: ProcessGroup, rank: Any, group_rank: Any, op: str, arg: str, gr
     if group_rank is None:
         if rank is None:
             if default is None:
-                raise ValueError(f"{prefix(op)} neither {arg} (a global rank) nor {group_arg} (a rank in the "
-                                 f"group) given; specify one of them")
+                raise ValueError(
+                    f"{prefix(op)} neither {arg} (a global rank) nor {group_arg} (a rank in the "
+                    f"group) given; specify one of them"
+                )
             rank = default
         return group_root(g, rank, op, arg)
     if rank is not None:
-        raise ValueError(f"{prefix(op)} {arg}={rank} and {group_arg}={group_rank} both given; specify one of "
-                         f"them: {arg} is a global rank, {group_arg} a rank in the group")
+        raise ValueError(
+            f"{prefix(op)} {arg}={rank} and {group_arg}={group_rank} both given; specify one of "
+            f"them: {arg} is a global rank, {group_arg} a rank in the group"
+        )
     if not isinstance(group_rank, (int, np.integer)) or isinstance(group_rank, bool):
-        raise TypeError(f"{prefix(op)} {group_arg} must be an int (a rank in the group), got "
-                        f"{type(group_rank).__name__}")
+        raise TypeError(
+            f"{prefix(op)} {group_arg} must be an int (a rank in the group), got {type(group_rank).__name__}"
+        )
     if not 0 <= group_rank < len(g.ranks):
-        raise ValueError(f"{prefix(op)} {group_arg}={group_rank} is out of range for group {g.group_name!r} of "
-                         f"size {len(g.ranks)}; expected 0 <= {group_arg} < {len(g.ranks)}")
+        raise ValueError(
+            f"{prefix(op)} {group_arg}={group_rank} is out of range for group {g.group_name!r} of "
+            f"size {len(g.ranks)}; expected 0 <= {group_arg} < {len(g.ranks)}"
+        )
     return int(group_rank)
 
 
@@ -264,11 +324,14 @@ def root_list(xs: Any, here: bool, op: str, arg: str, root_arg: str, root: int, 
     role = "destination" if root_arg == "dst" else "source"
     given = xs is not None and not (isinstance(xs, (list, tuple)) and len(xs) == 0)
     if given and not here:
-        raise ValueError(f"{prefix(op)} {arg} must not be given on a rank other than {root_arg}={root} "
-                         f"(torch: 'must NOT be specified on non-{role} ranks'); pass None")
+        raise ValueError(
+            f"{prefix(op)} {arg} must not be given on a rank other than {root_arg}={root} "
+            f"(torch: 'must NOT be specified on non-{role} ranks'); pass None"
+        )
     if here and not given:
-        raise ValueError(f"{prefix(op)} {arg} must be given on the {role} rank {root_arg}={root}: "
-                         f"a list of {n} arrays, got {xs!r}")
+        raise ValueError(
+            f"{prefix(op)} {arg} must be given on the {role} rank {root_arg}={root}: a list of {n} arrays, got {xs!r}"
+        )
 
 
 def check_tag(tag: Any, op: str, arg: str = "tag") -> int:
@@ -277,13 +340,14 @@ def check_tag(tag: Any, op: str, arg: str = "tag") -> int:
     if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
         raise TypeError(f"{prefix(op)} {arg} must be an int, got {type(tag).__name__}")
     if not 0 <= tag <= USER_TAG_MAX:
-        raise ValueError(f"{prefix(op)} {arg} must be in [0, {USER_TAG_MAX}] (tags above are reserved "
-                         f"for mpidist's own messages), got {tag}")
+        raise ValueError(
+            f"{prefix(op)} {arg} must be in [0, {USER_TAG_MAX}] (tags above are reserved "
+            f"for mpidist's own messages), got {tag}"
+        )
     return int(tag)
 
 
-def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = None,
-              group_arg: str = "") -> int:
+def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = None, group_arg: str = "") -> int:
     """Group rank of the other side, given as global rank ``peer`` (argument ``arg``) or
     as rank ``group_peer`` in ``g`` (argument ``group_arg``, default ``"group_" + arg``);
     it must be a member and not the caller."""
@@ -291,6 +355,5 @@ def peer_rank(g: ProcessGroup, peer: Any, op: str, arg: str, group_peer: Any = N
     rank = root_rank(g, peer, group_peer, op, arg, group_arg)
     if rank == g.rank():
         given = f"{arg}={peer}" if group_peer is None else f"{group_arg}={group_peer}"
-        raise ValueError(f"{prefix(op)} {given} is the calling rank itself; "
-                         f"expected another member of the group")
+        raise ValueError(f"{prefix(op)} {given} is the calling rank itself; expected another member of the group")
     return rank

@@ -22,11 +22,13 @@ child is not mistaken for a torchrun-style launch.
 
 Imports nothing of mpidist.
 """
+
 from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, MutableMapping, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import Optional
 
 __all__ = ["VARS", "MARKER", "export_at_import", "export", "user_values", "launcher_local", "contradiction"]
 

@@ -5,9 +5,11 @@ so mpidist's traffic never matches a user's own messages on MPI_COMM_WORLD, and
 the ring algorithm gets a second private duplicate so its point-to-point tags
 never meet the group's own.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from mpi4py import MPI
 
@@ -42,7 +44,7 @@ class ProcessGroup:
         #: default group's (init_process_group's), read at each op
         self.timeout_s: Optional[float] = None
 
-    def resource(self, key: str, make: Callable[["ProcessGroup"], Any]) -> Any:
+    def resource(self, key: str, make: Callable[[ProcessGroup], Any]) -> Any:
         """The group's resource ``key`` (an intra-node shared-memory window, an NCCL
         communicator, ...), made by ``make(self)`` on first use and kept until :meth:`free`,
         which calls its ``free()``. ``make`` may be collective: every member must ask for
@@ -66,14 +68,16 @@ class ProcessGroup:
         try:
             return self._index[global_rank]
         except (KeyError, TypeError):
-            raise ValueError(f"global rank {global_rank!r} is not part of group {self.group_name!r} "
-                             f"(members: {list(self.ranks)})") from None
+            raise ValueError(
+                f"global rank {global_rank!r} is not part of group {self.group_name!r} (members: {list(self.ranks)})"
+            ) from None
 
     def global_rank(self, group_rank: int) -> int:
         """Global rank of the member with ``group_rank``; ValueError if out of range."""
         if not isinstance(group_rank, int) or not 0 <= group_rank < len(self.ranks):
-            raise ValueError(f"group rank {group_rank!r} is out of range for group {self.group_name!r} "
-                             f"of size {len(self.ranks)}")
+            raise ValueError(
+                f"group rank {group_rank!r} is out of range for group {self.group_name!r} of size {len(self.ranks)}"
+            )
         return self.ranks[group_rank]
 
     @property

@@ -27,6 +27,7 @@ The rules for ``rank``/``world_size`` (docs/api.md, init_process_group's docstri
 
 Imports nothing of mpidist.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,8 @@ class Mine:
 
     rank: int = -1
     world_size: int = -1
-    backend: str = ""          # canonical form ("" if the backend itself is wrong)
-    mpi_name: bool = False     # backend spelled as torch's MPI backend: rank/world_size ignored
+    backend: str = ""  # canonical form ("" if the backend itself is wrong)
+    mpi_name: bool = False  # backend spelled as torch's MPI backend: rank/world_size ignored
     error: Optional[BaseException] = None
     env_rank: Optional[int] = None
     env_size: Optional[int] = None
@@ -62,9 +63,15 @@ class Mine:
         def clamp(v: Optional[int]) -> int:
             return -1 if v is None else max(-(1 << 62), min(int(v), 1 << 62))
 
-        return [clamp(self.rank), clamp(self.world_size), int(self.error is not None),
-                zlib.crc32(self.backend.encode()) if self.error is None else 0, int(self.mpi_name),
-                clamp(self.env_rank), clamp(self.env_size)]
+        return [
+            clamp(self.rank),
+            clamp(self.world_size),
+            int(self.error is not None),
+            zlib.crc32(self.backend.encode()) if self.error is None else 0,
+            int(self.mpi_name),
+            clamp(self.env_rank),
+            clamp(self.env_size),
+        ]
 
 
 class InitTimeout(Exception):
@@ -89,9 +96,11 @@ def exchange(comm: MPI.Comm, row: list[int], seconds: float) -> np.ndarray:
     while not req.Test():
         if time.monotonic() > deadline:
             _abandoned.append((req, send, recv))  # keep the buffers alive for MPI
-            raise InitTimeout(f"{_OP} timed out after {seconds:g} s waiting for every rank to call "
-                              f"init_process_group: a rank failed or exited before calling it, or does not "
-                              f"call it (every rank must)")
+            raise InitTimeout(
+                f"{_OP} timed out after {seconds:g} s waiting for every rank to call "
+                f"init_process_group: a rank failed or exited before calling it, or does not "
+                f"call it (every rank must)"
+            )
         spins += 1
         if spins > 1000:
             nap = min(0.02, nap * 2 or 0.0005)
@@ -107,7 +116,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _strip(message: str) -> str:
-    return message[len(_OP):].lstrip() if message.startswith(_OP) else message
+    return message[len(_OP) :].lstrip() if message.startswith(_OP) else message
 
 
 def _local_errors(rows: np.ndarray, texts: list) -> tuple[type, str]:
@@ -129,16 +138,22 @@ def _renumbering(rows: np.ndarray) -> bool:
     n = len(rows)
     passed = [(i, int(r)) for i, r in enumerate(rows[:, RANK_ARG]) if r != -1]
     values = [r for _, r in passed]
-    return (bool(passed) and len(set(values)) == len(values) and all(0 <= r < n for r in values)
-            and any(r != i for i, r in passed))
+    return (
+        bool(passed)
+        and len(set(values)) == len(values)
+        and all(0 <= r < n for r in values)
+        and any(r != i for i, r in passed)
+    )
 
 
 def _rank_error(rows: np.ndarray) -> str:
     bad = [(i, int(r)) for i, r in enumerate(rows[:, RANK_ARG]) if r not in (-1, i)]
     shown = ", ".join(f"the process MPI made rank {i} passed rank={r}" for i, r in bad[:4])
     more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
-    return (f"{_OP} rank= contradicts MPI, which numbers the processes itself: {shown}{more}; mpidist cannot "
-            f"renumber them: pass rank=-1 (or leave it out) and ask get_rank()")
+    return (
+        f"{_OP} rank= contradicts MPI, which numbers the processes itself: {shown}{more}; mpidist cannot "
+        f"renumber them: pass rank=-1 (or leave it out) and ask get_rank()"
+    )
 
 
 def _size_error(rows: np.ndarray) -> Optional[str]:
@@ -151,9 +166,11 @@ def _size_error(rows: np.ndarray) -> Optional[str]:
     launched = f"MPI launched {n} process{'es' if n > 1 else ''}"
     if want <= 0:
         return f"{_OP} world_size={want} (passed on {where}) must be -1 or the number of processes: {launched}"
-    return (f"{_OP} world_size={want} (passed on {where}) but {launched}: mpidist takes the world from the "
-            f"MPI launcher; start {want} processes with `mpiexec -n {want} python ...` or "
-            f"`srun -n {want} python ...` (or pass world_size=-1)")
+    return (
+        f"{_OP} world_size={want} (passed on {where}) but {launched}: mpidist takes the world from the "
+        f"MPI launcher; start {want} processes with `mpiexec -n {want} python ...` or "
+        f"`srun -n {want} python ...` (or pass world_size=-1)"
+    )
 
 
 def _env_error(rows: np.ndarray) -> Optional[str]:
@@ -163,12 +180,15 @@ def _env_error(rows: np.ndarray) -> Optional[str]:
         return None
     want = int(max(max(rows[i, ENV_SIZE], rows[i, ENV_RANK] + 1) for i in bad))
     first = rows[bad[0]]
-    said = ", ".join(f"{name}={int(first[col])}" for name, col in (("RANK", ENV_RANK), ("WORLD_SIZE", ENV_SIZE))
-                     if first[col] >= 0)
-    return (f"{_OP} the environment says {said} (on {_ranks(bad)}), a world of at least {want} processes, but "
-            f"MPI launched {n}: mpidist takes ranks from the MPI launcher, not from RANK/WORLD_SIZE (torchrun's "
-            f"variables); start the job with `mpiexec -n {want} python ...` or `srun -n {want} python ...`, "
-            f"or unset RANK and WORLD_SIZE for a one-process run")
+    said = ", ".join(
+        f"{name}={int(first[col])}" for name, col in (("RANK", ENV_RANK), ("WORLD_SIZE", ENV_SIZE)) if first[col] >= 0
+    )
+    return (
+        f"{_OP} the environment says {said} (on {_ranks(bad)}), a world of at least {want} processes, but "
+        f"MPI launched {n}: mpidist takes ranks from the MPI launcher, not from RANK/WORLD_SIZE (torchrun's "
+        f"variables); start the job with `mpiexec -n {want} python ...` or `srun -n {want} python ...`, "
+        f"or unset RANK and WORLD_SIZE for a one-process run"
+    )
 
 
 def verdict(rows: np.ndarray, texts: Optional[list] = None) -> Optional[tuple[type, str]]:
@@ -203,8 +223,10 @@ def mpi_warning(rows: np.ndarray, me: int) -> Optional[str]:
     rank, size = int(rows[me, RANK_ARG]), int(rows[me, SIZE_ARG])
     if not rows[me, MPI_NAME] or (rank in (-1, me) and size in (-1, n)):
         return None
-    return (f"{_OP} For MPI backend, world_size ({size}) and rank ({rank}) are ignored since they are "
-            f"assigned by the MPI runtime: this process is rank {me} of {n}")
+    return (
+        f"{_OP} For MPI backend, world_size ({size}) and rank ({rank}) are ignored since they are "
+        f"assigned by the MPI runtime: this process is rank {me} of {n}"
+    )
 
 
 def agree(comm: MPI.Comm, mine: Mine, seconds: float) -> tuple[Optional[tuple[type, str]], Optional[str]]:
@@ -217,6 +239,7 @@ def agree(comm: MPI.Comm, mine: Mine, seconds: float) -> tuple[Optional[tuple[ty
     texts = None
     if rows[:, ERROR].any() or len(set(rows[:, BACKEND].tolist())) > 1:
         error = mine.error
-        texts = comm.allgather((type(error).__name__, str(error), mine.backend) if error is not None
-                               else (None, None, mine.backend))
+        texts = comm.allgather(
+            (type(error).__name__, str(error), mine.backend) if error is not None else (None, None, mine.backend)
+        )
     return verdict(rows, texts), mpi_warning(rows, comm.Get_rank())

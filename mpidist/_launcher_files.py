@@ -29,6 +29,7 @@ followed or removed). MPICH's ``MPI_Finalize`` and hydra ignore a name that is a
 Linux only (``/proc``); elsewhere, and with ``MPIDIST_REMOVE_LAUNCHER_FILES=0``, nothing is done.
 Open MPI, and Slurm's own launch, keep their files elsewhere: not handled here.
 """
+
 from __future__ import annotations
 
 import os

@@ -34,6 +34,7 @@ any collective, a rank that is only slower than its peers by more than that (a r
 writes outputs for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
 ``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -62,7 +63,7 @@ def bound_seconds() -> float:
     return (value if 0 < value < math.inf else _DEFAULT_S) + GRACE
 
 
-_RECORDED = (signal.SIGUSR1,)   # what MPICH's MPI_Init would swallow
+_RECORDED = (signal.SIGUSR1,)  # what MPICH's MPI_Init would swallow
 _early: set[int] = set()
 
 

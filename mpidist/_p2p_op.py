@@ -5,6 +5,7 @@ take it (:mod:`mpidist._mpi.p2p`, :mod:`mpidist.device.nccl`, :mod:`mpidist.devi
 ``P2POp.op`` is :func:`mpidist.isend` or :func:`mpidist.irecv`, told apart by
 :func:`is_receive`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -51,17 +52,29 @@ class P2POp:
 
     __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
 
-    def __init__(self, op: Any, tensor: np.ndarray, peer: Optional[int] = None,
-                 group: Optional[ProcessGroup] = None, tag: int = 0, group_peer: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        op: Any,
+        tensor: np.ndarray,
+        peer: Optional[int] = None,
+        group: Optional[ProcessGroup] = None,
+        tag: int = 0,
+        group_peer: Optional[int] = None,
+    ) -> None:
         if not _is_p2p_function(op):
-            raise ValueError(f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got "
-                             f"{getattr(op, '__name__', repr(op))}")
+            raise ValueError(
+                f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got {getattr(op, '__name__', repr(op))}"
+            )
         if peer is not None and group_peer is not None:
-            raise ValueError(f"{prefix('P2POp')} peer={peer} and group_peer={group_peer} both given; specify one "
-                             f"of them: peer is a global rank, group_peer a rank in the group")
+            raise ValueError(
+                f"{prefix('P2POp')} peer={peer} and group_peer={group_peer} both given; specify one "
+                f"of them: peer is a global rank, group_peer a rank in the group"
+            )
         if op.__name__ == "isend" and peer is None and group_peer is None:
-            raise ValueError(f"{prefix('P2POp')} an isend needs its destination: peer (a global rank) or "
-                             f"group_peer (a rank in the group)")
+            raise ValueError(
+                f"{prefix('P2POp')} an isend needs its destination: peer (a global rank) or "
+                f"group_peer (a rank in the group)"
+            )
         if type(tensor) is not np.ndarray and is_device_array(tensor) and not passing_through():
             classify("P2POp", [("tensor", tensor, IN)])  # a device array: checked as the router will take it
         else:

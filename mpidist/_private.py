@@ -12,6 +12,7 @@ Names of new directories are unguessable (:func:`fresh_name`: 64 random bits fro
 
 Imports nothing of mpidist. POSIX only (as MPI jobs are).
 """
+
 from __future__ import annotations
 
 import os
@@ -87,7 +88,7 @@ def write_private_file(directory: str, name: str, data: bytes) -> str:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

@@ -23,6 +23,7 @@ The function is compiled from the stub's signature, as :mod:`dataclasses` compil
 ``*args, **kwargs`` wrapper costs a host op a second call and the search for its
 arguments (the 8-byte all_reduce feels ~60 ns: benchmarks/results/latency_layers.md).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -50,6 +51,7 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
         TypeError: at import, when ``body``'s parameters do not match the stub's, or the
             stub has code besides its docstring.
     """
+
     def make(stub: Callable[..., Any]) -> Callable[..., Any]:
         name, op = stub.__name__, body.__name__
         sig = inspect.signature(stub)
@@ -71,20 +73,29 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
         by_name = ", ".join(f"{p!r}: {p}" for p in names if p != "group")
         lines = [f"def {name}({', '.join(params)}):"]
         if resolve:
-            lines += ["    st = _current.state",
-                      "    if group is None and st is not None:",
-                      "        g = st.world  # the common case: member(None) without the call",
-                      "    else:",
-                      "        g = _member(group)",
-                      "        if g is None:",
-                      "            return None"]
+            lines += [
+                "    st = _current.state",
+                "    if group is None and st is not None:",
+                "        g = st.world  # the common case: member(None) without the call",
+                "    else:",
+                "        g = _member(group)",
+                "        if g is None:",
+                "            return None",
+            ]
         if primary[0] is not None:
-            lines += [f"    if type({primary[0]}) is not _ndarray and _takes({primary[0]}):",
-                      f"        return _device_call({op!r}, {'g' if resolve else '_member(group)'}, {{{by_name}}})"]
+            lines += [
+                f"    if type({primary[0]}) is not _ndarray and _takes({primary[0]}):",
+                f"        return _device_call({op!r}, {'g' if resolve else '_member(group)'}, {{{by_name}}})",
+            ]
         lines.append(f"    return _body({', '.join(expected)})")
-        scope = {"_current": _current, "_member": member, "_ndarray": np.ndarray,
-                 "_takes": first_takes if primary[2] == LIST else takes,
-                 "_device_call": device_call, "_body": body}
+        scope = {
+            "_current": _current,
+            "_member": member,
+            "_ndarray": np.ndarray,
+            "_takes": first_takes if primary[2] == LIST else takes,
+            "_device_call": device_call,
+            "_body": body,
+        }
         exec(compile("\n".join(lines), f"<mpidist public op {name}>", "exec"), scope)  # noqa: S102
         fn = scope[name]
         fn.__defaults__, fn.__kwdefaults__ = stub.__defaults__, stub.__kwdefaults__
@@ -92,4 +103,5 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
             setattr(fn, attr, getattr(stub, attr))
         fn.__wrapped__ = stub  # where typing.get_type_hints finds the annotations' names
         return fn
+
     return make

@@ -28,6 +28,7 @@ writable by nobody else (created with mode 0700), the file is created through th
 directory's descriptor with ``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place; an
 unsafe directory is refused (nothing is written, :data:`last_error` says why).
 """
+
 from __future__ import annotations
 
 import collections
@@ -44,10 +45,39 @@ from mpidist import _current
 from mpidist._private import UnsafeDirectory, fresh_name, write_private_file
 
 __all__ = [
-    "SEQ", "OP", "GROUP", "SHAPES", "DTYPE", "ROOT", "T_ISSUE", "T_START", "T_END", "STATE", "LIMIT", "INFO",
-    "SCHEDULED", "STARTED", "COMPLETED", "FAILED", "TIMED_OUT", "P2P_OPS",
-    "begin", "begin_p2p", "end", "fail", "watched", "unbounded", "configure", "snapshot", "dump", "trace_dir", "group_key",
-    "describe", "report", "last_error", "TRACE_PREFIX",
+    "SEQ",
+    "OP",
+    "GROUP",
+    "SHAPES",
+    "DTYPE",
+    "ROOT",
+    "T_ISSUE",
+    "T_START",
+    "T_END",
+    "STATE",
+    "LIMIT",
+    "INFO",
+    "SCHEDULED",
+    "STARTED",
+    "COMPLETED",
+    "FAILED",
+    "TIMED_OUT",
+    "P2P_OPS",
+    "begin",
+    "begin_p2p",
+    "end",
+    "fail",
+    "watched",
+    "unbounded",
+    "configure",
+    "snapshot",
+    "dump",
+    "trace_dir",
+    "group_key",
+    "describe",
+    "report",
+    "last_error",
+    "TRACE_PREFIX",
 ]
 
 # Entry layout: indices into the list begin() returns.
@@ -87,8 +117,7 @@ def configure(seconds: float, buffer: int, directory: Optional[str]) -> None:
     _dir = directory
 
 
-def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED,
-          number: bool = True) -> list:
+def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED, number: bool = True) -> list:
     """Record a collective issued on group ``g`` and return its entry.
 
     ``state=STARTED`` (it runs now, on this thread) also makes it the group's op in
@@ -168,14 +197,22 @@ def _entry_dict(rec: list, offset: float) -> dict:
     g = rec[GROUP]
     ended = rec[T_END]
     return {
-        "seq": rec[SEQ], "op": rec[OP], "p2p": rec[OP] in P2P_OPS, "group": g.group_name,
-        "group_key": group_key(g), "group_ranks": list(g.ranks), "shapes": _shapes(rec[SHAPES]),
+        "seq": rec[SEQ],
+        "op": rec[OP],
+        "p2p": rec[OP] in P2P_OPS,
+        "group": g.group_name,
+        "group_key": group_key(g),
+        "group_ranks": list(g.ranks),
+        "shapes": _shapes(rec[SHAPES]),
         "dtype": None if rec[DTYPE] is None else str(rec[DTYPE]),
         ("peer" if rec[OP] in P2P_OPS else "root"): int(rec[ROOT]),
-        "issued": rec[T_ISSUE] + offset, "started": rec[T_START] + offset,
+        "issued": rec[T_ISSUE] + offset,
+        "started": rec[T_START] + offset,
         "ended": ended + offset if ended else None,
         "duration_s": (ended - rec[T_START]) if ended else None,
-        "state": rec[STATE], "timeout_s": rec[LIMIT], "info": rec[INFO],
+        "state": rec[STATE],
+        "timeout_s": rec[LIMIT],
+        "info": rec[INFO],
     }
 
 
@@ -189,8 +226,7 @@ def describe(rec: list, now: Optional[float] = None) -> str:
     """One line for an entry: ``all_reduce #5 on group 'default_pg' (started 2.0 s ago)``."""
     now = _now() if now is None else now
     kind = "p2p #" if rec[OP] in P2P_OPS else "#"
-    when = (f"started {now - rec[T_START]:.1f} s ago" if rec[STATE] in (STARTED, TIMED_OUT)
-            else f"{rec[STATE]}")
+    when = f"started {now - rec[T_START]:.1f} s ago" if rec[STATE] in (STARTED, TIMED_OUT) else f"{rec[STATE]}"
     return f"{rec[OP]} {kind}{rec[SEQ]} on group {rec[GROUP].group_name!r} ({when})"
 
 
@@ -207,15 +243,16 @@ def report(path: Optional[str]) -> str:
     """What to print after a dump that returned ``path``: where it is and how to read it, or
     why it could not be written."""
     if path:
-        return (f"flight recorder written to {path} (and by every rank that answered); "
-                f"run `python -m mpidist.tools.trace {os.path.dirname(path)}`")
+        return (
+            f"flight recorder written to {path} (and by every rank that answered); "
+            f"run `python -m mpidist.tools.trace {os.path.dirname(path)}`"
+        )
     text = f"this rank's flight recorder could not be written ({last_error or 'unknown error'})"
     written = False
     with contextlib.suppress(OSError):
         written = bool(_dir) and any(name.startswith("rank") for name in os.listdir(_dir))
     if written:  # the other ranks that answered wrote theirs
-        text += (f"; the ranks that answered wrote theirs to {_dir}; "
-                 f"run `python -m mpidist.tools.trace {_dir}`")
+        text += f"; the ranks that answered wrote theirs to {_dir}; run `python -m mpidist.tools.trace {_dir}`"
     return text
 
 
@@ -233,13 +270,24 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
             offset = time.time() - _now()
             live = groups if groups is not None else _current.live_groups()
             doc = {
-                "rank": rank, "world_size": st.world_size if st is not None else None,
-                "pid": os.getpid(), "host": socket.gethostname(), "reason": reason, "time": time.time(),
-                "timeout_s": timeout, "buffer": _ring.maxlen,
-                "groups": [{"key": group_key(g), "name": g.group_name, "ranks": list(g.ranks),
-                            "issued": g.engine.seq,
-                            "current": _entry_dict(g.engine.current, offset) if g.engine.current else None}
-                           for g in live],
+                "rank": rank,
+                "world_size": st.world_size if st is not None else None,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "reason": reason,
+                "time": time.time(),
+                "timeout_s": timeout,
+                "buffer": _ring.maxlen,
+                "groups": [
+                    {
+                        "key": group_key(g),
+                        "name": g.group_name,
+                        "ranks": list(g.ranks),
+                        "issued": g.engine.seq,
+                        "current": _entry_dict(g.engine.current, offset) if g.engine.current else None,
+                    }
+                    for g in live
+                ],
                 "entries": [_entry_dict(rec, offset) for rec in list(_ring)],
             }
             data = json.dumps(doc, indent=1, default=str).encode()
@@ -247,6 +295,9 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
             last_error = ""
             return path
         except Exception as exc:  # noqa: BLE001  (a failing job must still abort)
-            last_error = (f"{exc}; set MPIDIST_TRACE_DIR to a directory of your own"
-                          if isinstance(exc, UnsafeDirectory) else f"{type(exc).__name__}: {exc}")
+            last_error = (
+                f"{exc}; set MPIDIST_TRACE_DIR to a directory of your own"
+                if isinstance(exc, UnsafeDirectory)
+                else f"{type(exc).__name__}: {exc}"
+            )
             return None

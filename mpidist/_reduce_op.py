@@ -13,6 +13,7 @@ Dtypes MPI cannot reduce itself (float16, bfloat16, non-native byte order: see
 per ReduceOp, created on first use and cached; it applies the numpy ufunc of the op to
 the two buffers MPI hands it, reading their dtype from the opaque datatype.
 """
+
 from __future__ import annotations
 
 import enum
@@ -26,8 +27,16 @@ from mpi4py import MPI
 from mpidist._array import array_module
 from mpidist._buffers import dtype_of, mpi_reducible, value_kind
 
-__all__ = ["ReduceOp", "PremulSum", "make_premul_sum", "to_mpi_op", "local_reduce", "check_op_dtype",
-           "scaled", "reduce_op"]
+__all__ = [
+    "ReduceOp",
+    "PremulSum",
+    "make_premul_sum",
+    "to_mpi_op",
+    "local_reduce",
+    "check_op_dtype",
+    "scaled",
+    "reduce_op",
+]
 
 
 class ReduceOp(enum.Enum):
@@ -61,8 +70,11 @@ class _DeprecatedReduceOp:
     def __getattr__(self, name: str) -> Any:
         import warnings  # noqa: PLC0415  (only on the deprecated path)
 
-        warnings.warn("`mpidist.reduce_op` is deprecated, please use `mpidist.ReduceOp` instead "
-                      "(as torch.distributed.reduce_op)", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "`mpidist.reduce_op` is deprecated, please use `mpidist.ReduceOp` instead (as torch.distributed.reduce_op)",
+            FutureWarning,
+            stacklevel=2,
+        )
         if name == "__members__":
             return ReduceOp.__members__
         try:
@@ -144,11 +156,12 @@ def make_premul_sum(factor: Union[numbers.Number, np.ndarray]) -> PremulSum:
     """
     if isinstance(factor, np.ndarray):
         if factor.ndim != 0 or factor.dtype.kind not in "iufc":
-            raise TypeError(f"make_premul_sum: factor must be a number or a 0-d numeric array, got an "
-                            f"array of shape {factor.shape} and dtype {factor.dtype}")
+            raise TypeError(
+                f"make_premul_sum: factor must be a number or a 0-d numeric array, got an "
+                f"array of shape {factor.shape} and dtype {factor.dtype}"
+            )
     elif isinstance(factor, (bool, np.bool_)) or not isinstance(factor, (numbers.Number, np.number)):
-        raise TypeError(f"make_premul_sum: factor must be a number or a 0-d numeric array, got "
-                        f"{type(factor).__name__}")
+        raise TypeError(f"make_premul_sum: factor must be a number or a 0-d numeric array, got {type(factor).__name__}")
     return PremulSum(factor)
 
 
@@ -179,8 +192,7 @@ def _user_op(op: ReduceOp) -> MPI.Op:
 
     def apply(invec: Any, inoutvec: Any, datatype: MPI.Datatype) -> None:
         dtype = dtype_of(datatype)
-        ufunc(np.frombuffer(invec, dtype), np.frombuffer(inoutvec, dtype),
-              out=np.frombuffer(inoutvec, dtype))
+        ufunc(np.frombuffer(invec, dtype), np.frombuffer(inoutvec, dtype), out=np.frombuffer(inoutvec, dtype))
 
     return MPI.Op.Create(apply, commute=True)
 
@@ -216,14 +228,14 @@ def check_op_dtype(op: Any, dtype: np.dtype, where: str) -> Union[ReduceOp, Prem
         if kind not in "iufc":
             raise ValueError(f"{where} {op!r} needs a numeric dtype, got {dtype}")
         if kind in "iu" and (factor.dtype.kind == "c" or not float(factor).is_integer()):
-            raise ValueError(f"{where} {op!r} on integer dtype {dtype} needs an integral factor, "
-                             f"got {op.factor!r}")
+            raise ValueError(f"{where} {op!r} on integer dtype {dtype} needs an integral factor, got {op.factor!r}")
         if kind != "c" and factor.dtype.kind == "c":
             raise ValueError(f"{where} {op!r} on real dtype {dtype} needs a real factor, got {op.factor!r}")
         return op
     if not isinstance(op, ReduceOp):
-        raise TypeError(f"{where} op must be a mpidist.ReduceOp, got {op!r} (PREMUL_SUM is made by "
-                        f"mpidist.make_premul_sum(factor))")
+        raise TypeError(
+            f"{where} op must be a mpidist.ReduceOp, got {op!r} (PREMUL_SUM is made by mpidist.make_premul_sum(factor))"
+        )
     if op is ReduceOp.PREMUL_SUM:
         raise ValueError(f"{where} ReduceOp.PREMUL_SUM needs a factor: pass mpidist.make_premul_sum(factor)")
     if op is ReduceOp.AVG and kind not in "fc":
@@ -242,7 +254,6 @@ def local_reduce(op: ReduceOp, acc: Any, other: Any) -> None:
     PremulSum is refused (ValueError): apply its factor with :func:`scaled` first.
     """
     if type(op) is PremulSum:
-        raise ValueError(f"local_reduce: apply the factor of {op!r} with scaled() first, then reduce "
-                         f"with ReduceOp.SUM")
+        raise ValueError(f"local_reduce: apply the factor of {op!r} with scaled() first, then reduce with ReduceOp.SUM")
     name = _BOOL_OPS[op][1] if acc.dtype.kind == "b" else _UFUNCS[op]
     getattr(array_module(acc), name)(acc, other, out=acc)

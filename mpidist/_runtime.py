@@ -22,6 +22,7 @@ Reliability settings, read by init_process_group (docs/reliability.md):
 * ``MPIDIST_ABORT_ON_EXCEPTION=0``: do not install the hook that aborts the job when a
   rank has an unhandled exception (:mod:`mpidist._abort`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,27 +39,54 @@ from mpidist import _mpi_init
 
 MPI = _mpi_init.import_mpi()  # MPI_Init, bounded: a rank stopped before it must not hang the others
 
-from mpidist import _abort, _current, _debug, _environ, _initcheck, _launcher_files, _recorder as R, _watchdog, work  # noqa: E402
-from mpidist._current import live_groups
-from mpidist._abort import abort_job
-from mpidist.device import binding, detect
-from mpidist.errors import DistError, prefix
-from mpidist._group import ProcessGroup
-from mpidist._private import fresh_name
+# The package's other modules import mpi4py.MPI (an unbounded MPI_Init) and come after it: E402.
+from mpidist import (  # noqa: E402
+    _abort,
+    _current,
+    _debug,
+    _environ,
+    _initcheck,
+    _launcher_files,
+    _recorder as R,
+    _watchdog,
+    work,
+)
+from mpidist._abort import abort_job  # noqa: E402
+from mpidist._current import live_groups  # noqa: E402
+from mpidist._group import ProcessGroup  # noqa: E402
+from mpidist._private import fresh_name  # noqa: E402
+from mpidist.device import binding, detect  # noqa: E402
+from mpidist.errors import DistError, prefix  # noqa: E402
 
 __all__ = [
-    "Backend", "RuntimeState", "init_process_group", "destroy_process_group", "is_initialized",
-    "is_mpi_available", "is_nccl_available", "get_backend", "get_rank", "get_world_size",
-    "get_node_local_rank", "get_local_world_size", "state", "state_or_none", "resolve_group",
-    "DEFAULT_TIMEOUT", "live_groups", "dump_all", "dump_all_report", "abort_job", "canonical_backend",
+    "Backend",
+    "RuntimeState",
+    "init_process_group",
+    "destroy_process_group",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "get_node_local_rank",
+    "get_local_world_size",
+    "state",
+    "state_or_none",
+    "resolve_group",
+    "DEFAULT_TIMEOUT",
+    "live_groups",
+    "dump_all",
+    "dump_all_report",
+    "abort_job",
+    "canonical_backend",
 ]
 
 if MPI.Is_initialized():  # as soon as MPI_Init has returned: no leftovers from a job killed from here on
     _launcher_files.remove_names()
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
-_NOT_INIT = ("Default process group has not been initialized, "
-             "please make sure to call init_process_group.")
+_NOT_INIT = "Default process group has not been initialized, please make sure to call init_process_group."
 
 
 class Backend(str):
@@ -69,7 +97,7 @@ class Backend(str):
     GLOO = "gloo"
     _SUPPORTED = ("mpi", "gloo", "nccl")
 
-    def __new__(cls, name: str) -> "Backend":
+    def __new__(cls, name: str) -> Backend:
         if not isinstance(name, str):
             raise TypeError(f"Backend name must be a string, got {name!r}")
         return super().__new__(cls, name.lower())
@@ -160,9 +188,11 @@ def canonical_backend(backend: Optional[str], where: str = "init_process_group:"
                 break
             chosen[device] = impl
     if not chosen:
-        raise ValueError(f"{where} backend {backend!r} is not supported; expected 'mpi', 'gloo', 'nccl' or "
-                         f"torch's device:backend form such as 'cpu:gloo,cuda:nccl' (cpu: mpi or gloo; "
-                         f"cuda: mpi, gloo or nccl)")
+        raise ValueError(
+            f"{where} backend {backend!r} is not supported; expected 'mpi', 'gloo', 'nccl' or "
+            f"torch's device:backend form such as 'cpu:gloo,cuda:nccl' (cpu: mpi or gloo; "
+            f"cuda: mpi, gloo or nccl)"
+        )
     if chosen.get("cuda") == "nccl":
         stored = Backend.NCCL if "cpu" not in chosen else f"cpu:{chosen['cpu']},cuda:nccl"
     elif len(set(chosen.values())) == 1:
@@ -179,26 +209,40 @@ def _warn_gloo(backend: str, where: str) -> None:
     global _gloo_warned
     if not _gloo_warned:
         _gloo_warned = True
-        warnings.warn(f"{where} mpidist runs the {backend!r} backend over MPI: 'gloo' is accepted for programs "
-                      f"written for torch (get_backend() says 'gloo'), host arrays travel over MPI as with "
-                      f"'mpi', and ranks come from the MPI launcher (mpiexec/srun)", stacklevel=5)
+        warnings.warn(
+            f"{where} mpidist runs the {backend!r} backend over MPI: 'gloo' is accepted for programs "
+            f"written for torch (get_backend() says 'gloo'), host arrays travel over MPI as with "
+            f"'mpi', and ranks come from the MPI launcher (mpiexec/srun)",
+            stacklevel=5,
+        )
 
 
 def _check_init_method(init_method: Optional[str]) -> None:
     if init_method is None or init_method.startswith("env://"):
         return
     if init_method.startswith(("tcp://", "file://")):
-        warnings.warn(f"init_process_group: init_method {init_method!r} ignored: mpidist takes ranks "
-                      f"from MPI and needs no rendezvous", stacklevel=4)
+        warnings.warn(
+            f"init_process_group: init_method {init_method!r} ignored: mpidist takes ranks "
+            f"from MPI and needs no rendezvous",
+            stacklevel=4,
+        )
         return
-    raise ValueError(f"init_process_group: init_method must be None, 'env://', 'tcp://...' or "
-                     f"'file://...', got {init_method!r}")
+    raise ValueError(
+        f"init_process_group: init_method must be None, 'env://', 'tcp://...' or 'file://...', got {init_method!r}"
+    )
 
 
-def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None,
-                       timeout: Optional[datetime.timedelta] = None, world_size: int = -1,
-                       rank: int = -1, store: Any = None, group_name: str = "",
-                       pg_options: Any = None, device_id: Any = None) -> None:
+def init_process_group(
+    backend: Optional[str] = None,
+    init_method: Optional[str] = None,
+    timeout: Optional[datetime.timedelta] = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
     """Create the default process group from MPI_COMM_WORLD (collective over it).
 
     Same signature as ``torch.distributed.init_process_group``. Rank and world size come
@@ -260,8 +304,10 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     """
     if _current.state is not None:
         st = _current.state
-        raise ValueError(f"[rank {st.rank}/{st.world_size}] init_process_group: trying to "
-                         f"initialize the default process group twice!")
+        raise ValueError(
+            f"[rank {st.rank}/{st.world_size}] init_process_group: trying to "
+            f"initialize the default process group twice!"
+        )
     world = MPI.COMM_WORLD
     mpi_rank, mpi_size = world.Get_rank(), world.Get_size()
     tag = f"[rank {mpi_rank}/{mpi_size}]"
@@ -271,8 +317,11 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     except _initcheck.InitTimeout as exc:
         text = f"{tag} {exc}" + (f" (this rank's own error: {mine.error})" if mine.error is not None else "")
         if settings.abort:
-            _abort.write(mpi_rank, f"mpidist.errors.DistError: {text}\naborting the job (set "
-                                   f"MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)")
+            _abort.write(
+                mpi_rank,
+                f"mpidist.errors.DistError: {text}\naborting the job (set "
+                f"MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)",
+            )
             abort_job(1)
         raise DistError(text) from None
     if error is not None:
@@ -288,12 +337,18 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     binding.bind(device_id, local_rank, f"{tag} init_process_group:")  # checked above: cannot raise here
     group = ProcessGroup(world.Dup(), range(mpi_size), group_name or "default_pg", name)
     st = _current.state = RuntimeState(
-        backend=name, world=group, rank=mpi_rank, world_size=mpi_size, local_rank=local_rank,
-        local_world_size=local_size, timeout=settings.timeout,
+        backend=name,
+        world=group,
+        rank=mpi_rank,
+        world_size=mpi_size,
+        local_rank=local_rank,
+        local_world_size=local_size,
+        timeout=settings.timeout,
         thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
     )
-    _environ.export({"RANK": mpi_rank, "WORLD_SIZE": mpi_size, "LOCAL_RANK": local_rank,
-                     "LOCAL_WORLD_SIZE": local_size})
+    _environ.export(
+        {"RANK": mpi_rank, "WORLD_SIZE": mpi_size, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_size}
+    )
     R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(group.comm))
     work.ABORT_ON_TIMEOUT = settings.abort
     _debug.set_debug_level(settings.level or _debug.get_debug_level())  # unset: keep the level set before init
@@ -309,7 +364,7 @@ class _Settings:
 
     timeout: datetime.timedelta = DEFAULT_TIMEOUT
     abort: bool = True
-    level: Optional["_debug.DebugLevel"] = None  # None: neither debug variable is set
+    level: Optional[_debug.DebugLevel] = None  # None: neither debug variable is set
     buffer: int = R.DEFAULT_BUFFER
     abort_on_exception: bool = True
 
@@ -320,8 +375,9 @@ def _int_arg(value: Any, name: str, where: str) -> int:
     return operator.index(value)
 
 
-def _check_locally(backend: Optional[str], init_method: Optional[str], timeout: Any, world_size: Any,
-                   rank: Any, device_id: Any) -> tuple[_initcheck.Mine, _Settings]:
+def _check_locally(
+    backend: Optional[str], init_method: Optional[str], timeout: Any, world_size: Any, rank: Any, device_id: Any
+) -> tuple[_initcheck.Mine, _Settings]:
     """Every check init_process_group makes of its arguments and the environment, without
     communicating: this rank's view for :func:`mpidist._initcheck.agree`, with the first
     error (TypeError/ValueError, its message starting ``init_process_group:``) kept in it."""
@@ -442,8 +498,10 @@ def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"{prefix('group')} group must be a ProcessGroup or None, got {type(group).__name__}")
     if group.destroyed:
-        raise ValueError(f"{prefix('group')} group {group.group_name!r} was destroyed by "
-                         f"destroy_process_group and cannot be used any more")
+        raise ValueError(
+            f"{prefix('group')} group {group.group_name!r} was destroyed by "
+            f"destroy_process_group and cannot be used any more"
+        )
     return group
 
 
@@ -487,8 +545,9 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
         return int(os.environ["LOCAL_RANK"])
     if fallback_rank is not None:
         return int(fallback_rank)
-    raise RuntimeError("get_node_local_rank: LOCAL_RANK is not set and no fallback_rank was given; "
-                       "call init_process_group first")
+    raise RuntimeError(
+        "get_node_local_rank: LOCAL_RANK is not set and no fallback_rank was given; call init_process_group first"
+    )
 
 
 def get_local_world_size() -> int:
@@ -497,6 +556,7 @@ def get_local_world_size() -> int:
 
 
 # -- reliability settings ------------------------------------------------------------------
+
 
 def env_timeout(where: str) -> Optional[datetime.timedelta]:
     """MPIDIST_TIMEOUT in seconds (it overrides init_process_group's timeout), or None."""
@@ -512,7 +572,7 @@ def env_timeout(where: str) -> Optional[datetime.timedelta]:
     return datetime.timedelta(seconds=secs)
 
 
-def _env_reliability(where: str) -> tuple[bool, Optional["_debug.DebugLevel"], int]:
+def _env_reliability(where: str) -> tuple[bool, Optional[_debug.DebugLevel], int]:
     """(abort on timeout, debug level or None when unset, flight recorder length) from the
     environment."""
     abort = _env_flag("MPIDIST_ABORT_ON_TIMEOUT", where)

@@ -24,6 +24,7 @@ tuple of ints is not salted).
 
 Imports nothing of the package: a leaf that the check (``_debug``) and the watchdog use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,16 +33,39 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["OP", "COUNT", "DTYPE", "ROOT", "REDOP", "LAYOUT", "WORDS", "OWN", "SEQ", "KIND", "CALLS", "HASH", "CALL",
-           "FINAL",
-           "fingerprint", "mismatched", "differ", "differ_keys", "describe", "dtype_text", "key_hash", "fold", "decode",
-           "same_point", "MASK"]
+__all__ = [
+    "OP",
+    "COUNT",
+    "DTYPE",
+    "ROOT",
+    "REDOP",
+    "LAYOUT",
+    "WORDS",
+    "OWN",
+    "SEQ",
+    "KIND",
+    "CALLS",
+    "HASH",
+    "CALL",
+    "FINAL",
+    "fingerprint",
+    "mismatched",
+    "differ",
+    "differ_keys",
+    "describe",
+    "dtype_text",
+    "key_hash",
+    "fold",
+    "decode",
+    "same_point",
+    "MASK",
+]
 
 OP, COUNT, DTYPE, ROOT, REDOP, LAYOUT = range(6)
 
 # Fingerprint layout (int64 words). OWN: the word that may differ between ranks (this rank's own count).
 _SEQ, _SIZE, _COUNT, _ROOT, _LAYOUT, OWN = range(6)
-_OP_WORDS = slice(6, 10)      # op name, 32 bytes
+_OP_WORDS = slice(6, 10)  # op name, 32 bytes
 _DTYPE_WORDS = slice(10, 12)  # dtype text, 16 bytes
 _REDOP_WORDS = slice(12, 14)  # reduction name, 16 bytes
 #: KIND: what the exchange is (CALL: before a call, FINAL: the comparison of destroy_process_group,
@@ -52,9 +76,17 @@ SEQ = _SEQ
 WORDS = 17
 CALL, FINAL = 0, 1
 #: The words every member must have alike (all but ``own``), with the name a message gives them.
-_FIELDS = (("op", _OP_WORDS), ("sequence number", _SEQ), ("count", _COUNT), ("dtype", _DTYPE_WORDS),
-           ("root", _ROOT), ("reduce op", _REDOP_WORDS), ("sizes", _LAYOUT), ("group size", _SIZE),
-           ("earlier calls", slice(HASH, HASH + 1)))
+_FIELDS = (
+    ("op", _OP_WORDS),
+    ("sequence number", _SEQ),
+    ("count", _COUNT),
+    ("dtype", _DTYPE_WORDS),
+    ("root", _ROOT),
+    ("reduce op", _REDOP_WORDS),
+    ("sizes", _LAYOUT),
+    ("group size", _SIZE),
+    ("earlier calls", slice(HASH, HASH + 1)),
+)
 #: The words of the call itself (not the exchange's kind, point or history).
 _CALL_WORDS = slice(0, KIND)
 #: How :func:`describe` names a layout, per op.
@@ -75,8 +107,9 @@ def _pack(words: np.ndarray, where: slice, text: str) -> None:
     words[where].view(np.uint8)[: len(raw)] = np.frombuffer(raw, np.uint8)
 
 
-def fingerprint(key: tuple, seq: int, size: int, own: int = -1, kind: int = CALL, calls: int = -1,
-                h: int = 0) -> np.ndarray:
+def fingerprint(
+    key: tuple, seq: int, size: int, own: int = -1, kind: int = CALL, calls: int = -1, h: int = 0
+) -> np.ndarray:
     """The :data:`WORDS` int64 of call ``key``, number ``seq`` on a group of ``size``; ``kind``,
     ``calls`` (-1: ``seq``) and ``h``: the exchange it is sent in (:data:`KIND`)."""
     fp = np.zeros(WORDS, np.int64)
@@ -149,7 +182,7 @@ def mismatched(rows: np.ndarray) -> bool:
     rows[:, OWN] = own
     width = len(raw) // len(rows)
     first = raw[:width]
-    return any(raw[i:i + width] != first for i in range(width, len(raw), width))
+    return any(raw[i : i + width] != first for i in range(width, len(raw), width))
 
 
 def differ(rows: np.ndarray) -> list[str]:

@@ -12,12 +12,19 @@ Above them mpidist reserves, so its own messages never match a user's:
 
 MPI guarantees MPI_TAG_UB >= 32767, so users always keep at least 28,671 tags.
 """
+
 from __future__ import annotations
 
 from mpi4py import MPI
 
-__all__ = ["TAG_UB", "OBJECT_TAG", "MONITORED_BARRIER_TAGS", "CREATE_GROUP_TAG", "USER_TAG_MAX",
-           "monitored_barrier_tag"]
+__all__ = [
+    "TAG_UB",
+    "OBJECT_TAG",
+    "MONITORED_BARRIER_TAGS",
+    "CREATE_GROUP_TAG",
+    "USER_TAG_MAX",
+    "monitored_barrier_tag",
+]
 
 TAG_UB: int = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
 OBJECT_TAG: int = TAG_UB

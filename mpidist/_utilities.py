@@ -1,12 +1,14 @@
 """torch.distributed's helpers around communication: breakpoint (debug one rank while the
 others wait) and record_comm (a profiling name for the collectives of a block)."""
+
 from __future__ import annotations
 
 import contextlib
 import datetime
 import pdb
 import sys
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from mpidist import _runtime
 from mpidist.collectives import barrier
@@ -72,8 +74,9 @@ def breakpoint(rank: int = 0, skip: int = 0, timeout_s: Optional[float] = 3600) 
             return
     if st.rank == rank:
         debugger = _Pdb()
-        debugger.message(f"\n!!! ATTENTION !!!\n\nType 'up' to get to the frame that called "
-                         f"dist.breakpoint(rank={rank})\n")
+        debugger.message(
+            f"\n!!! ATTENTION !!!\n\nType 'up' to get to the frame that called dist.breakpoint(rank={rank})\n"
+        )
         debugger.set_trace(sys._getframe(0))
     barrier(timeout=timeout)
 

@@ -12,6 +12,7 @@ still writes its flight recorder when it is terminated. The mismatch check
 :mod:`mpidist._runtime` starts it at init_process_group and stops it at
 destroy_process_group; the running one is :data:`mpidist._current.watchdog`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -156,8 +157,12 @@ class _Watchdog:
         now = R._now()
         recs = [g.engine.current for g in live_groups()] + list(R.watched.values())
         for rec in recs:
-            if (rec is not None and rec[R.STATE] is R.STARTED and now - rec[R.T_ISSUE] > rec[R.LIMIT]
-                    and id(rec) not in self.tripped):
+            if (
+                rec is not None
+                and rec[R.STATE] is R.STARTED
+                and now - rec[R.T_ISSUE] > rec[R.LIMIT]
+                and id(rec) not in self.tripped
+            ):
                 self._trip(rec)
 
     # -- probes ----------------------------------------------------------------------------
@@ -205,15 +210,19 @@ class _Watchdog:
         if g is None:
             return
         rec = g.engine.current
-        at = next((r for r in reversed(list(R._ring)) if r[R.GROUP] is g and r[R.SEQ] == seq
-                   and r[R.OP] not in R.P2P_OPS), None)
+        at = next(
+            (r for r in reversed(list(R._ring)) if r[R.GROUP] is g and r[R.SEQ] == seq and r[R.OP] not in R.P2P_OPS),
+            None,
+        )
         line = f"{prefix(at[R.OP] if at is not None else 'collective')} {text}"
         path = R.dump(f"mismatch: {line}")
         live = rec is not None and rec[R.STATE] in (R.STARTED, R.SCHEDULED) and id(rec) not in self.tripped
         if work.ABORT_ON_TIMEOUT or (live and id(rec) in R.unbounded):
-            _say(f"mpidist.errors.DistError: {line}\n"
-                 f"{'flight recorder written to ' + path + '; ' if path else ''}aborting the job "
-                 f"(set MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)")
+            _say(
+                f"mpidist.errors.DistError: {line}\n"
+                f"{'flight recorder written to ' + path + '; ' if path else ''}aborting the job "
+                f"(set MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)"
+            )
             abort_job(1)
         _debug.broken(g, f"a mismatched collective at sequence number {seq}: {text}")
         if live:
@@ -231,8 +240,9 @@ class _Watchdog:
             eng = g.engine
             info["issued"] = eng.seq
             info["current"] = R.describe(eng.current, now) if eng.current is not None else None
-            at = next((r for r in reversed(ring) if r[R.GROUP] is g and r[R.SEQ] == seq
-                       and r[R.OP] not in R.P2P_OPS), None)
+            at = next(
+                (r for r in reversed(ring) if r[R.GROUP] is g and r[R.SEQ] == seq and r[R.OP] not in R.P2P_OPS), None
+            )
             info["at_seq"] = (at[R.OP], at[R.STATE]) if at is not None else None
         return info
 
@@ -278,19 +288,27 @@ class _Watchdog:
         answers = None
         if self.comm is not None and peers:
             reason = f"{op} #{seq} on group {g.group_name!r}"
-            answers = self._ask(peers, ("probe", self._next_nonce(), R.group_key(g), -1 if p2p else seq, reason),
-                                _REPLY, self.probe_wait)
+            answers = self._ask(
+                peers,
+                ("probe", self._next_nonce(), R.group_key(g), -1 if p2p else seq, reason),
+                _REPLY,
+                self.probe_wait,
+            )
         text = _timeout_message(rec, peers, answers)
         rec[R.STATE] = R.TIMED_OUT  # (the op may still complete: then it is marked so)
         text = f"{text}. {R.report(R.dump(f'timeout: {text}'))}"
         if work.ABORT_ON_TIMEOUT:
-            _say(f"mpidist.errors.DistError: {text}\naborting the job (set MPIDIST_ABORT_ON_TIMEOUT=0 to raise "
-                 f"the DistError in the caller instead)")
+            _say(
+                f"mpidist.errors.DistError: {text}\naborting the job (set MPIDIST_ABORT_ON_TIMEOUT=0 to raise "
+                f"the DistError in the caller instead)"
+            )
             abort_job(1)
         if id(rec) in R.unbounded:
-            _say(f"mpidist.errors.DistError: {text}\naborting the job although MPIDIST_ABORT_ON_TIMEOUT=0: the "
-                 f"op was issued from a callback and runs on its group's engine thread, where no caller "
-                 f"can be given the error")
+            _say(
+                f"mpidist.errors.DistError: {text}\naborting the job although MPIDIST_ABORT_ON_TIMEOUT=0: the "
+                f"op was issued from a callback and runs on its group's engine thread, where no caller "
+                f"can be given the error"
+            )
             abort_job(1)
         if not p2p:
             g.engine.broken = f"{op} #{seq} timed out; destroy the group (or exit)"
@@ -305,8 +323,12 @@ class _Watchdog:
             return {}
         peers = [r for r in g.ranks if r != self.st.rank]
         with self.check_lock:
-            return self._ask(peers, ("check", self._next_nonce(), R.group_key(g), seq), _CHECK,
-                             self.probe_wait if wait is None else wait)
+            return self._ask(
+                peers,
+                ("check", self._next_nonce(), R.group_key(g), seq),
+                _CHECK,
+                self.probe_wait if wait is None else wait,
+            )
 
     def notify_mismatch(self, g: Any, peers: list, seq: int, text: str) -> None:
         """Tell ``peers`` (global ranks) that their collective ``seq`` on ``g`` mismatches
@@ -361,14 +383,20 @@ def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
     if op in R.P2P_OPS:
         who = f"rank {rec[R.ROOT]}" if rec[R.ROOT] >= 0 else "any rank"
         detail = _shape_text(rec)
-        head += (f" waiting for {who} (point-to-point op #{seq} on group {g.group_name!r}"
-                 f"{', ' + detail[2:-1] if detail else ''})")
+        head += (
+            f" waiting for {who} (point-to-point op #{seq} on group {g.group_name!r}"
+            f"{', ' + detail[2:-1] if detail else ''})"
+        )
         if answers is None:
             return head
-        notes = [f"rank {p}: {answers[p].get('latest') or 'no op yet'}" if p in answers
-                 else f"rank {p}: did not answer" for p in peers]
+        notes = [
+            f"rank {p}: {answers[p].get('latest') or 'no op yet'}" if p in answers else f"rank {p}: did not answer"
+            for p in peers
+        ]
         return f"{head}; what the peer is doing: {'; '.join(notes)}"
-    head += f", the timeout of group {g.group_name!r} (ranks {list(g.ranks)}) at sequence number {seq}{_shape_text(rec)}"
+    head += (
+        f", the timeout of group {g.group_name!r} (ranks {list(g.ranks)}) at sequence number {seq}{_shape_text(rec)}"
+    )
     if answers is None:
         return f"{head}; ranks that had not arrived: unknown (no other rank to ask)"
     missing, other, silent, notes = [], [], [], []
@@ -378,8 +406,10 @@ def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
             silent.append(p)
         elif info.get("issued", 0) <= seq:
             missing.append(p)
-            notes.append(f"rank {p} has issued {info.get('issued', 0)} collectives on this group; its latest "
-                         f"op: {info.get('latest') or 'none'}")
+            notes.append(
+                f"rank {p} has issued {info.get('issued', 0)} collectives on this group; its latest "
+                f"op: {info.get('latest') or 'none'}"
+            )
         elif info.get("at_seq") and info["at_seq"][0] != op:
             other.append(p)
             notes.append(f"rank {p} called {info['at_seq'][0]} at sequence number {seq}")

@@ -18,6 +18,7 @@ optimizer through ``SGD.load_state_dict``), which copy each array onto its targe
 device: ``save_checkpoint(path, model.state_dict())`` then
 ``model.load_state_dict(load_checkpoint(path))`` round-trips on any device.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +43,7 @@ PathLike = Union[str, os.PathLike]
 
 # First bytes of a zip archive: a local file header, or the end record of an empty one.
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
-_END = b"PK\x05\x06"     # the zip "end of central directory" record: 22 bytes, then the comment
+_END = b"PK\x05\x06"  # the zip "end of central directory" record: 22 bytes, then the comment
 _END_SIZE = 22
 _DIGEST_TAG = b"mpidist-sha256:"
 _DIGEST_SIZE = len(_DIGEST_TAG) + 64
@@ -52,13 +53,17 @@ def _to_host(name: str, value: Any) -> np.ndarray:
     """``value`` as a numpy array, copied from the GPU if needed; no object arrays."""
     if is_device_array(value):
         if not hasattr(value, "get"):
-            raise TypeError(f"checkpoint array {name!r}: device array of type "
-                            f"{type(value).__name__} has no .get() to copy it to the host")
+            raise TypeError(
+                f"checkpoint array {name!r}: device array of type "
+                f"{type(value).__name__} has no .get() to copy it to the host"
+            )
         value = value.get()
     array = np.asarray(value)
     if array.dtype.hasobject:
-        raise ValueError(f"checkpoint array {name!r} has dtype {array.dtype}, which would need "
-                         f"pickle; only numeric, bool, string and plain structured dtypes are allowed")
+        raise ValueError(
+            f"checkpoint array {name!r} has dtype {array.dtype}, which would need "
+            f"pickle; only numeric, bool, string and plain structured dtypes are allowed"
+        )
     return array
 
 
@@ -97,15 +102,18 @@ def _check_digest(path: Path, data: bytes) -> None:
         end = data.rfind(_END, 0, end)
     if end < 0 or len(data) < end + _END_SIZE:
         raise ValueError(f"checkpoint {path} is corrupt or truncated: no zip end record at the end of the file")
-    comment = data[end + _END_SIZE:]
+    comment = data[end + _END_SIZE :]
     if not comment:
         return
     if len(comment) != _DIGEST_SIZE or not comment.startswith(_DIGEST_TAG):
-        raise ValueError(f"checkpoint {path} is corrupt or truncated: its end record carries {comment[:40]!r}..., not "
-                         f"save_checkpoint's digest")
-    if hashlib.sha256(data[:end + _END_SIZE - 2]).hexdigest().encode() != comment[len(_DIGEST_TAG):]:
-        raise ValueError(f"checkpoint {path} is corrupt or truncated: its bytes do not match the SHA-256 digest written "
-                         f"with it")
+        raise ValueError(
+            f"checkpoint {path} is corrupt or truncated: its end record carries {comment[:40]!r}..., not "
+            f"save_checkpoint's digest"
+        )
+    if hashlib.sha256(data[: end + _END_SIZE - 2]).hexdigest().encode() != comment[len(_DIGEST_TAG) :]:
+        raise ValueError(
+            f"checkpoint {path} is corrupt or truncated: its bytes do not match the SHA-256 digest written with it"
+        )
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -150,8 +158,9 @@ def save_checkpoint(path: PathLike, arrays: Mapping[str, Any]) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot write checkpoint {path}: cannot create a file in {path.parent} "
-                                 f"({exc.strerror})") from exc
+        raise OSError(
+            exc.errno, f"cannot write checkpoint {path}: cannot create a file in {path.parent} ({exc.strerror})"
+        ) from exc
     try:
         fh = os.fdopen(fd, "w+b")
         try:
@@ -196,18 +205,32 @@ def load_checkpoint(path: PathLike) -> dict[str, np.ndarray]:
         data = fh.read()
     magic = data[:4]
     if magic not in _ZIP_MAGICS:
-        raise ValueError(f"checkpoint {path} is corrupt or truncated: "
-                         f"expected a .npz (zip) archive, got first bytes {magic!r}")
+        raise ValueError(
+            f"checkpoint {path} is corrupt or truncated: expected a .npz (zip) archive, got first bytes {magic!r}"
+        )
     _check_digest(path, data)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
     except ValueError as exc:
         if "allow_pickle" in str(exc):
-            raise ValueError(f"checkpoint {path} holds pickled data, which "
-                             f"load_checkpoint refuses to load: {exc}") from exc
+            raise ValueError(
+                f"checkpoint {path} holds pickled data, which load_checkpoint refuses to load: {exc}"
+            ) from exc
         raise ValueError(f"checkpoint {path} is corrupt or truncated: {exc}") from exc
-    except (EOFError, zipfile.BadZipFile, zlib.error, KeyError, SyntaxError, NotImplementedError, OSError,
-            OverflowError, MemoryError, TypeError, UnicodeDecodeError, IndexError) as exc:
+    except (
+        EOFError,
+        zipfile.BadZipFile,
+        zlib.error,
+        KeyError,
+        SyntaxError,
+        NotImplementedError,
+        OSError,
+        OverflowError,
+        MemoryError,
+        TypeError,
+        UnicodeDecodeError,
+        IndexError,
+    ) as exc:
         # what numpy's .npy header parser and zipfile raise on damaged bytes (a file with no digest)
         raise ValueError(f"checkpoint {path} is corrupt or truncated: {type(exc).__name__}: {exc}") from exc

@@ -7,6 +7,7 @@ device arrays to the router (:mod:`mpidist.device.route`), which picks the devic
 A rank that is not a member of ``group`` returns None and leaves its buffers alone.
 src/dst are global ranks, as in torch.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,8 +26,14 @@ __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHM
 
 
 @public_op(H.all_reduce)
-def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-               async_op: bool = False, *, algorithm: Optional[str] = None) -> Optional[Work]:
+def all_reduce(
+    tensor: np.ndarray,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    *,
+    algorithm: Optional[str] = None,
+) -> Optional[Work]:
     """Reduce ``tensor`` across the group in place; every rank gets the bitwise-same result.
 
     Args:
@@ -58,8 +65,13 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Optional[
 
 
 @public_op(H.broadcast)
-def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-              async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+def broadcast(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """Copy ``tensor`` from the source rank to every member of the group (MPI_Bcast).
 
     Args:
@@ -76,8 +88,12 @@ def broadcast(tensor: np.ndarray, src: Optional[int] = None, group: Optional[Pro
 
 
 @public_op(H.barrier)
-def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
-            device_ids: Optional[list] = None, timeout: Optional[datetime.timedelta] = None) -> Optional[Work]:
+def barrier(
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    device_ids: Optional[list] = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> Optional[Work]:
     """Block until every member of the group has entered the barrier (MPI_Barrier).
 
     ``device_ids`` is accepted for torch compatibility and ignored on host arrays.
@@ -93,9 +109,11 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
 
 
 @public_op(H.monitored_barrier)
-def monitored_barrier(group: Optional[ProcessGroup] = None,
-                      timeout: Union[datetime.timedelta, float, None] = None,
-                      wait_all_ranks: bool = False) -> None:
+def monitored_barrier(
+    group: Optional[ProcessGroup] = None,
+    timeout: Union[datetime.timedelta, float, None] = None,
+    wait_all_ranks: bool = False,
+) -> None:
     """A barrier that names the ranks that did not arrive (torch.distributed.monitored_barrier).
 
     Group rank 0 waits up to ``timeout`` for every other member to check in (point-to-

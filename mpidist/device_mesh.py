@@ -22,10 +22,12 @@ rank uses the default group itself, as torch does.
 arrays alike (docs/device.md). There are no DTensors here: a mesh is a way to make
 and find process groups.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -44,14 +46,18 @@ Dim = Union[int, str]
 
 def _check_device_type(device_type: Any, op: str) -> str:
     if not isinstance(device_type, str):
-        raise TypeError(f"{prefix(op)} device_type must be a string ('cpu' or 'cuda'), got "
-                        f"{type(device_type).__name__}")
+        raise TypeError(
+            f"{prefix(op)} device_type must be a string ('cpu' or 'cuda'), got {type(device_type).__name__}"
+        )
     if not device_type.isalpha():
-        raise ValueError(f"{prefix(op)} device_type must be a device type without an index, got {device_type!r}; "
-                         f"pass the device's type, e.g. 'cuda' for 'cuda:0'")
+        raise ValueError(
+            f"{prefix(op)} device_type must be a device type without an index, got {device_type!r}; "
+            f"pass the device's type, e.g. 'cuda' for 'cuda:0'"
+        )
     if device_type not in DEVICE_TYPES:
-        raise ValueError(f"{prefix(op)} device_type must be one of {DEVICE_TYPES} (numpy or cupy arrays), got "
-                         f"{device_type!r}")
+        raise ValueError(
+            f"{prefix(op)} device_type must be one of {DEVICE_TYPES} (numpy or cupy arrays), got {device_type!r}"
+        )
     return device_type
 
 
@@ -64,8 +70,10 @@ def _check_names(names: Any, ndim: int, op: str) -> Optional[tuple]:
     if len(set(names)) != len(names):
         raise ValueError(f"{prefix(op)} each mesh_dim_name must be unique, got {names}")
     if len(names) != ndim:
-        raise ValueError(f"{prefix(op)} mesh_dim_names must name each of the mesh's {ndim} dimensions, got "
-                         f"{len(names)} names {names}")
+        raise ValueError(
+            f"{prefix(op)} mesh_dim_names must name each of the mesh's {ndim} dimensions, got "
+            f"{len(names)} names {names}"
+        )
     return names
 
 
@@ -75,13 +83,16 @@ def _check_mesh(mesh: Any, world_size: int, op: str) -> np.ndarray:
     except (TypeError, ValueError) as exc:  # ragged nested lists
         raise ValueError(f"{prefix(op)} mesh must be an n-dimensional array of global ranks: {exc}") from None
     if arr.size == 0 or arr.ndim == 0:
-        raise ValueError(f"{prefix(op)} mesh must be an array of at least one dimension and one rank, got "
-                         f"shape {arr.shape}")
+        raise ValueError(
+            f"{prefix(op)} mesh must be an array of at least one dimension and one rank, got shape {arr.shape}"
+        )
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{prefix(op)} mesh must hold integer global ranks, got dtype {arr.dtype}")
     if arr.min() < 0 or arr.max() >= world_size:
-        raise ValueError(f"{prefix(op)} mesh ranks must be in [0, {world_size}) (the default group's size), got "
-                         f"{arr.min()} .. {arr.max()}")
+        raise ValueError(
+            f"{prefix(op)} mesh ranks must be in [0, {world_size}) (the default group's size), got "
+            f"{arr.min()} .. {arr.max()}"
+        )
     if np.unique(arr).size != arr.size:
         raise ValueError(f"{prefix(op)} mesh must not repeat a rank, got {arr.tolist()}")
     return arr.astype(np.int64)
@@ -121,8 +132,14 @@ class DeviceMesh:
             a mesh or names that differ between ranks (ValueError on every rank).
     """
 
-    def __init__(self, device_type: str, mesh: Any, *, mesh_dim_names: Optional[Sequence[str]] = None,
-                 backend_override: Optional[Sequence[Any]] = None) -> None:
+    def __init__(
+        self,
+        device_type: str,
+        mesh: Any,
+        *,
+        mesh_dim_names: Optional[Sequence[str]] = None,
+        backend_override: Optional[Sequence[Any]] = None,
+    ) -> None:
         op = "DeviceMesh"
         st = _runtime.state()
         device_type = _check_device_type(device_type, op)
@@ -133,16 +150,23 @@ class DeviceMesh:
         elif isinstance(backend_override, (list, tuple)) and len(backend_override) == arr.ndim:
             backends = [_backend_of(b, op) for b in backend_override]
         else:
-            raise ValueError(f"{prefix(op)} backend_override must hold one entry per mesh dimension ({arr.ndim}), "
-                             f"got {backend_override!r}")
-        agree(st.world, [device_type, arr.shape, arr.reshape(-1).tolist(), names, backends], op,
-              "meshes (device_type, mesh, mesh_dim_names, backend_override)")
+            raise ValueError(
+                f"{prefix(op)} backend_override must hold one entry per mesh dimension ({arr.ndim}), "
+                f"got {backend_override!r}"
+            )
+        agree(
+            st.world,
+            [device_type, arr.shape, arr.reshape(-1).tolist(), names, backends],
+            op,
+            "meshes (device_type, mesh, mesh_dim_names, backend_override)",
+        )
         groups = [self._make_groups(st, arr, d, names, backend, op) for d, backend in enumerate(backends)]
         self._set(device_type, arr, names, groups, _coordinate(arr, st.rank))
 
     @staticmethod
-    def _make_groups(st: Any, arr: np.ndarray, dim: int, names: Optional[tuple], backend: Optional[str],
-                     op: str) -> ProcessGroup:
+    def _make_groups(
+        st: Any, arr: np.ndarray, dim: int, names: Optional[tuple], backend: Optional[str], op: str
+    ) -> ProcessGroup:
         """This rank's group along ``dim``: the default group when a group along it holds
         every rank (and no backend is imposed), as torch; else one MPI_Comm_split."""
         if arr.shape[dim] == st.world_size and backend is None:
@@ -153,8 +177,15 @@ class DeviceMesh:
         _counted(len(rows))  # as torch's new_group per row
         return GroupMember.NON_GROUP_MEMBER if mine is None else mine
 
-    def _set(self, device_type: str, mesh: np.ndarray, names: Optional[tuple], groups: list,
-             coordinate: Optional[tuple], whole: bool = True) -> None:
+    def _set(
+        self,
+        device_type: str,
+        mesh: np.ndarray,
+        names: Optional[tuple],
+        groups: list,
+        coordinate: Optional[tuple],
+        whole: bool = True,
+    ) -> None:
         self._device_type = device_type
         self._mesh = mesh
         self._mesh.flags.writeable = False
@@ -164,15 +195,27 @@ class DeviceMesh:
         self._whole = whole  # False: a slice of a larger mesh made for a rank outside it
 
     @classmethod
-    def _from_parts(cls, device_type: str, mesh: np.ndarray, names: Optional[tuple], groups: list,
-                    coordinate: Optional[tuple], whole: bool = True) -> "DeviceMesh":
+    def _from_parts(
+        cls,
+        device_type: str,
+        mesh: np.ndarray,
+        names: Optional[tuple],
+        groups: list,
+        coordinate: Optional[tuple],
+        whole: bool = True,
+    ) -> DeviceMesh:
         obj = cls.__new__(cls)
         obj._set(device_type, mesh, names, groups, coordinate, whole)
         return obj
 
     @staticmethod
-    def from_group(group: Union[ProcessGroup, Sequence[ProcessGroup]], device_type: str, mesh: Any = None, *,
-                   mesh_dim_names: Optional[Sequence[str]] = None) -> "DeviceMesh":
+    def from_group(
+        group: Union[ProcessGroup, Sequence[ProcessGroup]],
+        device_type: str,
+        mesh: Any = None,
+        *,
+        mesh_dim_names: Optional[Sequence[str]] = None,
+    ) -> DeviceMesh:
         """A mesh over existing groups, without communicating (DeviceMesh.from_group).
 
         One group: a 1-D mesh of its members (``mesh``, if given, must list them in
@@ -191,8 +234,7 @@ class DeviceMesh:
         if isinstance(group, ProcessGroup):
             ranks = get_process_group_ranks(group)
             if mesh is not None and np.array(mesh).reshape(-1).tolist() != ranks:
-                raise ValueError(f"{prefix(op)} mesh {np.array(mesh).tolist()} does not list the group's ranks "
-                                 f"{ranks}")
+                raise ValueError(f"{prefix(op)} mesh {np.array(mesh).tolist()} does not list the group's ranks {ranks}")
             arr = np.array(ranks, np.int64)
             names = _check_names(mesh_dim_names, 1, op)
             return DeviceMesh._from_parts(device_type, arr, names, [group], _coordinate(arr, st.rank))
@@ -203,8 +245,10 @@ class DeviceMesh:
             raise ValueError(f"{prefix(op)} mesh and mesh_dim_names are required with several groups")
         arr = _check_mesh(mesh, st.world_size, op)
         if arr.ndim != len(groups):
-            raise ValueError(f"{prefix(op)} mesh has {arr.ndim} dimensions but {len(groups)} groups were given; "
-                             f"expected one group per dimension")
+            raise ValueError(
+                f"{prefix(op)} mesh has {arr.ndim} dimensions but {len(groups)} groups were given; "
+                f"expected one group per dimension"
+            )
         names = _check_names(mesh_dim_names, arr.ndim, op)
         return DeviceMesh._from_parts(device_type, arr, names, groups, _coordinate(arr, st.rank))
 
@@ -223,8 +267,10 @@ class DeviceMesh:
             ValueError: a slice asked by a rank outside the mesh, when there are several.
         """
         if not self._whole:
-            raise ValueError(f"{prefix('DeviceMesh.mesh')} rank {_runtime.get_rank()} is not in this mesh, which "
-                             f"is one of several slices of a larger mesh; ask on a rank that is in it")
+            raise ValueError(
+                f"{prefix('DeviceMesh.mesh')} rank {_runtime.get_rank()} is not in this mesh, which "
+                f"is one of several slices of a larger mesh; ask on a rank that is in it"
+            )
         return self._mesh
 
     @property
@@ -251,12 +297,15 @@ class DeviceMesh:
         """The index of dimension ``mesh_dim`` (an int, negative from the end, or a name)."""
         if isinstance(mesh_dim, str):
             if not self._names or mesh_dim not in self._names:
-                raise KeyError(f"{prefix(op)} mesh dimension {mesh_dim!r} does not exist; the mesh's "
-                               f"mesh_dim_names are {self._names}")
+                raise KeyError(
+                    f"{prefix(op)} mesh dimension {mesh_dim!r} does not exist; the mesh's "
+                    f"mesh_dim_names are {self._names}"
+                )
             return self._names.index(mesh_dim)
         if not isinstance(mesh_dim, (int, np.integer)) or isinstance(mesh_dim, bool):
-            raise TypeError(f"{prefix(op)} mesh_dim must be an int or a dimension's name, got "
-                            f"{type(mesh_dim).__name__}")
+            raise TypeError(
+                f"{prefix(op)} mesh_dim must be an int or a dimension's name, got {type(mesh_dim).__name__}"
+            )
         if not -self.ndim <= mesh_dim < self.ndim:
             raise ValueError(f"{prefix(op)} mesh_dim={mesh_dim} is out of range for a {self.ndim}-D mesh")
         return int(mesh_dim) % self.ndim
@@ -264,8 +313,10 @@ class DeviceMesh:
     def _one_dim(self, mesh_dim: Optional[Dim], op: str) -> int:
         if mesh_dim is None:
             if self.ndim > 1:
-                raise ValueError(f"{prefix(op)} the mesh has {self.ndim} dimensions: pass mesh_dim (an index or a "
-                                 f"name), or use get_all_groups()")
+                raise ValueError(
+                    f"{prefix(op)} the mesh has {self.ndim} dimensions: pass mesh_dim (an index or a "
+                    f"name), or use get_all_groups()"
+                )
             return 0
         return self._dim(mesh_dim, op)
 
@@ -299,7 +350,7 @@ class DeviceMesh:
         """This rank's index in the mesh, one int per dimension; None outside the mesh."""
         return self._coordinate
 
-    def __getitem__(self, mesh_dim_names: Union[str, Sequence[str]]) -> "DeviceMesh":
+    def __getitem__(self, mesh_dim_names: Union[str, Sequence[str]]) -> DeviceMesh:
         """The sub-mesh of the named dimensions through this rank, with the same groups
         (``mesh["tp"]``: this rank's row of a ("dp", "tp") mesh; ``mesh["dp", "cp"]`` of a
         3-D one). The names must come in the mesh's dimension order. No communication.
@@ -316,19 +367,26 @@ class DeviceMesh:
             return self
         dims = [self._dim(n, op) for n in names]
         if dims != sorted(set(dims)):
-            raise KeyError(f"{prefix(op)} invalid mesh_dim_names {names}: they must be distinct and in the mesh's "
-                           f"dimension order {self._names}")
+            raise KeyError(
+                f"{prefix(op)} invalid mesh_dim_names {names}: they must be distinct and in the mesh's "
+                f"dimension order {self._names}"
+            )
         coord = self._coordinate
         through = coord if coord is not None else (0,) * self.ndim
         index = tuple(slice(None) if d in dims else through[d] for d in range(self.ndim))
         others = math.prod(self._mesh.shape[d] for d in range(self.ndim) if d not in dims)
         sub = np.ascontiguousarray(self._mesh[index])
-        return DeviceMesh._from_parts(self._device_type, sub, names, [self._groups[d] for d in dims],
-                                      None if coord is None else tuple(coord[d] for d in dims),
-                                      whole=coord is not None or others == 1)
+        return DeviceMesh._from_parts(
+            self._device_type,
+            sub,
+            names,
+            [self._groups[d] for d in dims],
+            None if coord is None else tuple(coord[d] for d in dims),
+            whole=coord is not None or others == 1,
+        )
 
     # -- the rest of torch's surface -----------------------------------------------------------
-    def __enter__(self) -> "DeviceMesh":
+    def __enter__(self) -> DeviceMesh:
         """``with mesh:`` (torch makes it the current mesh for DTensor; nothing here reads it)."""
         return self
 
@@ -336,8 +394,11 @@ class DeviceMesh:
         return None
 
     def __repr__(self) -> str:
-        dims = (", ".join(f"{n}={s}" for n, s in zip(self._names, self.shape)) if self._names
-                else ", ".join(str(s) for s in self.shape))
+        dims = (
+            ", ".join(f"{n}={s}" for n, s in zip(self._names, self.shape))
+            if self._names
+            else ", ".join(str(s) for s in self.shape)
+        )
         return f"DeviceMesh(({dims}), '{self._device_type}', mesh={self._mesh.tolist()})"
 
     def _key(self) -> tuple:
@@ -355,9 +416,13 @@ def _coordinate(mesh: np.ndarray, rank: int) -> Optional[tuple]:
     return tuple(int(i) for i in found[0]) if len(found) else None
 
 
-def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
-                     mesh_dim_names: Optional[Sequence[str]] = None,
-                     backend_override: Optional[dict] = None) -> DeviceMesh:
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Optional[Sequence[str]] = None,
+    backend_override: Optional[dict] = None,
+) -> DeviceMesh:
     """A :class:`DeviceMesh` of ranks ``0 .. prod(mesh_shape) - 1`` laid out in row-major
     order in ``mesh_shape`` (torch.distributed.device_mesh.init_device_mesh): for
     ``(2, 4)``, dimension 1's groups are ``[0..3]`` and ``[4..7]``, dimension 0's
@@ -383,13 +448,18 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
     if not _runtime.is_initialized():
         _runtime.init_process_group()
     st = _runtime.state()
-    if isinstance(mesh_shape, (int, np.integer)) or not isinstance(mesh_shape, Sequence) or not mesh_shape or any(
-            not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 1 for s in mesh_shape):
+    if (
+        isinstance(mesh_shape, (int, np.integer))
+        or not isinstance(mesh_shape, Sequence)
+        or not mesh_shape
+        or any(not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 1 for s in mesh_shape)
+    ):
         raise ValueError(f"{prefix(op)} mesh_shape must be a non-empty tuple of positive ints, got {mesh_shape!r}")
     shape = tuple(int(s) for s in mesh_shape)
     if math.prod(shape) > st.world_size:
-        raise ValueError(f"{prefix(op)} mesh_shape {shape} holds {math.prod(shape)} ranks, more than the world "
-                         f"size {st.world_size}")
+        raise ValueError(
+            f"{prefix(op)} mesh_shape {shape} holds {math.prod(shape)} ranks, more than the world size {st.world_size}"
+        )
     names = _check_names(mesh_dim_names, len(shape), op)
     overrides = None
     if backend_override is not None:
@@ -397,8 +467,11 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
         for key, value in dict(backend_override).items():
             dim = names.index(key) if names and key in names else key
             if not isinstance(dim, int) or isinstance(dim, bool) or not -len(shape) <= dim < len(shape):
-                raise ValueError(f"{prefix(op)} backend_override key {key!r} is neither a dimension index in "
-                                 f"[0, {len(shape)}) nor one of mesh_dim_names {names}")
+                raise ValueError(
+                    f"{prefix(op)} backend_override key {key!r} is neither a dimension index in "
+                    f"[0, {len(shape)}) nor one of mesh_dim_names {names}"
+                )
             overrides[dim] = value
-    return DeviceMesh(device_type, np.arange(math.prod(shape)).reshape(shape), mesh_dim_names=names,
-                      backend_override=overrides)
+    return DeviceMesh(
+        device_type, np.arange(math.prod(shape)).reshape(shape), mesh_dim_names=names, backend_override=overrides
+    )

@@ -4,6 +4,7 @@ Caller mistakes raise :class:`TypeError` or :class:`ValueError`; failures of
 communication raise :class:`DistError`. Every message starts with
 ``[rank r/n] op:`` so a log line from a many-rank job says who failed where.
 """
+
 from __future__ import annotations
 
 from mpidist import _current
@@ -62,10 +63,13 @@ def from_mpi(op: str, exc: Exception) -> Exception:
     if isinstance(exc, MPI.Exception):
         cls = exc.Get_error_class()
         if cls == MPI.ERR_TRUNCATE:
-            return ValueError(f"{prefix(op)} the incoming message is larger than the receive buffer; "
-                              f"sender and receiver must use the same shape and dtype")
+            return ValueError(
+                f"{prefix(op)} the incoming message is larger than the receive buffer; "
+                f"sender and receiver must use the same shape and dtype"
+            )
         if cls in _network_classes():
-            return DistNetworkError(f"{prefix(op)} a process this operation needs has failed (MPI error: "
-                                    f"{exc.Get_error_string()})")
+            return DistNetworkError(
+                f"{prefix(op)} a process this operation needs has failed (MPI error: {exc.Get_error_string()})"
+            )
         return DistBackendError(f"{prefix(op)} MPI error: {exc.Get_error_string()}")
     return exc

@@ -11,6 +11,7 @@ A call on host arrays goes to the MPI backend's body of the same name
 (:mod:`mpidist._mpi.gather_scatter`, which says how lists travel in one vector collective);
 one on device arrays to the router (:mod:`mpidist.device.route`).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,13 +24,22 @@ from mpidist._public_op import public_op
 from mpidist.work import Work
 
 __all__ = [
-    "all_gather", "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "all_to_all",
-    "all_to_all_single", "broadcast_multigpu", "all_gather_multigpu",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast_multigpu",
+    "all_gather_multigpu",
 ]
 
+
 @public_op(H.all_gather)
-def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None,
-               async_op: bool = False) -> Optional[Work]:
+def all_gather(
+    tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optional[ProcessGroup] = None, async_op: bool = False
+) -> Optional[Work]:
     """Gather every member's ``tensor`` into ``tensor_list`` on every member (MPI_Allgatherv).
 
     Args:
@@ -57,8 +67,9 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, group: Optiona
 
 
 @public_op(H.all_gather_into_tensor)
-def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
-                           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_gather_into_tensor(
+    output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None, async_op: bool = False
+) -> Optional[Work]:
     """Gather every rank's ``input_tensor`` into ``output_tensor`` on every rank (MPI_Allgather).
 
     ``output_tensor`` holds ``world_size * input_tensor.size`` elements of the same
@@ -75,9 +86,14 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
 
 
 @public_op(H.gather)
-def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, dst: Optional[int] = None,
-           group: Optional[ProcessGroup] = None, async_op: bool = False,
-           group_dst: Optional[int] = None) -> Optional[Work]:
+def gather(
+    tensor: np.ndarray,
+    gather_list: Optional[list[np.ndarray]] = None,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """Gather every member's ``tensor`` into ``gather_list`` on the destination (MPI_Gatherv).
 
     Args:
@@ -108,9 +124,14 @@ def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]] = None, d
 
 
 @public_op(H.scatter)
-def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None, src: Optional[int] = None,
-            group: Optional[ProcessGroup] = None, async_op: bool = False,
-            group_src: Optional[int] = None) -> Optional[Work]:
+def scatter(
+    tensor: np.ndarray,
+    scatter_list: Optional[list[np.ndarray]] = None,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """Send ``scatter_list[i]`` from the source to group rank i's ``tensor`` (MPI_Scatterv).
 
     Args:
@@ -140,8 +161,12 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]] = None,
 
 
 @public_op(H.all_to_all)
-def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray],
-               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_to_all(
+    output_tensor_list: list[np.ndarray],
+    input_tensor_list: list[np.ndarray],
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Send ``input_tensor_list[i]`` to group rank i; receive rank i's into ``output_tensor_list[i]``.
 
     Args:
@@ -171,9 +196,14 @@ def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.
 
 
 @public_op(H.all_to_all_single)
-def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]] = None,
-                      input_split_sizes: Optional[list[int]] = None, group: Optional[ProcessGroup] = None,
-                      async_op: bool = False) -> Optional[Work]:
+def all_to_all_single(
+    output: np.ndarray,
+    input: np.ndarray,
+    output_split_sizes: Optional[list[int]] = None,
+    input_split_sizes: Optional[list[int]] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Split ``input`` along dim 0, send part i to group rank i, concatenate what arrives in ``output``.
 
     Args:
@@ -207,9 +237,14 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
 
 
 @public_op(H.broadcast_multigpu)
-def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
-                       group: Optional[ProcessGroup] = None, async_op: bool = False, src_tensor: int = 0,
-                       group_src: Optional[int] = None) -> Optional[Work]:
+def broadcast_multigpu(
+    tensor_list: list[np.ndarray],
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    src_tensor: int = 0,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """Broadcast ``tensor_list[src_tensor]`` of global rank ``src`` into every array of every member.
 
     Host-only reading of torch's (removed) ``broadcast_multigpu``: each array of
@@ -233,8 +268,12 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int] = None,
 
 
 @public_op(H.all_gather_multigpu)
-def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
-                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_gather_multigpu(
+    output_tensor_lists: list[list[np.ndarray]],
+    input_tensor_list: list[np.ndarray],
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """all_gather where each process plays ``L = len(input_tensor_list)`` devices (seeds' form).
 
     Host-only reading of torch's (removed) ``all_gather_multigpu``: the process holds one
@@ -259,8 +298,9 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
     """
 
 
-def all_gather_single(output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None,
-                      async_op: bool = False) -> Optional[Work]:
+def all_gather_single(
+    output_tensor: np.ndarray, input_tensor: np.ndarray, group: Optional[ProcessGroup] = None, async_op: bool = False
+) -> Optional[Work]:
     """torch 2.13's name for :func:`all_gather_into_tensor`, which torch 2.13 deprecates
     (``mpidist.all_gather_into_tensor`` warns as torch's does; this module's does not):
     the same arguments, semantics and errors."""

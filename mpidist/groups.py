@@ -8,23 +8,35 @@ which ``get_rank`` and ``get_world_size`` give -1 and every collective returns N
 Several disjoint groups at once (split_group, new_subgroups_by_enumeration, the
 dimensions of a device mesh) are made by one ``MPI_Comm_split`` of their parent.
 """
+
 from __future__ import annotations
 
 import datetime
 import hashlib
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from mpidist import _runtime
 from mpidist._backends import BackendConfig
-from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._tags import CREATE_GROUP_TAG
+from mpidist.errors import prefix
 
-__all__ = ["GroupMember", "group", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
-           "get_group_rank", "get_global_rank", "get_process_group_ranks", "get_pg_count"]
+__all__ = [
+    "GroupMember",
+    "group",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+    "get_group_rank",
+    "get_global_rank",
+    "get_process_group_ranks",
+    "get_pg_count",
+]
 
 
 class _WorldAttr(type):
@@ -45,20 +57,24 @@ class group(metaclass=_WorldAttr):  # noqa: N801  (torch's name: ``group.WORLD``
     """``group.WORLD`` is the default group, as in torch.distributed."""
 
 
-def _check_ranks(ranks: Any, world_size: int, op: str, arg: str = "ranks", sort: bool = True,
-                 what: str = "world size") -> list[int]:
+def _check_ranks(
+    ranks: Any, world_size: int, op: str, arg: str = "ranks", sort: bool = True, what: str = "world size"
+) -> list[int]:
     """``ranks`` (argument ``arg``) as a list of distinct ints in ``[0, world_size)``,
     sorted unless ``sort`` is False; ``what`` names the bound in messages."""
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
-        raise TypeError(f"{prefix(op)} {arg} must be a list of {'global ' if what == 'world size' else ''}ranks, "
-                        f"got {type(ranks).__name__}")
+        raise TypeError(
+            f"{prefix(op)} {arg} must be a list of {'global ' if what == 'world size' else ''}ranks, "
+            f"got {type(ranks).__name__}"
+        )
     out = []
     for r in ranks:
         if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
             raise TypeError(f"{prefix(op)} {arg} must hold ints, got {r!r} ({type(r).__name__})")
         if not 0 <= r < world_size:
-            raise ValueError(f"{prefix(op)} rank {r} in {arg} is out of range; expected 0 <= rank < "
-                             f"{what} {world_size}")
+            raise ValueError(
+                f"{prefix(op)} rank {r} in {arg} is out of range; expected 0 <= rank < {what} {world_size}"
+            )
         out.append(int(r))
     dup = sorted({r for r in out if out.count(r) > 1})
     if dup:
@@ -123,10 +139,16 @@ def get_pg_count() -> int:
     return _count[1]
 
 
-def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.timedelta] = None,
-              backend: Optional[str] = None, pg_options: Any = None,
-              use_local_synchronization: bool = False, group_desc: Optional[str] = None,
-              device_id: Any = None, sort_ranks: bool = True) -> ProcessGroup:
+def new_group(
+    ranks: Optional[Iterable[int]] = None,
+    timeout: Optional[datetime.timedelta] = None,
+    backend: Optional[str] = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: Optional[str] = None,
+    device_id: Any = None,
+    sort_ranks: bool = True,
+) -> ProcessGroup:
     """Create a group of the given global ranks on a new MPI communicator.
 
     Collective over ALL ranks of the default group (``MPI_Comm_create``), which must call
@@ -157,8 +179,9 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     st = _runtime.state()
     backend = _check_backend(backend, op) or st.backend
     timeout_s = _timeout_seconds(timeout, op)
-    members = (list(range(st.world_size)) if ranks is None
-               else _check_ranks(ranks, st.world_size, op, sort=bool(sort_ranks)))
+    members = (
+        list(range(st.world_size)) if ranks is None else _check_ranks(ranks, st.world_size, op, sort=bool(sort_ranks))
+    )
     world = st.world
     name = _name(st, group_desc, members)
     local = bool(use_local_synchronization)
@@ -170,8 +193,7 @@ def new_group(ranks: Optional[Iterable[int]] = None, timeout: Optional[datetime.
     def create() -> Optional[MPI.Comm]:
         mpi_group = world.comm.Get_group().Incl(members)
         try:
-            comm = (world.comm.Create_group(mpi_group, CREATE_GROUP_TAG) if local
-                    else world.comm.Create(mpi_group))
+            comm = world.comm.Create_group(mpi_group, CREATE_GROUP_TAG) if local else world.comm.Create(mpi_group)
         finally:
             mpi_group.Free()
         return None if comm == MPI.COMM_NULL else comm
@@ -216,12 +238,15 @@ def agree(g: ProcessGroup, obj: Any, op: str, what: str) -> None:
         return bool(agreed[0] == -agreed[1])
 
     if not g.engine.run_sync(compare):
-        raise ValueError(f"{prefix(op)} the members of group {g.group_name!r} passed different {what}; every "
-                         f"member must pass the same (this rank passed {obj!r:.200})")
+        raise ValueError(
+            f"{prefix(op)} the members of group {g.group_name!r} passed different {what}; every "
+            f"member must pass the same (this rank passed {obj!r:.200})"
+        )
 
 
-def split(parent: ProcessGroup, subgroups: Sequence[Sequence[int]], op: str, backend: str,
-          group_desc: Optional[str] = None) -> Optional[ProcessGroup]:
+def split(
+    parent: ProcessGroup, subgroups: Sequence[Sequence[int]], op: str, backend: str, group_desc: Optional[str] = None
+) -> Optional[ProcessGroup]:
     """The caller's group among ``subgroups`` (disjoint lists of global ranks, each in
     group-rank order, all members of ``parent``), made by one ``MPI_Comm_split`` of
     ``parent``'s communicator (MPI-4.1 §7.4.2): collective over ``parent``'s members, which
@@ -251,9 +276,14 @@ def split(parent: ProcessGroup, subgroups: Sequence[Sequence[int]], op: str, bac
     return _register(comm, mine, _name(st, group_desc, mine), backend, _key(mine))
 
 
-def split_group(parent_pg: Optional[ProcessGroup] = None, split_ranks: Optional[list] = None,
-                timeout: Optional[datetime.timedelta] = None, pg_options: Any = None,
-                group_desc: Optional[str] = None, backend: Optional[str] = None) -> Optional[ProcessGroup]:
+def split_group(
+    parent_pg: Optional[ProcessGroup] = None,
+    split_ranks: Optional[list] = None,
+    timeout: Optional[datetime.timedelta] = None,
+    pg_options: Any = None,
+    group_desc: Optional[str] = None,
+    backend: Optional[str] = None,
+) -> Optional[ProcessGroup]:
     """Split ``parent_pg`` into disjoint groups (torch.distributed.split_group), by one
     ``MPI_Comm_split`` of its communicator.
 
@@ -281,8 +311,9 @@ def split_group(parent_pg: Optional[ProcessGroup] = None, split_ranks: Optional[
     st = _runtime.state()
     parent = _runtime.resolve_group(parent_pg)
     if parent.comm is None:
-        raise ValueError(f"{prefix(op)} global rank {st.rank} is not part of the parent group; only its members "
-                         f"call split_group")
+        raise ValueError(
+            f"{prefix(op)} global rank {st.rank} is not part of the parent group; only its members call split_group"
+        )
     lists = _check_lists(split_ranks, parent.size(), op, "split_ranks", "parent group size")
     chosen = parent.backend if backend is None else _child_backend(parent, backend, op)
     return split(parent, [[parent.ranks[r] for r in lst] for lst in lists], op, chosen, group_desc)
@@ -306,8 +337,10 @@ def _check_disjoint(lists: Sequence[Sequence[int]], op: str, arg: str) -> None:
     for i, lst in enumerate(lists):
         for r in lst:
             if r in seen:
-                raise ValueError(f"{prefix(op)} rank {r} appears in both {arg}[{seen[r]}] {list(lists[seen[r]])} and "
-                                 f"{arg}[{i}] {list(lst)}; the groups must not overlap")
+                raise ValueError(
+                    f"{prefix(op)} rank {r} appears in both {arg}[{seen[r]}] {list(lists[seen[r]])} and "
+                    f"{arg}[{i}] {list(lst)}; the groups must not overlap"
+                )
             seen[r] = i
 
 
@@ -317,15 +350,20 @@ def _child_backend(parent: ProcessGroup, backend: str, op: str) -> str:
     name = _check_backend(backend, op)
     want, have = BackendConfig(name).get_device_backend_map(), BackendConfig(parent.backend).get_device_backend_map()
     if any(have.get(d) != b for d, b in want.items()):
-        raise ValueError(f"{prefix(op)} backend {backend!r} is not part of the parent group's backend "
-                         f"{parent.backend!r}; pass None or the parent's own")
+        raise ValueError(
+            f"{prefix(op)} backend {backend!r} is not part of the parent group's backend "
+            f"{parent.backend!r}; pass None or the parent's own"
+        )
     return name
 
 
-def new_subgroups_by_enumeration(ranks_per_subgroup_list: Any, timeout: Optional[datetime.timedelta] = None,
-                                 backend: Optional[str] = None, pg_options: Any = None,
-                                 group_desc: Optional[str] = None
-                                 ) -> tuple[Optional[ProcessGroup], list[ProcessGroup]]:
+def new_subgroups_by_enumeration(
+    ranks_per_subgroup_list: Any,
+    timeout: Optional[datetime.timedelta] = None,
+    backend: Optional[str] = None,
+    pg_options: Any = None,
+    group_desc: Optional[str] = None,
+) -> tuple[Optional[ProcessGroup], list[ProcessGroup]]:
     """Make one group per list of global ranks (torch.distributed.new_subgroups_by_enumeration).
 
     Collective over ALL ranks of the default group, which must pass the same lists; the
@@ -352,10 +390,14 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Any, timeout: Optional
     return mine, [mine if mine is not None and st.rank in lst else GroupMember.NON_GROUP_MEMBER for lst in lists]
 
 
-def new_subgroups(group_size: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                  timeout: Optional[datetime.timedelta] = None, backend: Optional[str] = None,
-                  pg_options: Any = None, group_desc: Optional[str] = None
-                  ) -> tuple[ProcessGroup, list[ProcessGroup]]:
+def new_subgroups(
+    group_size: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    timeout: Optional[datetime.timedelta] = None,
+    backend: Optional[str] = None,
+    pg_options: Any = None,
+    group_desc: Optional[str] = None,
+) -> tuple[ProcessGroup, list[ProcessGroup]]:
     """Split the world into equal consecutive subgroups of ``group_size`` ranks.
 
     Returns ``(the caller's subgroup, all subgroups)`` as torch does; entries the
@@ -372,11 +414,19 @@ def new_subgroups(group_size: Optional[int] = None, group: Optional[ProcessGroup
         raise ValueError(f"{prefix(op)} group must be None (subgroups of the world only)")
     size = st.local_world_size if group_size is None else group_size
     if not isinstance(size, (int, np.integer)) or size < 1 or size > st.world_size or st.world_size % size:
-        raise ValueError(f"{prefix(op)} group_size must divide the world size {st.world_size} and be "
-                         f">= 1, got {group_size!r}")
-    subgroups = [new_group(range(start, start + size), timeout, backend, pg_options,
-                           group_desc=f"{group_desc or 'subgroup'}{start // size}")
-                 for start in range(0, st.world_size, size)]
+        raise ValueError(
+            f"{prefix(op)} group_size must divide the world size {st.world_size} and be >= 1, got {group_size!r}"
+        )
+    subgroups = [
+        new_group(
+            range(start, start + size),
+            timeout,
+            backend,
+            pg_options,
+            group_desc=f"{group_desc or 'subgroup'}{start // size}",
+        )
+        for start in range(0, st.world_size, size)
+    ]
     return subgroups[st.rank // size], subgroups
 
 

@@ -22,6 +22,7 @@ equal the world size) and an ``all_gather_object`` of its host, local rank and p
 a launch that gives N singletons instead of one world of N, or a hang, shows here first. The
 exit status is 0 when every check passed, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,8 @@ import platform
 import shutil
 import socket
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -42,13 +44,33 @@ from mpidist.device._nccl_core import version_text
 
 __all__ = ["collect", "launcher", "main"]
 
-_THREAD_LEVELS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
-                  MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
+_THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+    MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+    MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+}
 # The variables a launcher or mpidist sets that say who a process is.
-_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-                   "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                   "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID",
-                   "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
+_RANK_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMIX_RANK",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+)
 
 
 def launcher(env: Optional[dict] = None) -> str:
@@ -137,17 +159,28 @@ def collect() -> dict:
     found = detect.detect(comm=world)
     vendor, vendor_version = MPI.get_vendor()
     return {
-        "mpidist": mpidist.__version__, "python": platform.python_version(), "numpy": np.__version__,
+        "mpidist": mpidist.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
         "mpi4py": mpi4py.__version__,
-        "mpi": {"library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
-                "vendor": f"{vendor} {'.'.join(map(str, vendor_version))}",
-                "standard": "{}.{}".format(*MPI.Get_version()),
-                "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread()))},
+        "mpi": {
+            "library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "vendor": f"{vendor} {'.'.join(map(str, vendor_version))}",
+            "standard": "{}.{}".format(*MPI.Get_version()),
+            "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        },
         "cuda_aware_mpi": {"aware": found.aware, "decided_by": found.source},
-        "gpu": _gpu(), "torch": _torch(), "launcher": launcher(),
+        "gpu": _gpu(),
+        "torch": _torch(),
+        "launcher": launcher(),
         "variables": {k: os.environ[k] for k in _RANK_VARIABLES if k in os.environ},
-        "rank": world.Get_rank(), "world_size": world.Get_size(), "host": socket.gethostname(),
-        "local_rank": local[0], "local_world_size": local[1], "pid": os.getpid(), "shared_memory": shm,
+        "rank": world.Get_rank(),
+        "world_size": world.Get_size(),
+        "host": socket.gethostname(),
+        "local_rank": local[0],
+        "local_world_size": local[1],
+        "pid": os.getpid(),
+        "shared_memory": shm,
     }
 
 
@@ -160,41 +193,61 @@ def _check_world(facts: dict) -> dict:
         rows: list = [None] * mpidist.get_world_size()
         mpidist.all_gather_object(rows, {k: facts[k] for k in ("rank", "host", "local_rank", "pid")})
         nodes = len({row["host"] for row in rows})
-        return {"init_process_group": "ok", "all_reduce": float(one[0]), "all_reduce_ok": bool(one[0] == len(rows)),
-                "ranks": rows, "nodes": nodes, "backend": mpidist.get_backend()}
+        return {
+            "init_process_group": "ok",
+            "all_reduce": float(one[0]),
+            "all_reduce_ok": bool(one[0] == len(rows)),
+            "ranks": rows,
+            "nodes": nodes,
+            "backend": mpidist.get_backend(),
+        }
     finally:
         mpidist.destroy_process_group()
 
 
 def _text(facts: dict, world: dict) -> str:
     mpi, gpu, torch = facts["mpi"], facts["gpu"], facts["torch"]
-    lines = [f"mpidist {facts['mpidist']}  (Python {facts['python']}, numpy {facts['numpy']}, mpi4py {facts['mpi4py']})",
-             f"MPI: {mpi['library']}", f"  vendor {mpi['vendor']}, MPI standard {mpi['standard']}, "
-             f"thread level {mpi['thread_level']}",
-             f"CUDA-aware MPI: {'yes' if facts['cuda_aware_mpi']['aware'] else 'no'} "
-             f"(decided by: {facts['cuda_aware_mpi']['decided_by']})"]
+    lines = [
+        f"mpidist {facts['mpidist']}  (Python {facts['python']}, numpy {facts['numpy']}, mpi4py {facts['mpi4py']})",
+        f"MPI: {mpi['library']}",
+        f"  vendor {mpi['vendor']}, MPI standard {mpi['standard']}, thread level {mpi['thread_level']}",
+        f"CUDA-aware MPI: {'yes' if facts['cuda_aware_mpi']['aware'] else 'no'} "
+        f"(decided by: {facts['cuda_aware_mpi']['decided_by']})",
+    ]
     if gpu["cupy"] is None:
         lines.append("CuPy: not installed (device arrays: none)")
     else:
-        lines.append(f"CuPy {gpu['cupy']}: {gpu.get('gpus', 0)} GPU(s)"
-                     f"{' (' + gpu['gpu_error'] + ')' if 'gpu_error' in gpu else ''}; "
-                     f"NCCL {gpu['nccl'] or 'not available'}")
+        lines.append(
+            f"CuPy {gpu['cupy']}: {gpu.get('gpus', 0)} GPU(s)"
+            f"{' (' + gpu['gpu_error'] + ')' if 'gpu_error' in gpu else ''}; "
+            f"NCCL {gpu['nccl'] or 'not available'}"
+        )
     if torch["torch"] is None:
         lines.append("torch: not installed")
     else:
-        lines.append(f"torch {torch['torch']}: torch.distributed {'available' if torch['distributed'] else 'missing'}"
-                     + (f"; backends {', '.join(torch['backends'])} (is_mpi_available: {torch['is_mpi_available']})"
-                        if "backends" in torch else "") + (f"; {torch['error']}" if "error" in torch else ""))
+        lines.append(
+            f"torch {torch['torch']}: torch.distributed {'available' if torch['distributed'] else 'missing'}"
+            + (
+                f"; backends {', '.join(torch['backends'])} (is_mpi_available: {torch['is_mpi_available']})"
+                if "backends" in torch
+                else ""
+            )
+            + (f"; {torch['error']}" if "error" in torch else "")
+        )
     shm = facts["shared_memory"]
-    lines += [f"launcher: {facts['launcher']}",
-              "variables: " + (" ".join(f"{k}={v}" for k, v in facts["variables"].items()) or "(none)"),
-              f"shared memory: MPI-3 window {'ok' if shm['window'] else 'FAILED: ' + shm.get('window_error', '')}, "
-              f"/dev/shm {shm['dev_shm_free_mib']} MiB free",
-              f"world: {facts['world_size']} rank(s) on {world['nodes']} node(s); init_process_group "
-              f"{world['init_process_group']} (backend {world['backend']}); all_reduce of 1.0 gave "
-              f"{world['all_reduce']:g} ({'ok' if world['all_reduce_ok'] else 'WRONG: expected the world size'})"]
-    lines += [f"  rank {row['rank']}: host {row['host']}, local rank {row['local_rank']}, pid {row['pid']}"
-              for row in world["ranks"]]
+    lines += [
+        f"launcher: {facts['launcher']}",
+        "variables: " + (" ".join(f"{k}={v}" for k, v in facts["variables"].items()) or "(none)"),
+        f"shared memory: MPI-3 window {'ok' if shm['window'] else 'FAILED: ' + shm.get('window_error', '')}, "
+        f"/dev/shm {shm['dev_shm_free_mib']} MiB free",
+        f"world: {facts['world_size']} rank(s) on {world['nodes']} node(s); init_process_group "
+        f"{world['init_process_group']} (backend {world['backend']}); all_reduce of 1.0 gave "
+        f"{world['all_reduce']:g} ({'ok' if world['all_reduce_ok'] else 'WRONG: expected the world size'})",
+    ]
+    lines += [
+        f"  rank {row['rank']}: host {row['host']}, local rank {row['local_rank']}, pid {row['pid']}"
+        for row in world["ranks"]
+    ]
     return "\n".join(lines)
 
 

@@ -44,6 +44,7 @@ Which messages can meet which:
   private duplicate communicator is not an option here: MPI_Comm_dup is collective,
   and a point-to-point call cannot make its peers join one.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -54,12 +55,18 @@ from mpi4py import MPI
 from mpi4py.util import pkl5
 
 from mpidist._dispatch import launch, member, p2p_call, peer_rank, root_rank, unusable
-from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
 from mpidist._tags import OBJECT_TAG
+from mpidist.errors import prefix
 
-__all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
-           "send_object_list", "recv_object_list"]
+__all__ = [
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+]
 
 
 def _check_list(obj: Any, op: str, arg: str, size: Optional[int] = None, at_least: int = 0) -> list:
@@ -67,8 +74,7 @@ def _check_list(obj: Any, op: str, arg: str, size: Optional[int] = None, at_leas
     if not isinstance(obj, list):
         raise TypeError(f"{prefix(op)} {arg} must be a list, got {type(obj).__name__}")
     if size is not None and len(obj) != size:
-        raise ValueError(f"{prefix(op)} {arg} must have one item per group member ({size}), "
-                         f"got {len(obj)}")
+        raise ValueError(f"{prefix(op)} {arg} must have one item per group member ({size}), got {len(obj)}")
     if len(obj) < at_least:
         raise ValueError(f"{prefix(op)} {arg} must hold at least {at_least} item, got an empty list")
     return obj
@@ -77,9 +83,11 @@ def _check_list(obj: Any, op: str, arg: str, size: Optional[int] = None, at_leas
 def _fill(object_list: list, got: list, op: str, sender: int) -> None:
     """Copy a received list into ``object_list`` in place; the lengths must match."""
     if len(got) != len(object_list):
-        raise ValueError(f"{prefix(op)} received {len(got)} objects from rank {sender}, expected "
-                         f"len(object_list) = {len(object_list)}; every rank must pass a list of "
-                         f"the same length")
+        raise ValueError(
+            f"{prefix(op)} received {len(got)} objects from rank {sender}, expected "
+            f"len(object_list) = {len(object_list)}; every rank must pass a list of "
+            f"the same length"
+        )
     object_list[:] = got
 
 
@@ -87,6 +95,7 @@ def _fill(object_list: list, got: list, op: str, sender: int) -> None:
 # What pkl5 carries is an envelope, never the caller's object: ``(pickle, *buffers)``, the
 # object pickled here beforehand (protocol 5; PickleBuffers, which pkl5 sends out of band
 # from 256 KiB up, in band below), or a str: the pickling failure, for every receiver to raise.
+
 
 class _Unusable(Exception):
     """A received envelope that cannot become an object: its text (no prefix), its cause."""
@@ -110,8 +119,9 @@ def _unpack(envelope: Any, what: str, sender: int, reader: int) -> Any:
     try:
         return pickle.loads(envelope[0], buffers=envelope[1:])
     except Exception as exc:  # noqa: BLE001  (a class missing here, a failing __setstate__, ...)
-        raise _Unusable(f"rank {reader} could not unpickle the {what} of rank {sender}: "
-                        f"{type(exc).__name__}: {exc}") from exc
+        raise _Unusable(
+            f"rank {reader} could not unpickle the {what} of rank {sender}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _fail(op: str, text: str, cause: Optional[BaseException]) -> NoReturn:
@@ -119,8 +129,9 @@ def _fail(op: str, text: str, cause: Optional[BaseException]) -> NoReturn:
     raise TypeError(f"{prefix(op)} {text}") from cause
 
 
-def _received(op: str, envelope: Any, what: str, sender: int, reader: int,
-              cause: Optional[BaseException] = None) -> Any:
+def _received(
+    op: str, envelope: Any, what: str, sender: int, reader: int, cause: Optional[BaseException] = None
+) -> Any:
     """:func:`_unpack`, or the op's TypeError (:func:`_fail`; ``cause``, else the unpickling
     error, chained) when the envelope cannot become an object."""
     try:
@@ -202,12 +213,18 @@ def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -
                 envelopes = [envelope] * len(inputs)  # every rank gets the failure
                 break
             envelopes.append(envelope)
-    output[0] = _received(op, pkl5.Intracomm(g.comm).scatter(envelopes, root), "scatter_object_input_list item",
-                          g.ranks[root], me, exc)
+    output[0] = _received(
+        op, pkl5.Intracomm(g.comm).scatter(envelopes, root), "scatter_object_input_list item", g.ranks[root], me, exc
+    )
 
 
-def broadcast_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                          device: Any = None, group_src: Optional[int] = None) -> None:
+def broadcast_object_list(
+    object_list: list,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    device: Any = None,
+    group_src: Optional[int] = None,
+) -> None:
     """Broadcast the picklable objects of ``object_list`` from global rank ``src``.
 
     Every member passes a list of the same length; on ranks other than ``src`` its items
@@ -255,8 +272,13 @@ def all_gather_object(object_list: list, obj: Any, group: Optional[ProcessGroup]
     return None
 
 
-def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: Optional[int] = None,
-                  group: Optional[ProcessGroup] = None, group_dst: Optional[int] = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: Optional[list] = None,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    group_dst: Optional[int] = None,
+) -> None:
     """Gather every member's picklable ``obj`` into ``object_gather_list`` on global rank ``dst``.
 
     On ``dst``, ``object_gather_list`` holds one item per group member and item i becomes
@@ -280,17 +302,23 @@ def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: Opti
     if g.rank() == root:
         _check_list(object_gather_list, op, "object_gather_list", g.size())
     elif object_gather_list:
-        raise ValueError(f"{prefix(op)} object_gather_list must be None on ranks other than dst={dst}, "
-                         f"got a list of {len(object_gather_list)} items")
+        raise ValueError(
+            f"{prefix(op)} object_gather_list must be None on ranks other than dst={dst}, "
+            f"got a list of {len(object_gather_list)} items"
+        )
     else:
         object_gather_list = None
     launch(g, op, _gather, (g, object_gather_list, obj, root), False, root=dst)
     return None
 
 
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: Optional[list] = None,
-                        src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                        group_src: Optional[int] = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: list,
+    scatter_object_input_list: Optional[list] = None,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    group_src: Optional[int] = None,
+) -> None:
     """Send item i of ``scatter_object_input_list`` on global rank ``src`` to group rank i.
 
     Each member's object lands in ``scatter_object_output_list[0]`` (a list of at least
@@ -320,8 +348,14 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     return None
 
 
-def send_object_list(object_list: list, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                     device: Any = None, group_dst: Optional[int] = None, use_batch: bool = False) -> None:
+def send_object_list(
+    object_list: list,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    device: Any = None,
+    group_dst: Optional[int] = None,
+    use_batch: bool = False,
+) -> None:
     """Send the picklable objects of ``object_list`` to global rank ``dst`` (blocking).
 
     The receiver's :func:`recv_object_list` needs a list of the same length. Travels on
@@ -353,8 +387,14 @@ def send_object_list(object_list: list, dst: Optional[int] = None, group: Option
     return None
 
 
-def recv_object_list(object_list: list, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                     device: Any = None, group_src: Optional[int] = None, use_batch: bool = False) -> int:
+def recv_object_list(
+    object_list: list,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    device: Any = None,
+    group_src: Optional[int] = None,
+    use_batch: bool = False,
+) -> int:
     """Receive a :func:`send_object_list` from global rank ``src``.
 
     ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at

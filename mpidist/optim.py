@@ -3,12 +3,13 @@
 The update runs in each parameter's array module; the optimizer's state (momentum buffers)
 lives on its parameter's device and follows it there (``Module.to``) at the next step.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -33,8 +34,10 @@ def _check_hyper(op: str, lr: Any, momentum: Any, dampening: Any, weight_decay: 
             raise ValueError(f"{prefix(op)} {name} must be >= 0, got {v}")
     check_bool(nesterov, "nesterov", op)
     if nesterov and (momentum <= 0 or dampening != 0):
-        raise ValueError(f"{prefix(op)} nesterov requires momentum > 0 and dampening == 0, "
-                         f"got momentum={momentum}, dampening={dampening}")
+        raise ValueError(
+            f"{prefix(op)} nesterov requires momentum > 0 and dampening == 0, "
+            f"got momentum={momentum}, dampening={dampening}"
+        )
 
 
 class SGD:
@@ -58,11 +61,18 @@ class SGD:
             nesterov without momentum > 0 and dampening == 0.
     """
 
-    def __init__(self, params: Iterable[Parameter], lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
         if isinstance(params, Parameter) or not isinstance(params, Iterable):
             raise TypeError(f"{prefix('SGD')} params must be an iterable of Parameters, got {type(params).__name__}")
-        self.params: List[Parameter] = list(params)
+        self.params: list[Parameter] = list(params)
         for i, p in enumerate(self.params):
             if not isinstance(p, Parameter):
                 raise TypeError(f"{prefix('SGD')} params[{i}] must be a Parameter, got {type(p).__name__}")
@@ -73,7 +83,7 @@ class SGD:
         _check_hyper("SGD", lr, momentum, dampening, weight_decay, nesterov)
         self.lr, self.momentum, self.dampening = lr, momentum, dampening
         self.weight_decay, self.nesterov = weight_decay, nesterov
-        self._momentum_buffers: List[Optional[Any]] = [None] * len(self.params)
+        self._momentum_buffers: list[Optional[Any]] = [None] * len(self.params)
 
     def step(self) -> None:
         """Update every parameter whose grad is not None, in place.
@@ -88,8 +98,10 @@ class SGD:
             if type(g) is DataArray:
                 g = g.view(np.ndarray)  # plain arithmetic below (each DataArray op costs ~1 us more)
             if tuple(g.shape) != p.shape:
-                raise ValueError(f"{prefix('SGD.step')} grad of {p.name or f'params[{i}]'!r} has shape "
-                                 f"{tuple(g.shape)}, expected {p.shape}")
+                raise ValueError(
+                    f"{prefix('SGD.step')} grad of {p.name or f'params[{i}]'!r} has shape "
+                    f"{tuple(g.shape)}, expected {p.shape}"
+                )
             data = p.data
             if type(g) is not np.ndarray or type(data) is not np.ndarray:
                 check_device(g, data, f"grad of {p.name or f'params[{i}]'!r}", "its parameter", "SGD.step")
@@ -116,15 +128,16 @@ class SGD:
             elif p.grad is not None:
                 p.grad[...] = 0
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Flat ``{name: array}``, saveable with ``numpy.savez`` (no pickle).
 
         Keys: ``"lr"``, ``"momentum"``, ``"dampening"``, ``"weight_decay"`` (0-d float64) and
         ``"nesterov"`` (0-d bool) as numpy arrays; ``"momentum_buffer.<i>"`` for the i-th
         parameter that has a buffer (on the parameter's device; a reference, not a copy).
         """
-        out: Dict[str, Any] = {k: np.asarray(getattr(self, k), dtype=bool if k == "nesterov" else np.float64)
-                               for k in _HYPER}
+        out: dict[str, Any] = {
+            k: np.asarray(getattr(self, k), dtype=bool if k == "nesterov" else np.float64) for k in _HYPER
+        }
         for i, buf in enumerate(self._momentum_buffers):
             if buf is not None:
                 out[f"{_BUF}{i}"] = buf
@@ -134,7 +147,8 @@ class SGD:
         """Restore hyper-parameters and momentum buffers (copied) from :meth:`state_dict` output.
 
         Buffers may come from any device (e.g. host arrays from :func:`mpidist.load_checkpoint`):
-        each is copied onto its parameter's device. Parameters without a ``momentum_buffer.<i>`` entry get none (fresh start). Nothing
+        each is copied onto its parameter's device. Parameters without a ``momentum_buffer.<i>`` entry get none
+        (fresh start). Nothing
         changes if a check fails.
 
         Raises:
@@ -146,22 +160,25 @@ class SGD:
         if not isinstance(state, Mapping):
             raise TypeError(f"{prefix(op)} state must be a mapping of name -> array, got {type(state).__name__}")
         missing = [k for k in _HYPER if k not in state]
-        unknown = [k for k in state if k not in _HYPER and not (
-            isinstance(k, str) and k.startswith(_BUF) and k[len(_BUF):].isdigit())]
+        unknown = [
+            k
+            for k in state
+            if k not in _HYPER and not (isinstance(k, str) and k.startswith(_BUF) and k[len(_BUF) :].isdigit())
+        ]
         if missing or unknown:
             raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unknown}")
-        hyper: Dict[str, Any] = {}
+        hyper: dict[str, Any] = {}
         for k in _HYPER:
             v = to_host(state[k])
             if v.ndim != 0:
                 raise ValueError(f"{prefix(op)} {k!r} must be a 0-d array, got shape {tuple(v.shape)}")
             hyper[k] = bool(v) if k == "nesterov" else float(v)
         _check_hyper(op, **hyper)
-        buffers: List[Optional[Any]] = [None] * len(self.params)
+        buffers: list[Optional[Any]] = [None] * len(self.params)
         for k, v in state.items():
             if k in _HYPER:
                 continue
-            i = int(k[len(_BUF):])
+            i = int(k[len(_BUF) :])
             if i >= len(self.params):
                 raise ValueError(f"{prefix(op)} {k!r}: index out of range for {len(self.params)} params")
             buffers[i] = like_checked(v, self.params[i].data, k, op).copy()

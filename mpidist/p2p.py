@@ -9,9 +9,11 @@ goes to the MPI backend's body of the same name (:mod:`mpidist._mpi.p2p`, which 
 message of another size is refused); one on device arrays to the router
 (:mod:`mpidist.device.route`).
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -25,9 +27,15 @@ from mpidist.work import Work
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
+
 @public_op(H.send)
-def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
-         group_dst: Optional[int] = None) -> None:
+def send(
+    tensor: np.ndarray,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> None:
     """Send ``tensor`` to global rank ``dst``, blocking until the buffer can be reused (MPI_Send).
 
     ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
@@ -36,8 +44,13 @@ def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessG
 
 
 @public_op(H.recv)
-def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-         tag: int = 0, group_src: Optional[int] = None) -> int:
+def recv(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> int:
     """Receive into ``tensor`` from global rank ``src`` (MPI_Recv).
 
     ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
@@ -49,8 +62,13 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
 
 
 @public_op(H.isend)
-def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
-          group_dst: Optional[int] = None) -> Optional[Work]:
+def isend(
+    tensor: np.ndarray,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """Start sending ``tensor`` to global rank ``dst`` (MPI_Isend); returns a Work.
 
     ``tensor`` (C-contiguous numpy array, any numeric dtype) must stay unmodified until
@@ -65,8 +83,13 @@ def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[Process
 
 
 @public_op(H.irecv)
-def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-          tag: int = 0, group_src: Optional[int] = None) -> Optional[Work]:
+def irecv(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """Start receiving into ``tensor`` from global rank ``src`` (MPI_Irecv).
 
     ``group_src`` names the source by its rank in ``group`` instead (torch 2.4+); at
@@ -94,8 +117,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
     """
     op = "batch_isend_irecv"
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
-        raise ValueError(f"{prefix(op)} p2p_op_list must be a non-empty list of P2POp, got "
-                         f"{p2p_op_list!r:.80}")
+        raise ValueError(f"{prefix(op)} p2p_op_list must be a non-empty list of P2POp, got {p2p_op_list!r:.80}")
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
             raise ValueError(f"{prefix(op)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")

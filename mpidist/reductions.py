@@ -8,9 +8,11 @@ outside ``group`` returns None and touches nothing; sync calls return None,
 body of the same name (:mod:`mpidist._mpi.reductions`, where the dtypes and AVG are
 described); one on device arrays to the router (:mod:`mpidist.device.route`).
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -22,13 +24,27 @@ from mpidist._reduce_op import ReduceOp, check_op_dtype, make_premul_sum
 from mpidist.errors import prefix
 from mpidist.work import Work
 
-__all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_reduce_multigpu",
-           "reduce_multigpu", "make_premul_sum", "supports_complex"]
+__all__ = [
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_reduce_multigpu",
+    "reduce_multigpu",
+    "make_premul_sum",
+    "supports_complex",
+]
+
 
 @public_op(H.reduce)
-def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None, async_op: bool = False,
-           group_dst: Optional[int] = None) -> Optional[Work]:
+def reduce(
+    tensor: np.ndarray,
+    dst: Optional[int] = None,
+    op: Op = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """Reduce ``tensor`` across the group into ``tensor`` on the destination (MPI_Reduce).
 
     Args:
@@ -56,8 +72,13 @@ def reduce(tensor: np.ndarray, dst: Optional[int] = None, op: Op = ReduceOp.SUM,
 
 
 @public_op(H.reduce_scatter)
-def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM,
-                   group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def reduce_scatter(
+    output: np.ndarray,
+    input_list: Sequence[np.ndarray],
+    op: Op = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Reduce ``input_list[r]`` over all ranks into group rank ``r``'s ``output``.
 
     Args:
@@ -78,8 +99,13 @@ def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op 
 
 
 @public_op(H.reduce_scatter_tensor)
-def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
-                          group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def reduce_scatter_tensor(
+    output: np.ndarray,
+    input: np.ndarray,
+    op: Op = ReduceOp.SUM,  # noqa: A002
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Reduce ``input`` over all ranks and scatter it: group rank ``r`` gets block ``r``.
 
     Args:
@@ -100,8 +126,12 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op = Reduce
 
 
 @public_op(H.all_reduce_multigpu)
-def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM,
-                        group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_reduce_multigpu(
+    tensor_list: Sequence[np.ndarray],
+    op: Op = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """All-reduce over every array of every rank's ``tensor_list``; each array gets the result.
 
     The seeds' multi-GPU form: in torch each array sits on its own GPU. Here a process
@@ -125,9 +155,15 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op = ReduceOp.SUM
 
 
 @public_op(H.reduce_multigpu)
-def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None, op: Op = ReduceOp.SUM,
-                    group: Optional[ProcessGroup] = None, async_op: bool = False,
-                    dst_tensor: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
+def reduce_multigpu(
+    tensor_list: Sequence[np.ndarray],
+    dst: Optional[int] = None,
+    op: Op = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    dst_tensor: int = 0,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """Reduce every array of every rank's ``tensor_list`` into ``tensor_list[dst_tensor]``
     on global rank ``dst``.
 
@@ -155,14 +191,17 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int] = None
     """
 
 
-def reduce_scatter_single(output: np.ndarray, input: np.ndarray, op: Op = ReduceOp.SUM,  # noqa: A002
-                          group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def reduce_scatter_single(
+    output: np.ndarray,
+    input: np.ndarray,
+    op: Op = ReduceOp.SUM,  # noqa: A002
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """torch 2.13's name for :func:`reduce_scatter_tensor`, which torch 2.13 deprecates
     (``mpidist.reduce_scatter_tensor`` warns as torch's does; this module's does not):
     the same arguments, semantics and errors."""
     return reduce_scatter_tensor(output, input, op, group, async_op)
-
-
 
 
 def supports_complex(reduceOp: Op) -> bool:  # noqa: N803  (torch's argument name)

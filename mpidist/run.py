@@ -21,6 +21,7 @@ runner catches the exception itself, so the hook never reports it a second time.
 Source: mpi4py's ``mpi4py.run`` (``python -m mpi4py``), which turns any unhandled
 exception into MPI_Abort for the same reason.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -30,7 +31,8 @@ import runpy
 import sys
 import traceback
 import types
-from typing import NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import NoReturn, Optional
 
 from mpidist import _abort as A
 

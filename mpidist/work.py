@@ -13,6 +13,7 @@ Every kind has ``get_future()``: a ``concurrent.futures.Future`` whose result is
 list of arrays the op wrote (``result()``), or whose exception is the op's error. Its
 done-callbacks run on the thread that sees the op complete (see each class).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -21,7 +22,7 @@ import concurrent.futures
 import enum
 import threading
 import time
-from functools import lru_cache
+from functools import cache
 from typing import Any, Callable, Optional
 
 from mpi4py import MPI
@@ -59,8 +60,9 @@ def bounded_result(future: concurrent.futures.Future, rec: Optional[list]) -> An
             _timed_out(rec)
 
 
-def poll_until(done: Callable[[], bool], recs: Any = (), limit: Optional[float] = None,
-               pause: float = 50e-6, most: float = 50e-6) -> bool:
+def poll_until(
+    done: Callable[[], bool], recs: Any = (), limit: Optional[float] = None, pause: float = 50e-6, most: float = 50e-6
+) -> bool:
     """Call ``done()`` until it is True (True), or ``limit`` seconds passed (False), sleeping
     ``pause`` between calls, doubled each time up to ``most``; raise the watchdog's DistError
     once it declares one of ``recs`` timed out (MPIDIST_ABORT_ON_TIMEOUT=0)."""
@@ -180,8 +182,13 @@ class Work:
 
         def ended(f: concurrent.futures.Future) -> None:
             error = f.exception()
-            code = (WorkResult.SUCCESS if error is None
-                    else WorkResult.TIMEOUT if any(_declared_timed_out(r) for r in recs) else WorkResult.COMM_ERROR)
+            code = (
+                WorkResult.SUCCESS
+                if error is None
+                else WorkResult.TIMEOUT
+                if any(_declared_timed_out(r) for r in recs)
+                else WorkResult.COMM_ERROR
+            )
             _put(fut, code, None)
 
         self.get_future().add_done_callback(ended)
@@ -225,8 +232,9 @@ class Work:
                     _settle(self._future, self._error, self._outs)
             return self._future
 
-    def _follow(self, source: Callable[[], concurrent.futures.Future],
-                outcome: Callable[[concurrent.futures.Future], tuple]) -> concurrent.futures.Future:
+    def _follow(
+        self, source: Callable[[], concurrent.futures.Future], outcome: Callable[[concurrent.futures.Future], tuple]
+    ) -> concurrent.futures.Future:
         """``get_future()`` of a Work whose future follows another: made on the first call, and
         settled with ``outcome(f)``'s ``(error, outputs)`` once ``source()``'s future ``f`` is done."""
         with _CREATE_LOCK:
@@ -264,8 +272,14 @@ class CompletedWork(Work):
 
     _done = True
 
-    def __init__(self, op: str, where: str, outputs: tuple = (), source: Optional[int] = None,
-                 error: Optional[BaseException] = None) -> None:
+    def __init__(
+        self,
+        op: str,
+        where: str,
+        outputs: tuple = (),
+        source: Optional[int] = None,
+        error: Optional[BaseException] = None,
+    ) -> None:
         super().__init__(op, where)
         self._outs = outputs
         self._source = source
@@ -289,7 +303,7 @@ class _RequestFuture(concurrent.futures.Future):
     the progress thread (an MPI without ``MPI_THREAD_MULTIPLE``).
     """
 
-    def __init__(self, work: "RequestWork") -> None:
+    def __init__(self, work: RequestWork) -> None:
         super().__init__()
         self._work = work
 
@@ -320,9 +334,15 @@ class RequestWork(Work):
     callbacks, so a callback may call any method of this Work.
     """
 
-    def __init__(self, op: str, where: str, request: MPI.Request, outputs: tuple = (),
-                 finish: Optional[Callable[[MPI.Status], Optional[int]]] = None,
-                 rec: Optional[list] = None) -> None:
+    def __init__(
+        self,
+        op: str,
+        where: str,
+        request: MPI.Request,
+        outputs: tuple = (),
+        finish: Optional[Callable[[MPI.Status], Optional[int]]] = None,
+        rec: Optional[list] = None,
+    ) -> None:
         super().__init__(op, where)
         self._rec = rec  # the flight recorder's entry
         self._req = request
@@ -424,7 +444,7 @@ class RequestWork(Work):
         return self._future
 
 
-@lru_cache(maxsize=None)
+@cache
 def _thread_multiple() -> bool:
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
@@ -519,8 +539,9 @@ class FutureWork(Work):
     sequence numbers follow that order (:meth:`Engine.run_before_queued`).
     """
 
-    def __init__(self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (),
-                 rec: Optional[list] = None) -> None:
+    def __init__(
+        self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (), rec: Optional[list] = None
+    ) -> None:
         super().__init__(op, where)
         self._ran = future  # the engine's (get_future()'s is derived from it)
         self._outs = outputs
@@ -560,7 +581,7 @@ class _EngineFuture(concurrent.futures.Future):
     only waits, since an op run on the waiting thread could not be given up on.
     """
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: Engine) -> None:
         super().__init__()
         self._engine = engine
 
@@ -789,8 +810,14 @@ class Engine:
             future, _, _, rec = running
             if rec is not None and rec[R.STATE] is R.STARTED:
                 R.fail(rec)
-            _put(future, None, self._aborted_error(rec, "while this op was in progress; MPI cannot interrupt it, "
-                                                        "so its output arrays may still be written"))
+            _put(
+                future,
+                None,
+                self._aborted_error(
+                    rec,
+                    "while this op was in progress; MPI cannot interrupt it, so its output arrays may still be written",
+                ),
+            )
 
     def _aborted_error(self, rec: Optional[list], when: str) -> DistError:
         op = rec[R.OP] if rec is not None else "op"

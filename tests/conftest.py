@@ -4,6 +4,7 @@ Under ``mpiexec -n N`` (N > 1) a test that fails on one rank would leave the oth
 ranks waiting in their next collective, so a failure prints its report and aborts
 the whole job (MPI_Abort) at once. pytest-timeout bounds each test as a last resort.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,6 @@ import pytest
 from mpi4py import MPI
 
 import mpidist
-
 
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
@@ -46,8 +46,7 @@ def launcher_free_env(**extra: str) -> dict:
     another's and a line the test looks for is split (two fresh-clone CI runs failed so).
     Buffered (stderr line-buffered, stdout flushed by the programs that need it at once),
     each line goes out in one write."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_LAUNCHER_PREFIXES) and k != "PYTHONUNBUFFERED"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES) and k != "PYTHONUNBUFFERED"}
     env.update(extra)
     return env
 
@@ -58,8 +57,10 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed and MPI.COMM_WORLD.Get_size() > 1:
         rank = MPI.COMM_WORLD.Get_rank()
-        sys.stderr.write(f"\n[rank {rank}] FAILED {item.nodeid} ({report.when}):\n{report.longreprtext}\n"
-                         f"[rank {rank}] aborting the MPI job so the other ranks do not hang\n")
+        sys.stderr.write(
+            f"\n[rank {rank}] FAILED {item.nodeid} ({report.when}):\n{report.longreprtext}\n"
+            f"[rank {rank}] aborting the MPI job so the other ranks do not hang\n"
+        )
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
 

@@ -17,6 +17,7 @@ models an unfinished kernel: data given to :meth:`FakeDeviceArray.enqueue` lands
 the array only when a runtime synchronizes it, so a path that lets MPI read the
 array before synchronizing its stream sends stale data and the test sees it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -38,8 +39,7 @@ class FakeDeviceArray:
     touches it before).
     """
 
-    def __init__(self, shape: Any, dtype: Any = np.float32, device: int = 0,
-                 stream: Optional[int] = 1) -> None:
+    def __init__(self, shape: Any, dtype: Any = np.float32, device: int = 0, stream: Optional[int] = 1) -> None:
         self._data = np.zeros(shape, dtype=dtype)
         self.device = device
         self.stream = stream
@@ -47,7 +47,7 @@ class FakeDeviceArray:
         self.pending: Optional[np.ndarray] = None
 
     @classmethod
-    def wrap(cls, view: np.ndarray, device: int = 0, stream: Optional[int] = 1) -> "FakeDeviceArray":
+    def wrap(cls, view: np.ndarray, device: int = 0, stream: Optional[int] = 1) -> FakeDeviceArray:
         """A fake device array over the memory of the numpy array ``view`` (shared, not
         copied: a slice of another fake's ``.host`` makes an overlapping one; a strided
         view a non-contiguous one)."""
@@ -60,7 +60,7 @@ class FakeDeviceArray:
         self.pending = np.array(data, dtype=self.dtype).reshape(self.shape)  # a copy
 
     @classmethod
-    def from_host(cls, data: Any, device: int = 0, stream: Optional[int] = 1) -> "FakeDeviceArray":
+    def from_host(cls, data: Any, device: int = 0, stream: Optional[int] = 1) -> FakeDeviceArray:
         data = np.asarray(data)
         out = cls(data.shape, data.dtype, device, stream)
         out._data[...] = data
@@ -70,9 +70,14 @@ class FakeDeviceArray:
     @property
     def __cuda_array_interface__(self) -> dict:
         strides = None if self._data.flags.c_contiguous else self._data.strides
-        return {"shape": self._data.shape, "typestr": self._data.dtype.str,
-                "data": (self._data.ctypes.data, False), "version": 3, "strides": strides,
-                "stream": self.stream}
+        return {
+            "shape": self._data.shape,
+            "typestr": self._data.dtype.str,
+            "data": (self._data.ctypes.data, False),
+            "version": 3,
+            "strides": strides,
+            "stream": self.stream,
+        }
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA, self.device)
@@ -183,6 +188,7 @@ class FakeRuntime:
 
 # -- one call of every op, for the device-path tests ------------------------------------------
 
+
 def _data(seed: Any, shape: Any = (3,), dtype: Any = np.float32) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 5, size=shape).astype(dtype)
 
@@ -208,14 +214,23 @@ def op_cases(members: list, rank: int) -> list:
         ("scatter", dict(tensor=z(), scatter_list=[_data([10, i]) for i in range(n)] if mine else None, src=root)),
         ("reduce_scatter", dict(output=z(), input_list=[_data([11, rank, i]) for i in range(n)])),
         ("reduce_scatter_tensor", dict(output=z(), input=_data([12, rank], (n * 3,)), op=ReduceOp.AVG)),
-        ("all_to_all", dict(output_tensor_list=[z() for _ in range(n)],
-                            input_tensor_list=[_data([13, rank, i]) for i in range(n)])),
+        (
+            "all_to_all",
+            dict(
+                output_tensor_list=[z() for _ in range(n)], input_tensor_list=[_data([13, rank, i]) for i in range(n)]
+            ),
+        ),
         ("all_to_all_single", dict(output=z(2 * n), input=_data([14, rank], (2 * n,)))),
         ("all_reduce_multigpu", dict(tensor_list=[_data([15, rank]), _data([15, rank, 1])])),
         ("reduce_multigpu", dict(tensor_list=[_data([16, rank]), _data([16, rank, 1])], dst=root)),
         ("broadcast_multigpu", dict(tensor_list=[_data([17, rank]), _data([17, rank, 1])], src=root)),
-        ("all_gather_multigpu", dict(output_tensor_lists=[[z() for _ in range(2 * n)] for _ in range(2)],
-                                     input_tensor_list=[_data([18, rank]), _data([18, rank, 1])])),
+        (
+            "all_gather_multigpu",
+            dict(
+                output_tensor_lists=[[z() for _ in range(2 * n)] for _ in range(2)],
+                input_tensor_list=[_data([18, rank]), _data([18, rank, 1])],
+            ),
+        ),
     ]
 
 

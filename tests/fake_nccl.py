@@ -19,6 +19,7 @@ events recorded meanwhile stay pending until :meth:`FakeShim.release`.
 :attr:`FakeShim.log` records what was enqueued where, so tests can check the stream
 protocol.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,26 +27,45 @@ import ctypes
 import itertools
 import os
 import threading
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import numpy as np
-from mpi4py import MPI
-
 from fake_device import FakeDeviceArray
+from mpi4py import MPI
 
 try:
     import ml_dtypes
+
     _BF16: Optional[np.dtype] = np.dtype(ml_dtypes.bfloat16)
 except ImportError:  # pragma: no cover
     _BF16 = None
 
-__all__ = ["FakeShim", "FakeComm", "FakeNcclError", "FakeStream", "FakeEvent", "StridedFake", "ReadOnlyFake",
-           "host_view", "NCCL_DTYPES"]
+__all__ = [
+    "FakeShim",
+    "FakeComm",
+    "FakeNcclError",
+    "FakeStream",
+    "FakeEvent",
+    "StridedFake",
+    "ReadOnlyFake",
+    "host_view",
+    "NCCL_DTYPES",
+]
 
 #: ncclDataType_t code -> numpy dtype.
-NCCL_DTYPES = {0: np.dtype(np.int8), 1: np.dtype(np.uint8), 2: np.dtype(np.int32), 3: np.dtype(np.uint32),
-               4: np.dtype(np.int64), 5: np.dtype(np.uint64), 6: np.dtype(np.float16),
-               7: np.dtype(np.float32), 8: np.dtype(np.float64), 9: _BF16}
+NCCL_DTYPES = {
+    0: np.dtype(np.int8),
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int32),
+    3: np.dtype(np.uint32),
+    4: np.dtype(np.int64),
+    5: np.dtype(np.uint64),
+    6: np.dtype(np.float16),
+    7: np.dtype(np.float32),
+    8: np.dtype(np.float64),
+    9: _BF16,
+}
 _UFUNCS = {0: np.add, 1: np.multiply, 2: np.maximum, 3: np.minimum, 4: np.add}
 _ids = itertools.count(1)
 
@@ -83,7 +103,7 @@ class FakeEvent:
 class FakeComm:
     """``NcclCommunicator(ndev, commId, rank)`` over an MPI communicator (a duplicate, its own)."""
 
-    def __init__(self, shim: "FakeShim", ndev: int, uid: Any, rank: int, mpi_comm: MPI.Comm) -> None:
+    def __init__(self, shim: FakeShim, ndev: int, uid: Any, rank: int, mpi_comm: MPI.Comm) -> None:
         self.shim = shim
         self.mpi = mpi_comm.Dup()
         if (self.mpi.Get_size(), self.mpi.Get_rank()) != (ndev, rank):
@@ -131,15 +151,16 @@ class FakeComm:
         def go() -> None:
             dt = NCCL_DTYPES[datatype]
             host_view(recvbuf, count, dt)[...] = self._reduce(self._gather(host_view(sendbuf, count, dt)), op)
+
         self._call("allReduce", stream, go)
 
-    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
-               stream: int) -> None:
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
         def go() -> None:
             dt = NCCL_DTYPES[datatype]
             result = self._reduce(self._gather(host_view(sendbuf, count, dt)), op)
             if self.mpi.Get_rank() == root:
                 host_view(recvbuf, count, dt)[...] = result
+
         self._call("reduce", stream, go)
 
     def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int, stream: int) -> None:
@@ -149,15 +170,16 @@ class FakeComm:
             if self.mpi.Get_rank() == root and sendbuf != recvbuf:
                 out[...] = host_view(sendbuf, count, dt).copy()
             self.mpi.Bcast(out.view(np.uint8), root)
+
         self._call("broadcast", stream, go)
 
-    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
-                      stream: int) -> None:
+    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int, stream: int) -> None:
         def go() -> None:
             dt = NCCL_DTYPES[datatype]
             n, me = self.mpi.Get_size(), self.mpi.Get_rank()
             result = self._reduce(self._gather(host_view(sendbuf, n * recvcount, dt)), op)
-            host_view(recvbuf, recvcount, dt)[...] = result[me * recvcount:(me + 1) * recvcount]
+            host_view(recvbuf, recvcount, dt)[...] = result[me * recvcount : (me + 1) * recvcount]
+
         self._call("reduceScatter", stream, go)
 
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:
@@ -166,6 +188,7 @@ class FakeComm:
             n = self.mpi.Get_size()
             mine = host_view(sendbuf, count, dt).copy()
             host_view(recvbuf, n * count, dt)[...] = self._gather(mine).reshape(-1)
+
         self._call("allGather", stream, go)
 
     # -- point-to-point ----------------------------------------------------------------------------------
@@ -242,7 +265,7 @@ class FakeShim:
         for comm, name, fn, p2p, stream in calls:
             if fn is None:
                 self.post(comm, name, p2p, stream)
-        for comm, name, fn, p2p, stream in calls:
+        for _comm, _name, fn, _p2p, _stream in calls:
             if fn is not None:
                 fn()
 

@@ -1,6 +1,7 @@
 """ProcessGroup.abort() and ProcessGroup.shutdown() (torch's; issue 15): pending ops end
 with an error, the group refuses later ops; shutdown finishes them first. Also a timed-out
 op's get_future_result() (MPIDIST_ABORT_ON_TIMEOUT=0, in a job of its own)."""
+
 from __future__ import annotations
 
 import re
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
 
-from conftest import launcher_free_env
 from mpidist import _recorder as R, _runtime
 from mpidist.work import WorkResult
 
@@ -22,8 +23,10 @@ WAIT_S = 30
 
 
 def unusable(dist, op: str, name: str) -> str:
-    return (rf"^\[rank {dist.get_rank()}/{dist.get_world_size()}\] {op}: group {re.escape(repr(name))} is "
-            rf"unusable: aborted by ProcessGroup\.abort\(\)$")
+    return (
+        rf"^\[rank {dist.get_rank()}/{dist.get_world_size()}\] {op}: group {re.escape(repr(name))} is "
+        rf"unusable: aborted by ProcessGroup\.abort\(\)$"
+    )
 
 
 def every_op_refused(dist, group, name: str) -> None:
@@ -31,21 +34,25 @@ def every_op_refused(dist, group, name: str) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     x = np.ones(2)
     peer = (rank + 1) % size
-    calls = [("all_reduce", lambda: dist.all_reduce(x, group=group)),  # the 8-byte inline path
-             ("all_reduce", lambda: dist.all_reduce(np.ones(1 << 16), group=group)),
-             ("all_reduce", lambda: dist.all_reduce(x, group=group, async_op=True)),
-             ("broadcast", lambda: dist.broadcast(x, rank, group=group)),
-             ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(np.empty(2 * size), x, group=group)),
-             ("barrier", lambda: dist.barrier(group=group)),
-             ("broadcast_object_list", lambda: dist.broadcast_object_list([1], rank, group=group))]
+    calls = [
+        ("all_reduce", lambda: dist.all_reduce(x, group=group)),  # the 8-byte inline path
+        ("all_reduce", lambda: dist.all_reduce(np.ones(1 << 16), group=group)),
+        ("all_reduce", lambda: dist.all_reduce(x, group=group, async_op=True)),
+        ("broadcast", lambda: dist.broadcast(x, rank, group=group)),
+        ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(np.empty(2 * size), x, group=group)),
+        ("barrier", lambda: dist.barrier(group=group)),
+        ("broadcast_object_list", lambda: dist.broadcast_object_list([1], rank, group=group)),
+    ]
     if size > 1:
-        calls += [("send", lambda: dist.send(x, peer, group=group)),
-                  ("recv", lambda: dist.recv(x, peer, group=group)),
-                  ("isend", lambda: dist.isend(x, peer, group=group)),
-                  ("irecv", lambda: dist.irecv(x, None, group=group)),
-                  ("batch_isend_irecv", lambda: dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, peer, group)])),
-                  ("send_object_list", lambda: dist.send_object_list([1], peer, group=group)),
-                  ("recv_object_list", lambda: dist.recv_object_list([None], group=group))]
+        calls += [
+            ("send", lambda: dist.send(x, peer, group=group)),
+            ("recv", lambda: dist.recv(x, peer, group=group)),
+            ("isend", lambda: dist.isend(x, peer, group=group)),
+            ("irecv", lambda: dist.irecv(x, None, group=group)),
+            ("batch_isend_irecv", lambda: dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, peer, group)])),
+            ("send_object_list", lambda: dist.send_object_list([1], peer, group=group)),
+            ("recv_object_list", lambda: dist.recv_object_list([None], group=group)),
+        ]
     for op, call in calls:
         with pytest.raises(dist.DistError, match=unusable(dist, op, name)):
             call()
@@ -95,8 +102,11 @@ def test_abort_ends_pending_ops_with_an_error(dist, world):
         g.abort()
         where = rf"^\[rank 0/{size}\] all_reduce: group {re.escape(repr(name))} was aborted by ProcessGroup\.abort\(\) "
         for i, w in enumerate(works):
-            when = ("while this op was in progress; MPI cannot interrupt it, so its output arrays may still be "
-                    "written") if i == 0 else "before this op started"
+            when = (
+                ("while this op was in progress; MPI cannot interrupt it, so its output arrays may still be written")
+                if i == 0
+                else "before this op started"
+            )
             with pytest.raises(dist.DistError, match=where + re.escape(when) + "$"):
                 w.wait()
             assert w.is_completed() and not w.is_success() and isinstance(w.exception(), dist.DistError)
@@ -136,8 +146,11 @@ def test_abort_fails_a_sync_op_waiting_behind_a_stuck_one(dist, world):
         wait_started(first._rec)
         t = __import__("threading").Timer(0.2, g.abort)
         t.start()
-        with pytest.raises(dist.DistError, match=r"broadcast: group .* was aborted by ProcessGroup\.abort\(\) "
-                                                 r"before this op started$"):
+        with pytest.raises(
+            dist.DistError,
+            match=r"broadcast: group .* was aborted by ProcessGroup\.abort\(\) "
+            r"before this op started$",
+        ):
             dist.broadcast(np.ones(2), 0, group=group)
         t.join()
     MPI.COMM_WORLD.Barrier()
@@ -210,10 +223,18 @@ def test_timed_out_op_gives_timeout_in_get_future_result(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     t0 = time.monotonic()
-    job = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120,
-                         env=launcher_free_env(MPIDIST_TIMEOUT="1", MPIDIST_ABORT_ON_TIMEOUT="0",
-                                               OMP_NUM_THREADS="1", MPIDIST_TRACE_DIR=str(tmp_path / "trace")))
+    job = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=launcher_free_env(
+            MPIDIST_TIMEOUT="1",
+            MPIDIST_ABORT_ON_TIMEOUT="0",
+            OMP_NUM_THREADS="1",
+            MPIDIST_TRACE_DIR=str(tmp_path / "trace"),
+        ),
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     assert time.monotonic() - t0 < 60
     assert (tmp_path / "rank0.txt").read_text().splitlines() == ["<WorkResult.TIMEOUT: 1>", "False", "DistError"]

@@ -5,6 +5,7 @@ The names are written out below (torch is not needed to run the tests): they are
 ``sorted(n for n in dir(torch.distributed) if not n.startswith("_"))`` on torch 2.13.0.
 When torch is installed, the test also checks that list against it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -83,14 +84,19 @@ def test_every_torch_name_has_one_row():
 
 def test_done_and_differs_names_exist_and_na_names_say_why():
     rows = _table()
-    absent = [n for n, (status, _) in rows.items()
-              if status != "n/a" and not hasattr(mpidist, n) and n not in PENDING
-              and not _resolves_in(rows[n][1])]
+    absent = [
+        n
+        for n, (status, _) in rows.items()
+        if status != "n/a" and not hasattr(mpidist, n) and n not in PENDING and not _resolves_in(rows[n][1])
+    ]
     assert not absent, f"docs/api.md calls these done or differs but mpidist lacks them: {absent}"
     unexplained = [n for n, (status, notes) in rows.items() if status == "n/a" and len(notes) < 10]
     assert not unexplained, f"n/a rows must say why: {unexplained}"
-    present_but_na = [n for n, (status, _) in rows.items() if status == "n/a" and hasattr(mpidist, n)
-                      and not isinstance(getattr(mpidist, n), types.ModuleType)]
+    present_but_na = [
+        n
+        for n, (status, _) in rows.items()
+        if status == "n/a" and hasattr(mpidist, n) and not isinstance(getattr(mpidist, n), types.ModuleType)
+    ]
     assert not present_but_na, f"mpidist has these but docs/api.md calls them n/a: {present_but_na}"
 
 

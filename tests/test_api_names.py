@@ -1,5 +1,6 @@
 """torch 2.13's smaller public names: backend queries, the error classes, the renamed and
 deprecated collectives, supports_complex, barrier(timeout=), breakpoint, record_comm."""
+
 from __future__ import annotations
 
 import datetime
@@ -10,25 +11,37 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
+from test_timeout import job
 
 import mpidist
-from conftest import launcher_free_env
 from mpidist import _recorder, errors
 from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist.reductions import reduce_scatter_tensor
-from test_timeout import job
-
 
 # -- backend queries ------------------------------------------------------------------------
+
 
 def test_backend_queries(monkeypatch):
     assert mpidist.is_available() is True and mpidist.is_gloo_available() is True
     assert mpidist.is_ucc_available() is False and mpidist.is_xccl_available() is False
     nccl = mpidist.is_nccl_available()
-    for name, want in [("mpi", True), ("MPI", True), ("gloo", True), ("nccl", nccl), ("ucc", False),
-                       ("xccl", False), ("tcp", False), ("cpu:gloo", True), ("cpu:mpi,cuda:nccl", nccl),
-                       ("cpu:gloo,cuda:gloo", True), ("xpu:xccl", False), ("cpu:", False), ("cpu:mpi,cpu:mpi", False)]:
+    for name, want in [
+        ("mpi", True),
+        ("MPI", True),
+        ("gloo", True),
+        ("nccl", nccl),
+        ("ucc", False),
+        ("xccl", False),
+        ("tcp", False),
+        ("cpu:gloo", True),
+        ("cpu:mpi,cuda:nccl", nccl),
+        ("cpu:gloo,cuda:gloo", True),
+        ("xpu:xccl", False),
+        ("cpu:", False),
+        ("cpu:mpi,cpu:mpi", False),
+    ]:
         assert mpidist.is_backend_available(name) is want, name
     with pytest.raises(TypeError, match=r"is_backend_available: backend must be a string, got NoneType"):
         mpidist.is_backend_available(None)
@@ -45,19 +58,31 @@ def test_default_backend_for_device():
     assert mpidist.get_default_backend_for_device("cpu") == "mpi"
     assert mpidist.get_default_backend_for_device("cuda:1") == "nccl"
     assert mpidist.get_default_backend_for_device(Device()) == "nccl"
-    with pytest.raises(ValueError, match=r"get_default_backend_for_device: Default backend not registered for "
-                                         r"device : 'meta'"):
+    with pytest.raises(
+        ValueError,
+        match=r"get_default_backend_for_device: Default backend not registered for "
+        r"device : 'meta'",
+    ):
         mpidist.get_default_backend_for_device("meta")
-    with pytest.raises(TypeError, match=r"device must be a string such as 'cpu' or 'cuda:0', or have a .type, "
-                                        r"got int"):
+    with pytest.raises(
+        TypeError,
+        match=r"device must be a string such as 'cpu' or 'cuda:0', or have a .type, "
+        r"got int",
+    ):
         mpidist.get_default_backend_for_device(0)
 
 
-@pytest.mark.parametrize("backend, expected", [
-    ("mpi", {"cpu": "mpi", "cuda": "mpi"}), ("gloo", {"cpu": "gloo", "cuda": "gloo"}),
-    ("nccl", {"cpu": "mpi", "cuda": "nccl"}), ("cuda:nccl", {"cpu": "mpi", "cuda": "nccl"}),
-    ("cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}), ("CUDA:NCCL,CPU:MPI", {"cpu": "mpi", "cuda": "nccl"}),
-])
+@pytest.mark.parametrize(
+    "backend, expected",
+    [
+        ("mpi", {"cpu": "mpi", "cuda": "mpi"}),
+        ("gloo", {"cpu": "gloo", "cuda": "gloo"}),
+        ("nccl", {"cpu": "mpi", "cuda": "nccl"}),
+        ("cuda:nccl", {"cpu": "mpi", "cuda": "nccl"}),
+        ("cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}),
+        ("CUDA:NCCL,CPU:MPI", {"cpu": "mpi", "cuda": "nccl"}),
+    ],
+)
 def test_backend_config(backend, expected):
     config = mpidist.BackendConfig(backend)
     assert config.get_device_backend_map() == expected
@@ -65,8 +90,11 @@ def test_backend_config(backend, expected):
 
 
 def test_backend_config_errors():
-    with pytest.raises(ValueError, match=r"BackendConfig: backend 'xpu:xccl' is not a backend name or a "
-                                         r"'cpu:<backend>,cuda:<backend>' string"):
+    with pytest.raises(
+        ValueError,
+        match=r"BackendConfig: backend 'xpu:xccl' is not a backend name or a "
+        r"'cpu:<backend>,cuda:<backend>' string",
+    ):
         mpidist.BackendConfig("xpu:xccl")
     with pytest.raises(TypeError, match=r"BackendConfig: backend must be a string"):
         mpidist.BackendConfig(3)
@@ -86,6 +114,7 @@ def test_default_pg_timeout():
 
 # -- errors ---------------------------------------------------------------------------------
 
+
 def test_error_classes_as_torch():
     assert issubclass(mpidist.DistNetworkError, mpidist.DistError)
     assert issubclass(mpidist.DistStoreError, mpidist.DistError)
@@ -104,6 +133,7 @@ def test_failed_process_errors_become_dist_network_error(monkeypatch):
 
 # -- renamed and deprecated collectives -----------------------------------------------------
 
+
 @pytest.mark.mpi
 def test_single_names_and_the_deprecated_ones(dist, world):
     rank, size = world
@@ -113,8 +143,11 @@ def test_single_names_and_the_deprecated_ones(dist, world):
     red = np.zeros(2)
     dist.reduce_scatter_single(red, np.ones(2 * size))
     assert red.tolist() == [float(size)] * 2
-    with pytest.warns(FutureWarning, match=r"`mpidist.all_gather_into_tensor` is deprecated. Please use "
-                                           r"`mpidist.all_gather_single` instead.") as got:
+    with pytest.warns(
+        FutureWarning,
+        match=r"`mpidist.all_gather_into_tensor` is deprecated. Please use "
+        r"`mpidist.all_gather_single` instead.",
+    ) as got:
         w = dist.all_gather_into_tensor(out, inp, async_op=True)
     assert got[0].filename == __file__ and w.wait() is True
     with pytest.warns(FutureWarning, match=r"`mpidist.reduce_scatter_tensor` is deprecated"):
@@ -130,14 +163,23 @@ def test_single_names_and_the_deprecated_ones(dist, world):
 
 def test_supports_complex():
     R = mpidist.ReduceOp
-    assert [mpidist.supports_complex(op) for op in (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)] \
-        == [True, True, True, False, False, False, False, False]
+    assert [mpidist.supports_complex(op) for op in (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert mpidist.supports_complex(mpidist.make_premul_sum(2.0)) is True
     with pytest.raises(TypeError, match=r"supports_complex: op must be a mpidist.ReduceOp"):
         mpidist.supports_complex("sum")
 
 
 # -- barrier(timeout=) ------------------------------------------------------------------------
+
 
 @pytest.mark.mpi
 def test_barrier_timeout_is_the_ops_limit(dist):
@@ -171,19 +213,31 @@ def test_barrier_past_its_timeout_aborts_the_job(tmp_path):
     out = job(2, script, MPIDIST_TRACE_DIR=str(tmp_path))
     assert out.returncode == 1
     assert time.monotonic() - t0 < 30
-    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] barrier: timed out after 1.5 s, the timeout of group 'default_pg' "
-            "(ranks [0, 1]) at sequence number 0") in out.stderr, out.stderr
+    assert (
+        "[rank 0] mpidist.errors.DistError: [rank 0/2] barrier: timed out after 1.5 s, the timeout "
+        "of group 'default_pg' "
+        "(ranks [0, 1]) at sequence number 0"
+    ) in out.stderr, out.stderr
 
 
 # -- breakpoint, record_comm ----------------------------------------------------------------
 
+
 def test_breakpoint_stops_in_pdb_on_the_chosen_rank(tmp_path):
     """World of one: rank 0 stops in pdb (reading 'p 6 * 7' and 'c' from stdin), then the barrier."""
-    code = ("import mpidist\nmpidist.init_process_group()\n"
-            "for i in range(3):\n    mpidist.breakpoint(skip=2)\n"
-            "print('after')\n")
-    out = subprocess.run([sys.executable, "-c", code], input="p 6 * 7\nc\n", capture_output=True, text=True,
-                         timeout=60, env=launcher_free_env())
+    code = (
+        "import mpidist\nmpidist.init_process_group()\n"
+        "for i in range(3):\n    mpidist.breakpoint(skip=2)\n"
+        "print('after')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input="p 6 * 7\nc\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("ATTENTION") == 1  # skip=2: the first two calls returned at once
     assert "Type 'up' to get to the frame that called dist.breakpoint(rank=0)" in out.stdout

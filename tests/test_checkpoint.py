@@ -1,4 +1,5 @@
 """save_checkpoint / load_checkpoint: round trip, atomicity, no pickle."""
+
 from __future__ import annotations
 
 import subprocess
@@ -187,8 +188,11 @@ def test_a_flipped_bit_anywhere_is_refused(tmp_path, where):
     path = tmp_path / "c.npz"
     save_checkpoint(path, STATE)
     data = path.read_bytes()
-    positions = range(len(data) - 101, len(data)) if where.startswith("the end") else \
-        [i for i in range(len(data)) if i < 200 or data[max(0, i - 60):i].find(b"PK") >= 0]
+    positions = (
+        range(len(data) - 101, len(data))
+        if where.startswith("the end")
+        else [i for i in range(len(data)) if i < 200 or data[max(0, i - 60) : i].find(b"PK") >= 0]
+    )
     for i in positions:
         damaged = bytearray(data)
         damaged[i] ^= 0x04
@@ -202,7 +206,7 @@ def test_a_numpy_savez_file_loads_and_its_damage_is_a_value_error(tmp_path):
     np.savez(path, **STATE)
     assert load_checkpoint(path)["model.w"].tobytes() == STATE["model.w"].tobytes()
     data = path.read_bytes()
-    at = data.index(b"'descr'") + 2   # the first array's .npy header, which no CRC guards
+    at = data.index(b"'descr'") + 2  # the first array's .npy header, which no CRC guards
     for i in range(at, at + 60):
         damaged = bytearray(data)
         damaged[i] ^= 0x40
@@ -224,8 +228,10 @@ def test_write_errors_name_the_checkpoint(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
     monkeypatch.setattr(ckpt.tempfile, "mkstemp", refuse)
-    with pytest.raises(PermissionError, match=f"cannot write checkpoint {path}: cannot create a file in "
-                                              f"{tmp_path} \\(Permission denied\\)"):
+    with pytest.raises(
+        PermissionError,
+        match=f"cannot write checkpoint {path}: cannot create a file in {tmp_path} \\(Permission denied\\)",
+    ):
         save_checkpoint(path, STATE)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c.npz"]
 
@@ -234,12 +240,14 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
     """The kernel's own EFBIG part-way through the file (RLIMIT_FSIZE, in a child process)."""
     path = tmp_path / "c.npz"
     save_checkpoint(path, STATE)
-    code = (f"import resource, signal, numpy as np\n"
-            f"from mpidist.checkpoint import save_checkpoint\n"
-            f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            f"resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
-            f"try:\n    save_checkpoint({str(path)!r}, {{'big': np.zeros(10000)}})\n"
-            f"except OSError as exc:\n    print(type(exc).__name__, exc)\n")
+    code = (
+        f"import resource, signal, numpy as np\n"
+        f"from mpidist.checkpoint import save_checkpoint\n"
+        f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+        f"try:\n    save_checkpoint({str(path)!r}, {{'big': np.zeros(10000)}})\n"
+        f"except OSError as exc:\n    print(type(exc).__name__, exc)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == f"OSError [Errno 27] cannot write checkpoint {path} (File too large)", out
     assert load_checkpoint(path)["model.w"].tobytes() == STATE["model.w"].tobytes()

@@ -1,5 +1,6 @@
 """all_reduce_coalesced and all_gather_coalesced (torch 2.13: "will be deprecated"): several
 arrays in one collective, equal to the per-array ops; torch's FutureWarning."""
+
 from __future__ import annotations
 
 import warnings
@@ -65,22 +66,34 @@ def test_all_gather_coalesced_equals_all_gather(dist, any_group):
 
 def test_coalesced_errors(dist, world):
     rank, size = world
-    with pytest.raises(TypeError, match=r"all_reduce_coalesced: tensors\[1\] dtype int64 does not match "
-                                        r"tensors\[0\] dtype float64"):
+    with pytest.raises(
+        TypeError,
+        match=r"all_reduce_coalesced: tensors\[1\] dtype int64 does not match "
+        r"tensors\[0\] dtype float64",
+    ):
         all_reduce_coalesced([np.ones(2), np.ones(2, np.int64)])
     with pytest.raises(ValueError, match=r"all_reduce_coalesced: tensors must hold at least one array"):
         all_reduce_coalesced([])
     with pytest.raises(ValueError, match=r"all_reduce_coalesced: ReduceOp.AVG needs a floating"):
         all_reduce_coalesced([np.ones(2, np.int64)], ReduceOp.AVG)
     inp = [np.ones(2), np.ones(3)]
-    with pytest.raises(ValueError, match=rf"all_gather_coalesced: output_tensor_lists must hold one list per group "
-                                         rf"rank = {size} lists, got {size + 1}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"all_gather_coalesced: output_tensor_lists must hold one list per group "
+        rf"rank = {size} lists, got {size + 1}",
+    ):
         all_gather_coalesced([[np.ones(2), np.ones(3)]] * (size + 1), inp)
-    with pytest.raises(ValueError, match=r"all_gather_coalesced: output_tensor_lists\[0\] must hold "
-                                         r"len\(input_tensor_list\) = 2 arrays, got 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"all_gather_coalesced: output_tensor_lists\[0\] must hold "
+        r"len\(input_tensor_list\) = 2 arrays, got 1",
+    ):
         all_gather_coalesced([[np.ones(2)]] * size, inp)
-    with pytest.raises(ValueError, match=rf"all_gather_coalesced: output_tensor_lists\[{rank}\]\[1\] must have the "
-                                         rf"shape of input_tensor_list\[1\], \(3,\) \(it receives that input\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"all_gather_coalesced: output_tensor_lists\[{rank}\]\[1\] must have the "
+        rf"shape of input_tensor_list\[1\], \(3,\) \(it receives that input\)",
+    ):
         all_gather_coalesced([[np.ones(2), np.ones((3, 1))] for _ in range(size)], inp)
     with pytest.raises(TypeError, match=r"all_gather_coalesced: output_tensor_lists must be a list of lists"):
         all_gather_coalesced(np.ones(2), inp)
@@ -99,7 +112,7 @@ def test_public_names_warn_as_torch(dist):
         all_reduce_coalesced(x)  # the implementation itself does not warn
 
 
-def test_device_arrays_are_staged(dist, world, rt):
+def test_device_arrays_are_staged(dist, world, rt):  # noqa: F811  (pytest passes the fixture imported above)
     rank, size = world
     xs = [FakeDeviceArray.from_host(a) for a in _inputs(rank)]
     w = all_reduce_coalesced(xs, async_op=True)

@@ -1,4 +1,5 @@
 """Collectives on numpy arrays against values computed without mpidist."""
+
 from __future__ import annotations
 
 import os
@@ -123,9 +124,12 @@ def counted(monkeypatch):
     """How often each all_reduce body ran (the inline MPI path of small sync calls runs none)."""
     calls: dict = {}
     for name, attr in (("mpi", "_mpi_all_reduce"), ("ring", "_ring"), ("shm", "_shm")):
-        def wrapper(*args, _body=getattr(collectives, attr), _name=name):
+        body = getattr(collectives, attr)
+
+        def wrapper(*args, _body=body, _name=name):
             calls[_name] = calls.get(_name, 0) + 1
             return _body(*args)
+
         monkeypatch.setattr(collectives, attr, wrapper)
     collectives._reset_choice()  # plans cache bodies: rebuild them with the wrappers
     yield calls
@@ -135,15 +139,17 @@ def counted(monkeypatch):
 @pytest.fixture
 def shm_min(monkeypatch):
     """Set MPIDIST_SHM_MIN_BYTES (groups made afterwards use it); restored after the test."""
+
     def set_to(value: str) -> None:
         monkeypatch.setenv("MPIDIST_SHM_MIN_BYTES", value)
         collectives._reset_choice()
+
     yield set_to
     monkeypatch.delenv("MPIDIST_SHM_MIN_BYTES", raising=False)
     collectives._reset_choice()
 
 
-def group_shm(dist, group) -> "collectives._GroupShm":
+def group_shm(dist, group) -> collectives._GroupShm:
     return dist._runtime.resolve_group(group)._resources["shm"]
 
 
@@ -159,8 +165,10 @@ def test_default_thresholds_are_the_measured_ones(dist, world):
     else:
         shm = group_shm(dist, g)
         over = size > (os.cpu_count() or 1)
-        assert shm.ranges == (collectives._measured(collectives.SHM_OVER_RING, over, size),
-                              collectives._measured(collectives.SHM_OVER_MPI, over, size))
+        assert shm.ranges == (
+            collectives._measured(collectives.SHM_OVER_RING, over, size),
+            collectives._measured(collectives.SHM_OVER_MPI, over, size),
+        )
         assert MPI.COMM_WORLD.allgather(shm.ranges) == [shm.ranges] * size
         assert shm.run is not None
     dist.destroy_process_group(g)
@@ -171,8 +179,10 @@ def test_ranks_agree_on_the_narrowest_range(dist, world, monkeypatch, counted):
     The smallest lower bound of the tables (below which no rank even looks the group's
     choice up) must be equal everywhere: here the entry for 64 ranks."""
     rank, size = world
-    table = {False: {**{m: (1024 + 64 * rank, 8192 - 64 * rank) for m in (1, 2)}, 64: (500, 600)},
-             True: {**{m: (1024 + 64 * rank, 8192 - 64 * rank) for m in (3, 4)}, 64: (500, 600)}}
+    table = {
+        False: {**{m: (1024 + 64 * rank, 8192 - 64 * rank) for m in (1, 2)}, 64: (500, 600)},
+        True: {**{m: (1024 + 64 * rank, 8192 - 64 * rank) for m in (3, 4)}, 64: (500, 600)},
+    }
     monkeypatch.setattr(collectives, "SHM_OVER_MPI", table)
     collectives._reset_choice()
     g = dist.new_group()
@@ -202,8 +212,13 @@ def test_auto_choice_switches_at_the_threshold(dist, world, shm_min, counted, as
     rank, size = world
     shm_min("1K")
     g = dist.new_group()
-    for count, dtype, want in [(255, np.float32, "mpi"), (256, np.float32, "shm"), (5000, np.int64, "shm"),
-                               (511, np.float16, "ring"), (512, np.float16, "shm")]:
+    for count, dtype, want in [
+        (255, np.float32, "mpi"),
+        (256, np.float32, "shm"),
+        (5000, np.int64, "shm"),
+        (511, np.float16, "ring"),
+        (512, np.float16, "shm"),
+    ]:
         counted.clear()
         x = rank_input(rank, (count,), dtype)
         work = dist.all_reduce(x, group=g, async_op=async_op)
@@ -233,8 +248,11 @@ def test_shm_min_bytes_off_disables_shm(dist, world, shm_min, counted, value):
 
 def test_shm_min_bytes_bad_value(dist, shm_min):
     shm_min("lots")
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce: MPIDIST_SHM_MIN_BYTES must be a byte count "
-                                              r"\(65536, 64K, 1M\), 0 or off, got 'lots'$"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce: MPIDIST_SHM_MIN_BYTES must be a byte count "
+        r"\(65536, 64K, 1M\), 0 or off, got 'lots'$",
+    ):
         dist.all_reduce(np.ones(4))
 
 
@@ -267,8 +285,12 @@ def test_shm_on_every_group(dist, any_group, op):
         np.testing.assert_array_equal(x, before)
         return
     stack = np.stack([inputs[r] for r in members])
-    want = {ReduceOp.SUM: stack.sum(0), ReduceOp.AVG: stack.sum(0) / len(members), ReduceOp.MAX: stack.max(0),
-            "premul": (3.0 * stack).sum(0)}[op]
+    want = {
+        ReduceOp.SUM: stack.sum(0),
+        ReduceOp.AVG: stack.sum(0) / len(members),
+        ReduceOp.MAX: stack.max(0),
+        "premul": (3.0 * stack).sum(0),
+    }[op]
     np.testing.assert_array_equal(x, want)
 
 
@@ -315,9 +337,12 @@ def test_shm_refused_where_ranks_do_not_share_memory(dist, world, monkeypatch, c
     g = dist.new_group()
     x = np.full(1 << 18, float(rank))
     if size > 1:
-        with pytest.raises(ValueError, match=PREFIX + r"all_reduce: algorithm='shm' needs every rank of group "
-                                                  r"'[^']+' on one node with MPI-3 shared memory; use 'mpi', "
-                                                  r"'ring' or None$"):
+        with pytest.raises(
+            ValueError,
+            match=PREFIX + r"all_reduce: algorithm='shm' needs every rank of group "
+            r"'[^']+' on one node with MPI-3 shared memory; use 'mpi', "
+            r"'ring' or None$",
+        ):
             dist.all_reduce(x, group=g, algorithm="shm")
         np.testing.assert_array_equal(x, np.full(1 << 18, float(rank)))  # untouched
     counted.clear()
@@ -398,8 +423,11 @@ def test_bad_op_rejected(dist):
 
 
 def test_bad_algorithm_rejected(dist):
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce: algorithm must be one of \('mpi', 'ring', 'shm'\) or "
-                                          r"None, got 'tree'$"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce: algorithm must be one of \('mpi', 'ring', 'shm'\) or "
+        r"None, got 'tree'$",
+    ):
         dist.all_reduce(np.ones(2), algorithm="tree")
 
 

@@ -5,6 +5,7 @@ gradient of each parameter: fp16_compress_hook 5e-3 and bf16_compress_hook 5e-2
 (measured: about 7e-4 and 7e-3 at world sizes 1-4: float16 keeps 11 significant bits,
 bfloat16 8, and the ring rounds every partial sum).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -18,8 +19,15 @@ from mpidist.data import DistributedSampler, load_digits_split
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel, GradBucket
-from mpidist.parallel.comm_hooks import (PowerSGDState, allreduce_hook, bf16_compress_hook, default_hooks,
-                                         fp16_compress_hook, powerSGD_hook, then)
+from mpidist.parallel.comm_hooks import (
+    PowerSGDState,
+    allreduce_hook,
+    bf16_compress_hook,
+    default_hooks,
+    fp16_compress_hook,
+    powerSGD_hook,
+    then,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -73,8 +81,9 @@ def test_hook_gets_grad_buckets_with_local_undivided_gradients(dist, world):
         grads = bucket.gradients()
         assert all(np.shares_memory(g, bucket.buffer()) for g in grads)
         assert [g.shape for g in grads] == [p.shape for p in bucket.parameters()]
-        seen.append((bucket.index(), bucket.is_last(), [p.name for p in bucket.parameters()],
-                     [g.copy() for g in grads]))
+        seen.append(
+            (bucket.index(), bucket.is_last(), [p.name for p in bucket.parameters()], [g.copy() for g in grads])
+        )
         return allreduce_hook(None, bucket)
 
     model = mlp(1)
@@ -115,6 +124,7 @@ def test_compression_hooks_cast_then_divide_as_torch(dist, world, monkeypatch, h
     not powers of two). This formula matched torch 2.13 bitwise on 10^5 values of 12
     magnitudes at world sizes 2, 3, 4, 7 and 3001."""
     import ml_dtypes
+
     import mpidist.parallel.comm_hooks as hooks
 
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
@@ -156,8 +166,11 @@ def test_hook_errors_are_clear(dist):
     ddp2 = DistributedDataParallel(mlp(0))
     ddp2.register_comm_hook(None, short)
     crit(ddp2(x), y)
-    with pytest.raises(ValueError, match=r"the comm hook's future must hold an array of \d+ elements for bucket 0, "
-                                         r"got \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the comm hook's future must hold an array of \d+ elements for bucket 0, "
+        r"got \(3,\)",
+    ):
         ddp2.backward(crit.backward())
 
 
@@ -175,8 +188,11 @@ def test_then_chains_and_propagates_errors():
 
 # -- PowerSGD ------------------------------------------------------------------------------------
 def test_powersgd_state_validates_arguments():
-    with pytest.raises(ValueError, match=r"PowerSGDState: expect start_powerSGD_iter > 1 if use_error_feedback "
-                                         r"or warm_start is enabled.*got 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"PowerSGDState: expect start_powerSGD_iter > 1 if use_error_feedback "
+        r"or warm_start is enabled.*got 1",
+    ):
         PowerSGDState(None, start_powerSGD_iter=1)
     PowerSGDState(None, start_powerSGD_iter=0, use_error_feedback=False, warm_start=False)
     with pytest.raises(ValueError, match=r"matrix_approximation_rank must be >= 1, got 0"):
@@ -206,8 +222,9 @@ def test_powersgd_full_rank_reproduces_the_exact_average(dist, world, warm_start
     rank, size = world
     model = mlp(100 + rank, np.float64)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)
-    state = PowerSGDState(None, matrix_approximation_rank=64, start_powerSGD_iter=2, min_compression_rate=0,
-                          warm_start=warm_start)
+    state = PowerSGDState(
+        None, matrix_approximation_rank=64, start_powerSGD_iter=2, min_compression_rate=0, warm_start=warm_start
+    )
     ddp.register_comm_hook(state, powerSGD_hook)
     ref = mlp(100, np.float64)
     opt, ref_opt = SGD(model.parameters(), lr=0.1, momentum=0.9), SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -275,7 +292,7 @@ def test_powersgd_trains_the_digits_mlp(dist, world):
             sampler.set_epoch(epoch)
             order = np.fromiter(sampler, dtype=np.int64)
             for step in range(steps):
-                idx = order[step * 16:(step + 1) * 16]
+                idx = order[step * 16 : (step + 1) * 16]
                 opt.zero_grad()
                 crit(ddp(x_train[idx]), y_train[idx])
                 ddp.backward(crit.backward())

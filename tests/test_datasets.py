@@ -1,4 +1,5 @@
 """IDX reader/writer, load_mnist on a fake MNIST, and load_digits_split."""
+
 from __future__ import annotations
 
 import gzip

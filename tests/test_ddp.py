@@ -1,4 +1,5 @@
 """DistributedDataParallel: equivalence with one process, bitwise agreement, overlap, errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,9 +17,13 @@ D_IN, HIDDEN, CLASSES, BATCH, STEPS = 6, 16, 4, 3, 6
 
 def mlp(seed: int, hidden: int = HIDDEN) -> Sequential:
     rng = np.random.default_rng(seed)
-    return Sequential(Linear(D_IN, hidden, dtype=np.float64, rng=rng), ReLU(),
-                      Linear(hidden, hidden, dtype=np.float64, rng=rng), ReLU(),
-                      Linear(hidden, CLASSES, dtype=np.float64, rng=rng))
+    return Sequential(
+        Linear(D_IN, hidden, dtype=np.float64, rng=rng),
+        ReLU(),
+        Linear(hidden, hidden, dtype=np.float64, rng=rng),
+        ReLU(),
+        Linear(hidden, CLASSES, dtype=np.float64, rng=rng),
+    )
 
 
 def data(world_size: int):
@@ -108,7 +113,9 @@ def test_allreduce_starts_before_backward_ends(dist, world):
 def test_different_models_across_ranks_rejected(dist, world):
     rank, _ = world
     model = mlp(seed=0, hidden=HIDDEN + (rank == 1))
-    with pytest.raises(ValueError, match=r"DistributedDataParallel: the model's parameter shapes/dtypes on ranks \[1\] differ"):
+    with pytest.raises(
+        ValueError, match=r"DistributedDataParallel: the model's parameter shapes/dtypes on ranks \[1\] differ"
+    ):
         DistributedDataParallel(model)
 
 
@@ -121,7 +128,9 @@ def test_parameter_without_gradient_is_an_error(dist):
     crit = CrossEntropyLoss()
     x, y = data(1)
     crit(ddp(x[0]), y[0])
-    with pytest.raises(RuntimeError, match=r"parameters got no gradient in this backward pass: \['0.weight', '0.bias'\]"):
+    with pytest.raises(
+        RuntimeError, match=r"parameters got no gradient in this backward pass: \['0.weight', '0.bias'\]"
+    ):
         ddp.backward(crit.backward())
     model[0].backward = original
     dist.barrier()

@@ -5,6 +5,7 @@ trained on what all ranks saw, gradients averaged by hand) is computed independe
 each rank. float64 models: DDP and the reference differ only by summation order, hence
 rtol 1e-6.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -28,9 +29,13 @@ RTOL, ATOL = 1e-6, 1e-12
 
 def mlp(seed: int) -> Sequential:
     rng = np.random.default_rng(seed)
-    return Sequential(Linear(D_IN, HIDDEN, dtype=np.float64, rng=rng), ReLU(),
-                      Linear(HIDDEN, HIDDEN, dtype=np.float64, rng=rng), ReLU(),
-                      Linear(HIDDEN, CLASSES, dtype=np.float64, rng=rng))
+    return Sequential(
+        Linear(D_IN, HIDDEN, dtype=np.float64, rng=rng),
+        ReLU(),
+        Linear(HIDDEN, HIDDEN, dtype=np.float64, rng=rng),
+        ReLU(),
+        Linear(HIDDEN, CLASSES, dtype=np.float64, rng=rng),
+    )
 
 
 def batch(step: int, rank: int, tag: int = 0):
@@ -100,18 +105,49 @@ def assert_same_model(model, ref) -> None:
 
 # -- constructor -----------------------------------------------------------------------------
 #: torch 2.13's DistributedDataParallel.__init__ parameters, in order (torch/nn/parallel/distributed.py)
-TORCH_2_13_ARGS = ["module", "device_ids", "output_device", "dim", "broadcast_buffers", "init_sync", "process_group",
-                   "bucket_cap_mb", "find_unused_parameters", "check_reduction", "gradient_as_bucket_view",
-                   "static_graph", "delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision",
-                   "device_mesh", "skip_all_reduce_unused_params", "bucket_cap_mb_list", "batched_grad_copy",
-                   "forward_sync_buffers"]
-TORCH_2_13_DEFAULTS = {"device_ids": None, "output_device": None, "dim": 0, "broadcast_buffers": None,
-                       "init_sync": True, "process_group": None, "bucket_cap_mb": None,
-                       "find_unused_parameters": False, "check_reduction": False, "gradient_as_bucket_view": False,
-                       "static_graph": False, "delay_all_reduce_named_params": None,
-                       "param_to_hook_all_reduce": None, "mixed_precision": None, "device_mesh": None,
-                       "skip_all_reduce_unused_params": False, "bucket_cap_mb_list": None,
-                       "batched_grad_copy": False, "forward_sync_buffers": None}
+TORCH_2_13_ARGS = [
+    "module",
+    "device_ids",
+    "output_device",
+    "dim",
+    "broadcast_buffers",
+    "init_sync",
+    "process_group",
+    "bucket_cap_mb",
+    "find_unused_parameters",
+    "check_reduction",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "delay_all_reduce_named_params",
+    "param_to_hook_all_reduce",
+    "mixed_precision",
+    "device_mesh",
+    "skip_all_reduce_unused_params",
+    "bucket_cap_mb_list",
+    "batched_grad_copy",
+    "forward_sync_buffers",
+]
+TORCH_2_13_DEFAULTS = {
+    "device_ids": None,
+    "output_device": None,
+    "dim": 0,
+    "broadcast_buffers": None,
+    "init_sync": True,
+    "process_group": None,
+    "bucket_cap_mb": None,
+    "find_unused_parameters": False,
+    "check_reduction": False,
+    "gradient_as_bucket_view": False,
+    "static_graph": False,
+    "delay_all_reduce_named_params": None,
+    "param_to_hook_all_reduce": None,
+    "mixed_precision": None,
+    "device_mesh": None,
+    "skip_all_reduce_unused_params": False,
+    "bucket_cap_mb_list": None,
+    "batched_grad_copy": False,
+    "forward_sync_buffers": None,
+}
 
 
 def test_constructor_has_torch_2_13_signature(dist):
@@ -145,19 +181,27 @@ def test_init_sync_false_does_not_communicate_at_construction(dist, world):
     # no shape check either: differing models are the caller's promise to keep (torch)
     other = Sequential(Linear(D_IN + rank, CLASSES, dtype=np.float64, rng=0))
     DistributedDataParallel(other, init_sync=False)
-    DistributedDataParallel(model)   # init_sync=True: rank 0's weights everywhere
+    DistributedDataParallel(model)  # init_sync=True: rank 0's weights everywhere
     assert_same_model(model, mlp(100))
 
 
-@pytest.mark.parametrize("kwargs, init_synced, forward_synced, warning", [
-    ({}, True, True, None),
-    ({"forward_sync_buffers": False}, True, False, None),
-    ({"broadcast_buffers": False}, False, False, r"`broadcast_buffers` is deprecated"),
-    ({"broadcast_buffers": False, "forward_sync_buffers": True}, True, True,
-     r"Both `broadcast_buffers` and `forward_sync_buffers` were specified"),
-])
-def test_forward_sync_buffers_and_the_deprecated_broadcast_buffers(dist, world, kwargs, init_synced, forward_synced,
-                                                                  warning):
+@pytest.mark.parametrize(
+    "kwargs, init_synced, forward_synced, warning",
+    [
+        ({}, True, True, None),
+        ({"forward_sync_buffers": False}, True, False, None),
+        ({"broadcast_buffers": False}, False, False, r"`broadcast_buffers` is deprecated"),
+        (
+            {"broadcast_buffers": False, "forward_sync_buffers": True},
+            True,
+            True,
+            r"Both `broadcast_buffers` and `forward_sync_buffers` were specified",
+        ),
+    ],
+)
+def test_forward_sync_buffers_and_the_deprecated_broadcast_buffers(
+    dist, world, kwargs, init_synced, forward_synced, warning
+):
     """torch 2.13: forward_sync_buffers governs the per-forward broadcast only (buffers are
     synced at init whatever its value); the deprecated broadcast_buffers=False also skips the
     init sync; given both, broadcast_buffers is ignored."""
@@ -177,7 +221,7 @@ def test_forward_sync_buffers_and_the_deprecated_broadcast_buffers(dist, world, 
     crit(ddp(x), y)
     ddp.backward(crit.backward())
     np.testing.assert_allclose(model.running_mean, 0.5 * before + 0.5 * x.mean(axis=0), rtol=1e-12)
-    ddp.broadcast_buffers = not forward_synced      # the deprecated attribute writes forward_sync_buffers
+    ddp.broadcast_buffers = not forward_synced  # the deprecated attribute writes forward_sync_buffers
     assert ddp.forward_sync_buffers is not forward_synced
 
 
@@ -193,11 +237,17 @@ class _Mesh:
 
 
 def test_torch_arguments_mpidist_lacks_are_refused_clearly_and_device_mesh_is_taken(dist):
-    with pytest.raises(NotImplementedError, match=r"delay_all_reduce_named_params / param_to_hook_all_reduce "
-                                                  r"are not supported: mpidist's Reducer has no delayed all-reduce"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"delay_all_reduce_named_params / param_to_hook_all_reduce "
+        r"are not supported: mpidist's Reducer has no delayed all-reduce",
+    ):
         DistributedDataParallel(mlp(0), delay_all_reduce_named_params=[], param_to_hook_all_reduce=object())
-    with pytest.raises(ValueError, match=r"delay_all_reduce_named_params and param_to_hook_all_reduce need to be "
-                                         r"set at the same time"):
+    with pytest.raises(
+        ValueError,
+        match=r"delay_all_reduce_named_params and param_to_hook_all_reduce need to be "
+        r"set at the same time",
+    ):
         DistributedDataParallel(mlp(0), delay_all_reduce_named_params=[])
     with pytest.raises(NotImplementedError, match=r"mixed_precision is not supported: .*fp16_compress_hook"):
         DistributedDataParallel(mlp(0), mixed_precision=object())
@@ -227,8 +277,11 @@ def test_check_reduction_is_accepted_with_a_future_warning(dist):
 
 
 def test_bad_arguments_raise_clear_errors(dist):
-    with pytest.raises(ValueError, match=r"device_ids must be None \(or \[\]\) for a module on host \(numpy\) "
-                                         r"arrays, got \[0\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"device_ids must be None \(or \[\]\) for a module on host \(numpy\) "
+        r"arrays, got \[0\]",
+    ):
         DistributedDataParallel(mlp(0), device_ids=[0])
     with pytest.raises(ValueError, match=r"output_device must be None for a module on host \(numpy\) arrays, got 0"):
         DistributedDataParallel(mlp(0), output_device=0)
@@ -262,10 +315,13 @@ def test_comm_hook_registration_errors(dist):
     with pytest.raises(TypeError, match=r"register_comm_hook: hook must be callable, got int"):
         ddp.register_comm_hook(None, 3)
     with pytest.raises(TypeError, match=r"hook must take two positional arguments \(state, bucket\), got one\(b\)"):
+
         def one(b):
             return b
+
         ddp.register_comm_hook(None, one)
     from mpidist.parallel.comm_hooks import allreduce_hook
+
     ddp.register_comm_hook(None, allreduce_hook)
     with pytest.raises(RuntimeError, match=r"register_comm_hook can only be called once"):
         ddp.register_comm_hook(None, allreduce_hook)
@@ -282,7 +338,10 @@ def test_first_bucket_is_one_mib_by_default(dist):
     assert DistributedDataParallel(model, bucket_cap_mb=25).bucket_parameter_names == [names]
     # an explicit cap applies to the first bucket too (torch >= 2.3)
     assert DistributedDataParallel(model, bucket_cap_mb=0.5).bucket_parameter_names == [
-        names[:2], names[2:4], names[4:]]
+        names[:2],
+        names[2:4],
+        names[4:],
+    ]
 
 
 def test_bucket_cap_mb_list_gives_each_bucket_its_limit(dist):
@@ -297,8 +356,10 @@ def test_bucket_cap_mb_list_gives_each_bucket_its_limit(dist):
     assert not ddp.bucket_bytes_cap_default
     small_then_tiny = DistributedDataParallel(model, bucket_cap_mb_list=[0.5, 0.0001])
     assert small_then_tiny.bucket_parameter_names == [names[:2]] + [[n] for n in names[2:]]
-    assert DistributedDataParallel(model, bucket_cap_mb_list=[]).bucket_parameter_names == \
-        DistributedDataParallel(model).bucket_parameter_names        # torch: empty means unset
+    assert (
+        DistributedDataParallel(model, bucket_cap_mb_list=[]).bucket_parameter_names
+        == DistributedDataParallel(model).bucket_parameter_names
+    )  # torch: empty means unset
 
 
 # -- state_dict: torch's "module." prefix ------------------------------------------------------------
@@ -321,10 +382,13 @@ def test_state_dict_keys_carry_the_module_prefix_and_load_both_ways(dist, world)
     consume_prefix_in_state_dict_if_present(copy, "module.")
     bare.load_state_dict(copy)
     np.testing.assert_array_equal(bare.lin.weight.data, saved["module.lin.weight"])
-    with pytest.raises(ValueError, match=r"DistributedDataParallel.load_state_dict: keys do not match: missing "
-                                         r"\['module.running_mean', .*unexpected \['running_mean', .*these are the bare "
-                                         r"model's keys, without torch DDP's 'module.' prefix: load them with "
-                                         r"ddp.module.load_state_dict\(state\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"DistributedDataParallel.load_state_dict: keys do not match: missing "
+        r"\['module.running_mean', .*unexpected \['running_mean', .*these are the bare "
+        r"model's keys, without torch DDP's 'module.' prefix: load them with "
+        r"ddp.module.load_state_dict\(state\)",
+    ):
         ddp.load_state_dict(bare.state_dict())
     ddp.module.load_state_dict(bare.state_dict())
     ddp.load_state_dict({"module.lin.bias": np.zeros(CLASSES), "extra": np.zeros(1)}, strict=False)
@@ -381,8 +445,9 @@ def test_find_unused_parameters_equals_one_process(dist, world, bucket_cap_mb, v
     head_b nowhere, and its grad must stay None (so momentum SGD leaves it alone)."""
     rank, size = world
     model = TwoHeads(20 + rank)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True,
-                                  gradient_as_bucket_view=view)
+    ddp = DistributedDataParallel(
+        model, bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True, gradient_as_bucket_view=view
+    )
     opt, crit = SGD(model.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss()
     ref = TwoHeads(20)
     ref_opt, ref_crit = SGD(ref.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss()
@@ -394,8 +459,9 @@ def test_find_unused_parameters_equals_one_process(dist, world, bucket_cap_mb, v
         nobody_b = not any(uses_b(step, r) for r in range(size))
         assert (model.head_b.weight.grad is None) == nobody_b
         opt.step()
-        reference_step(ref, ref_opt, ref_crit,
-                       [(*batch(step, r, tag=1), {"use_b": uses_b(step, r)}) for r in range(size)], size)
+        reference_step(
+            ref, ref_opt, ref_crit, [(*batch(step, r, tag=1), {"use_b": uses_b(step, r)}) for r in range(size)], size
+        )
     assert_same_model(model, ref)
 
 
@@ -424,7 +490,7 @@ def test_skip_all_reduce_unused_params_skips_buckets_no_rank_uses(dist, world, m
     ref = TwoHeads(80)
     ref_opt, ref_crit = SGD(ref.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss()
     n_params = len(model.parameters())
-    used_map = 1 if flag == "find_unused_parameters" else 0   # static_graph: first step only
+    used_map = 1 if flag == "find_unused_parameters" else 0  # static_graph: first step only
     for step in range(3):
         del calls[:]
         opt.zero_grad()
@@ -433,11 +499,10 @@ def test_skip_all_reduce_unused_params_skips_buckets_no_rank_uses(dist, world, m
         ddp.backward(crit.backward())
         assert model.head_b.weight.grad is None
         skipped = {i for i, names in enumerate(ddp.bucket_parameter_names) if names[0].startswith("head_b")}
-        assert len(skipped) == 2 and ddp.reducer.skipped == skipped   # decided in the first step
+        assert len(skipped) == 2 and ddp.reducer.skipped == skipped  # decided in the first step
         assert len(calls) == (n_params + 1 if step == 0 else n_params - 2 + used_map), (step, calls)
         opt.step()
-        reference_step(ref, ref_opt, ref_crit, [(*batch(step, r, tag=9), {"use_b": False}) for r in range(size)],
-                       size)
+        reference_step(ref, ref_opt, ref_crit, [(*batch(step, r, tag=9), {"use_b": False}) for r in range(size)], size)
     assert_same_model(model, ref)
 
 
@@ -447,15 +512,19 @@ def test_skip_all_reduce_unused_params_is_an_error_on_every_rank_when_the_unused
     step's collectives."""
     rank, _ = world
     model = TwoHeads(0)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-9, find_unused_parameters=True,
-                                  skip_all_reduce_unused_params=True)
+    ddp = DistributedDataParallel(
+        model, bucket_cap_mb=1e-9, find_unused_parameters=True, skip_all_reduce_unused_params=True
+    )
     crit = CrossEntropyLoss()
     x, y = batch(0, rank)
     crit(ddp(x, False), y)
     ddp.backward(crit.backward())
     crit(ddp(x, rank == 0), y)
-    with pytest.raises(RuntimeError, match=r"skip_all_reduce_unused_params=True, but parameters \['head_b.weight', "
-                                           r"'head_b.bias'\] got a gradient on some rank"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"skip_all_reduce_unused_params=True, but parameters \['head_b.weight', "
+        r"'head_b.bias'\] got a gradient on some rank",
+    ):
         ddp.backward(crit.backward())
     dist.barrier()
 
@@ -464,8 +533,9 @@ def test_skip_all_reduce_unused_params_under_join(dist, world):
     """A joined rank skips the same buckets as the active ones (no hang, same model)."""
     rank, size = world
     model = TwoHeads(90 + rank)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-9, find_unused_parameters=True,
-                                  skip_all_reduce_unused_params=True)
+    ddp = DistributedDataParallel(
+        model, bucket_cap_mb=1e-9, find_unused_parameters=True, skip_all_reduce_unused_params=True
+    )
     opt, crit = SGD(model.parameters(), lr=0.1), CrossEntropyLoss()
     with ddp.join():
         for step in range(n_batches(rank)):
@@ -493,8 +563,11 @@ def test_unused_parameter_without_the_flag_raises_and_nobody_hangs(dist, world):
     unused = "head_a" if rank == 0 else "head_b"
     for _ in range(2):
         crit(ddp(x, rank == 0), y)
-        with pytest.raises(RuntimeError, match=rf"parameters got no gradient in this backward pass: "
-                                               rf"\['{unused}.weight', '{unused}.bias'\]; .*find_unused_parameters=True"):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"parameters got no gradient in this backward pass: "
+            rf"\['{unused}.weight', '{unused}.bias'\]; .*find_unused_parameters=True",
+        ):
             ddp.backward(crit.backward())
     dist.barrier()
 
@@ -513,12 +586,14 @@ def test_static_graph_allows_a_fixed_unused_branch(dist, world):
         ddp.backward(crit.backward())
         assert model.head_b.weight.grad is None
         opt.step()
-        reference_step(ref, ref_opt, ref_crit, [(*batch(step, r, tag=2), {"use_b": False}) for r in range(size)],
-                       size)
+        reference_step(ref, ref_opt, ref_crit, [(*batch(step, r, tag=2), {"use_b": False}) for r in range(size)], size)
     assert_same_model(model, ref)
     crit(ddp(x, True), y)
-    with pytest.raises(RuntimeError, match=r"static_graph=True, but parameters \['head_a.weight', 'head_a.bias', "
-                                           r"'head_b.weight', 'head_b.bias'\] changed"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"static_graph=True, but parameters \['head_a.weight', 'head_a.bias', "
+        r"'head_b.weight', 'head_b.bias'\] changed",
+    ):
         ddp.backward(crit.backward())
 
 
@@ -612,6 +687,7 @@ def test_join_with_uneven_inputs_equals_independent_computation(dist, world, ini
     ddp = DistributedDataParallel(model, bucket_cap_mb=1e-9)
     if hook:
         from mpidist.parallel.comm_hooks import allreduce_hook
+
         ddp.register_comm_hook(None, allreduce_hook)
     opt, crit = SGD(model.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss()
     with ddp.join(divide_by_initial_world_size=initial):
@@ -626,8 +702,13 @@ def test_join_with_uneven_inputs_equals_independent_computation(dist, world, ini
     divide_by_world = initial or hook is not None  # hooks divide by the group size themselves
     for step in range(n_batches(size - 1)):
         active = [r for r in range(size) if n_batches(r) > step]
-        reference_step(ref, ref_opt, ref_crit, [(*batch(step, r, tag=5), {}) for r in active],
-                       size if divide_by_world else len(active))
+        reference_step(
+            ref,
+            ref_opt,
+            ref_crit,
+            [(*batch(step, r, tag=5), {}) for r in active],
+            size if divide_by_world else len(active),
+        )
     assert_same_model(model, ref)
     last = np.zeros(D_IN)  # the last rank is always the authority: its own running mean
     for step in range(n_batches(size - 1)):
@@ -685,8 +766,11 @@ def test_join_throw_on_early_termination_raises_on_every_rank(dist, world):
     ddp = DistributedDataParallel(model)
     crit = CrossEntropyLoss()
     steps = 1 if rank == 0 else 3
-    message = (r"rank 0 exhausted all inputs" if rank == 0
-               else r"detected at least one rank that exhausted inputs; throwing across all ranks")
+    message = (
+        r"rank 0 exhausted all inputs"
+        if rank == 0
+        else r"detected at least one rank that exhausted inputs; throwing across all ranks"
+    )
     with pytest.raises(RuntimeError, match=message):
         with ddp.join(throw_on_early_termination=True):
             for step in range(steps):
@@ -703,6 +787,7 @@ class SharedUse(Module):
     def __init__(self) -> None:
         super().__init__()
         from mpidist.nn import Parameter
+
         self.a = Parameter(np.linspace(0.5, 1.5, D_IN))
         self.b = Parameter(np.linspace(-1.0, 1.0, D_IN))
 
@@ -734,6 +819,9 @@ def test_second_accumulation_is_taken_before_launch_and_reported_after(dist, wor
         np.testing.assert_allclose(model.b.grad, want, rtol=1e-12)
         np.testing.assert_allclose(model.a.grad, want, rtol=1e-12)
     else:
-        with pytest.raises(RuntimeError, match=r"parameters \['b'\] got gradient again after their bucket's "
-                                               r"reduction started"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"parameters \['b'\] got gradient again after their bucket's "
+            r"reduction started",
+        ):
             ddp.backward(g)

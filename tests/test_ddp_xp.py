@@ -24,6 +24,7 @@ code keeps (parameters, grads, buckets, optimizer and hook state) is an XArray.
 What only a GPU shows (streams, several devices, cupy's own kernels and QR) is in
 tests/gpu/test_gpu_ddp.py.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -43,6 +44,7 @@ import mpidist.nn._util
 import mpidist.parallel.comm_hooks
 import mpidist.parallel.reducer
 from mpidist._buffers import mpi_reducible
+from mpidist._reduce_op import ReduceOp
 from mpidist.algorithms import ring_all_reduce
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.device import detect
@@ -51,7 +53,6 @@ from mpidist.nn._util import HOST_TYPES
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel
 from mpidist.parallel.comm_hooks import PowerSGDState, allreduce_hook, fp16_compress_hook, powerSGD_hook
-from mpidist._reduce_op import ReduceOp
 
 pytestmark = pytest.mark.mpi
 
@@ -156,14 +157,35 @@ def _method(name):
     return call
 
 
-_NOT_WRAPPED = {"__new__", "__init__", "__init_subclass__", "__subclasshook__", "__class__", "__getattribute__",
-                "__setattr__", "__delattr__", "__dir__", "__reduce__", "__reduce_ex__", "__setstate__",
-                "__getstate__", "__sizeof__", "__class_getitem__", "__buffer__", "__release_buffer__",
-                "view"}  # view: metadata only, and how the stand-in itself unwraps
+_NOT_WRAPPED = {
+    "__new__",
+    "__init__",
+    "__init_subclass__",
+    "__subclasshook__",
+    "__class__",
+    "__getattribute__",
+    "__setattr__",
+    "__delattr__",
+    "__dir__",
+    "__reduce__",
+    "__reduce_ex__",
+    "__setstate__",
+    "__getstate__",
+    "__sizeof__",
+    "__class_getitem__",
+    "__buffer__",
+    "__release_buffer__",
+    "view",
+}  # view: metadata only, and how the stand-in itself unwraps
 for _name in dir(np.ndarray):
     _attr = getattr(np.ndarray, _name)
-    if (callable(_attr) and not isinstance(_attr, type) and _name not in _NOT_WRAPPED
-            and not _name.startswith(("__array", "__dlpack")) and _name not in XArray.__dict__):
+    if (
+        callable(_attr)
+        and not isinstance(_attr, type)
+        and _name not in _NOT_WRAPPED
+        and not _name.startswith(("__array", "__dlpack"))
+        and _name not in XArray.__dict__
+    ):
         setattr(XArray, _name, _method(_name))
 
 
@@ -215,7 +237,7 @@ class FakeCupy(types.ModuleType):
     def asarray(self, a, dtype=None):
         if isinstance(a, XArray):
             return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
-        return np.array(a, dtype=dtype).view(XArray)   # host -> device: a copy
+        return np.array(a, dtype=dtype).view(XArray)  # host -> device: a copy
 
     def array(self, a, dtype=None):
         return np.array(a.get() if isinstance(a, XArray) else a, dtype=dtype).view(XArray)
@@ -250,9 +272,13 @@ D_IN, HIDDEN, CLASSES, BATCH, STEPS = 5, 9, 3, 4, 4
 
 def mlp(seed: int) -> Sequential:
     rng = np.random.default_rng(seed)
-    return Sequential(Linear(D_IN, HIDDEN, dtype=np.float32, rng=rng), ReLU(),
-                      Linear(HIDDEN, HIDDEN, dtype=np.float32, rng=rng), ReLU(),
-                      Linear(HIDDEN, CLASSES, dtype=np.float32, rng=rng))
+    return Sequential(
+        Linear(D_IN, HIDDEN, dtype=np.float32, rng=rng),
+        ReLU(),
+        Linear(HIDDEN, HIDDEN, dtype=np.float32, rng=rng),
+        ReLU(),
+        Linear(HIDDEN, CLASSES, dtype=np.float32, rng=rng),
+    )
 
 
 class WithSpare(Module):
@@ -370,25 +396,40 @@ def test_linear_device_argument_and_buffers_move(fakecp):
 def test_device_mismatches_raise_clear_type_errors(fakecp):
     model = mlp(0).to("cuda")
     x = np.ones((2, D_IN), np.float32)
-    with pytest.raises(TypeError, match=r"Linear.forward: x must be on cuda:0 \(the device of parameter "
-                                        r"'0.weight'\), got a cpu array"):
+    with pytest.raises(
+        TypeError,
+        match=r"Linear.forward: x must be on cuda:0 \(the device of parameter "
+        r"'0.weight'\), got a cpu array",
+    ):
         model(x)
     out = model(fakecp.asarray(x))
-    with pytest.raises(TypeError, match=r"Linear.backward: grad_output must be on cuda:0 \(the device of "
-                                        r"parameter '4.weight'\), got a cpu array"):
+    with pytest.raises(
+        TypeError,
+        match=r"Linear.backward: grad_output must be on cuda:0 \(the device of "
+        r"parameter '4.weight'\), got a cpu array",
+    ):
         model.backward(np.ones(out.shape, np.float32))
     relu = ReLU()
     relu(fakecp.ones(3))
-    with pytest.raises(TypeError, match=r"ReLU.backward: grad_output must be on cuda:0 \(the device of the "
-                                        r"forward input\), got a cpu array"):
+    with pytest.raises(
+        TypeError,
+        match=r"ReLU.backward: grad_output must be on cuda:0 \(the device of the "
+        r"forward input\), got a cpu array",
+    ):
         relu.backward(np.ones(3))
     p = model[0].bias
-    with pytest.raises(TypeError, match=r"Parameter.accumulate_grad: grad for '0.bias' must be on cuda:0 "
-                                        r"\(the device of the parameter\), got a cpu array"):
+    with pytest.raises(
+        TypeError,
+        match=r"Parameter.accumulate_grad: grad for '0.bias' must be on cuda:0 "
+        r"\(the device of the parameter\), got a cpu array",
+    ):
         p.accumulate_grad(np.ones(p.shape, np.float32))
     p.grad = np.ones(p.shape, np.float32)
-    with pytest.raises(TypeError, match=r"SGD.step: grad of '0.bias' must be on cuda:0 \(the device of its "
-                                        r"parameter\), got a cpu array"):
+    with pytest.raises(
+        TypeError,
+        match=r"SGD.step: grad of '0.bias' must be on cuda:0 \(the device of its "
+        r"parameter\), got a cpu array",
+    ):
         SGD([p], lr=0.1).step()
     # the host model refuses device inputs the same way
     with pytest.raises(TypeError, match=r"x must be on cpu \(the device of parameter '0.weight'\), got a cuda:0"):
@@ -440,8 +481,9 @@ CONFIGS = {
     "fp16_hook": dict(hook=fp16_compress_hook),
     "host_hook": dict(hook=_host_avg_hook),
     "powersgd-gs": dict(hook=powerSGD_hook, psgd=dict(matrix_approximation_rank=1)),
-    "powersgd-qr": dict(hook=powerSGD_hook, psgd=dict(matrix_approximation_rank=3, min_compression_rate=0.5,
-                                                      warm_start=False)),
+    "powersgd-qr": dict(
+        hook=powerSGD_hook, psgd=dict(matrix_approximation_rank=3, min_compression_rate=0.5, warm_start=False)
+    ),
     "join": dict(join=True),
 }
 
@@ -473,7 +515,7 @@ def test_ddp_on_the_device_equals_ddp_on_the_host_bitwise(fakecp, world, config,
     opts = dict(CONFIGS[config])
     hook, psgd, join = opts.pop("hook", None), opts.pop("psgd", None), opts.pop("join", False)
     make = WithSpare if opts.get("find_unused_parameters") else mlp
-    steps = STEPS - rank % 2 if join else STEPS   # uneven inputs: odd ranks run out first
+    steps = STEPS - rank % 2 if join else STEPS  # uneven inputs: odd ranks run out first
     x, y = batches(size, rank)
     runs = []
     for on_gpu in (False, True):
@@ -486,10 +528,9 @@ def test_ddp_on_the_device_equals_ddp_on_the_host_bitwise(fakecp, world, config,
         if hook is not None:
             state = PowerSGDState(None, start_powerSGD_iter=2, **psgd) if psgd else None
             ddp.register_comm_hook(state, hook)
-        runs.append((model, ddp, SGD(model.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss(), state,
-                     to_device))
+        runs.append((model, ddp, SGD(model.parameters(), lr=0.1, momentum=0.9), CrossEntropyLoss(), state, to_device))
     seen = spy_all_reduce(monkeypatch)
-    for model, ddp, opt, crit, _, to_device in runs:  # one model after the other: joins do not interleave
+    for _model, ddp, opt, crit, _, to_device in runs:  # one model after the other: joins do not interleave
         seen.clear()
         with ddp.join() if join else contextlib.nullcontext():
             for step in range(steps):
@@ -509,8 +550,9 @@ def test_ddp_on_the_device_equals_ddp_on_the_host_bitwise(fakecp, world, config,
     if config == "unused":
         assert dev.spare.weight.grad is None and ref.spare.weight.grad is None
     if psgd:
-        assert_on_device([*state.error_dict.values(), *state.p_memory_dict.values(),
-                          *state.q_memory_dict.values()], "PowerSGD state")
+        assert_on_device(
+            [*state.error_dict.values(), *state.p_memory_dict.values(), *state.q_memory_dict.values()], "PowerSGD state"
+        )
         assert state.iter == STEPS
 
 
@@ -519,22 +561,30 @@ def test_ddp_device_placement_arguments(fakecp, dist):
     ddp = DistributedDataParallel(model, device_ids=[0], output_device="cuda:0")
     assert (ddp.device, ddp.device_ids, ddp.output_device) == ("cuda:0", [0], 0)
     assert DistributedDataParallel(model).device_ids is None
-    with pytest.raises(ValueError, match=r"device_ids must be None or \[0\] for a module on cuda:0 \(one device "
-                                         r"per process\), got \[0, 1\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"device_ids must be None or \[0\] for a module on cuda:0 \(one device "
+        r"per process\), got \[0, 1\]",
+    ):
         DistributedDataParallel(model, device_ids=[0, 1])
     with pytest.raises(ValueError, match=r"output_device must be None or 0 for a module on cuda:0, got 'cuda:1'"):
         DistributedDataParallel(model, output_device="cuda:1")
     mixed = mlp(0)
     mixed[2].to("cuda")
-    with pytest.raises(ValueError, match=r"all parameters of the module must be on one device, got cpu: "
-                                         r"\['0.weight', '0.bias', '4.weight', '...'\]; cuda:0: \['2.weight', "
-                                         r"'2.bias'\]; move the module with module.to\(device\) first"):
+    with pytest.raises(
+        ValueError,
+        match=r"all parameters of the module must be on one device, got cpu: "
+        r"\['0.weight', '0.bias', '4.weight', '...'\]; cuda:0: \['2.weight', "
+        r"'2.bias'\]; move the module with module.to\(device\) first",
+    ):
         DistributedDataParallel(mixed)
 
 
 # -- the ring ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype, op", [("float32", ReduceOp.SUM), ("float64", ReduceOp.MAX),
-                                       ("int32", ReduceOp.PRODUCT), ("bool", ReduceOp.SUM)])
+@pytest.mark.parametrize(
+    "dtype, op",
+    [("float32", ReduceOp.SUM), ("float64", ReduceOp.MAX), ("int32", ReduceOp.PRODUCT), ("bool", ReduceOp.SUM)],
+)
 def test_ring_on_the_device_equals_the_host_ring_and_syncs_each_step(fakecp, dtype, op):
     comm = MPI.COMM_WORLD.Dup()
     try:
@@ -555,8 +605,11 @@ def test_ring_on_the_device_equals_the_host_ring_and_syncs_each_step(fakecp, dty
 
 def test_ring_refuses_device_arrays_it_cannot_compute_on():
     buf = FakeDeviceArray.from_host(np.ones(4, np.float32))
-    with pytest.raises(TypeError, match=r"ring_all_reduce: buf is a device array of type FakeDeviceArray, which "
-                                        r"mpidist cannot reduce on the device \(only cupy arrays\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"ring_all_reduce: buf is a device array of type FakeDeviceArray, which "
+        r"mpidist cannot reduce on the device \(only cupy arrays\)",
+    ):
         ring_all_reduce(MPI.COMM_SELF, buf, ReduceOp.SUM)
 
 
@@ -565,7 +618,10 @@ def test_ring_refuses_device_arrays_when_mpi_is_not_cuda_aware(fakecp, monkeypat
     device pointer to an MPI that is not CUDA-aware: that would segfault."""
     monkeypatch.setattr(detect, "_detected", detect.Detection(False, "MPIDIST_CUDA_AWARE=0"))
     buf = fakecp.asarray(np.ones(4, np.float32))
-    with pytest.raises(TypeError, match=r"ring_all_reduce: buf is a device array \(XArray\) and MPI is not "
-                                        r"CUDA-aware \(MPIDIST_CUDA_AWARE=0\): MPI would dereference a device "
-                                        r"pointer and crash. Use mpidist.all_reduce\(buf, algorithm='ring'\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"ring_all_reduce: buf is a device array \(XArray\) and MPI is not "
+        r"CUDA-aware \(MPIDIST_CUDA_AWARE=0\): MPI would dereference a device "
+        r"pointer and crash. Use mpidist.all_reduce\(buf, algorithm='ring'\)",
+    ):
         ring_all_reduce(MPI.COMM_SELF, buf, ReduceOp.SUM)

@@ -2,6 +2,7 @@
 default: tests/test_mismatch.py), so mismatched collectives (count, dtype, reduce op, root,
 op) raise the same clear ValueError on every member instead of hanging or computing a wrong
 answer; the group stays usable; matching calls give the usual results."""
+
 from __future__ import annotations
 
 import re
@@ -29,10 +30,13 @@ def calls(parts: list[tuple[list, str]]) -> str:
     return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {c}" for r, c in parts)
 
 
-def message(rank: int, size: int, op: str, differ: str, parts: list[tuple[list, str]],
-            group: str = "default_pg") -> str:
-    return (f"[rank {rank}/{size}] {op}: the members of group {group!r} called mismatched "
-            f"collectives (they differ in {differ}): {calls(parts)}")
+def message(
+    rank: int, size: int, op: str, differ: str, parts: list[tuple[list, str]], group: str = "default_pg"
+) -> str:
+    return (
+        f"[rank {rank}/{size}] {op}: the members of group {group!r} called mismatched "
+        f"collectives (they differ in {differ}): {calls(parts)}"
+    )
 
 
 def split(size: int) -> tuple[list, list]:
@@ -68,9 +72,16 @@ def test_count_mismatch(detail, world):
     good, odd = split(size)
     with pytest.raises(ValueError) as info:
         detail.all_reduce(np.ones(4 if rank in good else 5))
-    assert str(info.value) == message(rank, size, "all_reduce", "count", [
-        (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
-        (odd, f"all_reduce(seq={seq}, count=5, dtype=float64, op=SUM)")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "all_reduce",
+        "count",
+        [
+            (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
+            (odd, f"all_reduce(seq={seq}, count=5, dtype=float64, op=SUM)"),
+        ],
+    )
     assert _recorder.snapshot()[-1]["state"] == "failed"
     still_usable(detail, size)
 
@@ -82,14 +93,28 @@ def test_dtype_and_reduce_op_mismatch(detail, world):
     seq = world_seq(detail)
     with pytest.raises(ValueError) as info:
         detail.all_reduce(np.ones(2, np.float32 if rank in odd else np.float64))
-    assert str(info.value) == message(rank, size, "all_reduce", "dtype", [
-        (good, f"all_reduce(seq={seq}, count=2, dtype=float64, op=SUM)"),
-        (odd, f"all_reduce(seq={seq}, count=2, dtype=float32, op=SUM)")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "all_reduce",
+        "dtype",
+        [
+            (good, f"all_reduce(seq={seq}, count=2, dtype=float64, op=SUM)"),
+            (odd, f"all_reduce(seq={seq}, count=2, dtype=float32, op=SUM)"),
+        ],
+    )
     with pytest.raises(ValueError) as info:
         detail.reduce(np.ones(2), dst=0, op=detail.ReduceOp.MAX if rank in odd else detail.ReduceOp.SUM)
-    assert str(info.value) == message(rank, size, "reduce", "reduce op", [
-        (good, f"reduce(seq={seq + 1}, count=2, dtype=float64, root=0, op=SUM)"),
-        (odd, f"reduce(seq={seq + 1}, count=2, dtype=float64, root=0, op=MAX)")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "reduce",
+        "reduce op",
+        [
+            (good, f"reduce(seq={seq + 1}, count=2, dtype=float64, root=0, op=SUM)"),
+            (odd, f"reduce(seq={seq + 1}, count=2, dtype=float64, root=0, op=MAX)"),
+        ],
+    )
     still_usable(detail, size)
 
 
@@ -101,13 +126,23 @@ def test_root_mismatch(detail, world):
     x = np.full(3, float(rank))
     with pytest.raises(ValueError) as info:
         detail.broadcast(x, src=size - 1 if rank in odd else 0)
-    assert str(info.value) == message(rank, size, "broadcast", "root", [
-        (good, f"broadcast(seq={seq}, count=3, dtype=float64, root=0)"),
-        (odd, f"broadcast(seq={seq}, count=3, dtype=float64, root={size - 1})")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "broadcast",
+        "root",
+        [
+            (good, f"broadcast(seq={seq}, count=3, dtype=float64, root=0)"),
+            (odd, f"broadcast(seq={seq}, count=3, dtype=float64, root={size - 1})"),
+        ],
+    )
     np.testing.assert_array_equal(x, np.full(3, float(rank)))  # nobody ran the op
     with pytest.raises(ValueError, match=re.escape("(they differ in root)")):
-        detail.scatter(np.zeros(1), [np.ones(1)] * size if rank == (size - 1 if rank in odd else 0) else None,
-                       src=size - 1 if rank in odd else 0)
+        detail.scatter(
+            np.zeros(1),
+            [np.ones(1)] * size if rank == (size - 1 if rank in odd else 0) else None,
+            src=size - 1 if rank in odd else 0,
+        )
     still_usable(detail, size)
 
 
@@ -121,17 +156,28 @@ def test_op_mismatch(detail, world):
             detail.broadcast(np.ones(4), 0)
         else:
             detail.all_reduce(np.ones(4))
-    assert str(info.value) == message(rank, size, "broadcast" if rank in odd else "all_reduce",
-                                      "op, root, reduce op", [
-        (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
-        (odd, f"broadcast(seq={seq}, count=4, dtype=float64, root=0)")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "broadcast" if rank in odd else "all_reduce",
+        "op, root, reduce op",
+        [
+            (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
+            (odd, f"broadcast(seq={seq}, count=4, dtype=float64, root=0)"),
+        ],
+    )
     with pytest.raises(ValueError) as info:
         if rank in odd:
             detail.all_gather_object([None] * size, rank)
         else:
             detail.barrier()
-    assert str(info.value) == message(rank, size, "all_gather_object" if rank in odd else "barrier", "op", [
-        (good, f"barrier(seq={seq + 1})"), (odd, f"all_gather_object(seq={seq + 1})")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "all_gather_object" if rank in odd else "barrier",
+        "op",
+        [(good, f"barrier(seq={seq + 1})"), (odd, f"all_gather_object(seq={seq + 1})")],
+    )
     still_usable(detail, size)
 
 
@@ -143,9 +189,16 @@ def test_async_mismatch_raises_from_wait(detail, world):
     work = detail.all_reduce(np.ones(3 if rank in good else 6), async_op=True)
     with pytest.raises(ValueError) as info:
         work.wait()
-    assert str(info.value) == message(rank, size, "all_reduce", "count", [
-        (good, f"all_reduce(seq={seq}, count=3, dtype=float64, op=SUM)"),
-        (odd, f"all_reduce(seq={seq}, count=6, dtype=float64, op=SUM)")])
+    assert str(info.value) == message(
+        rank,
+        size,
+        "all_reduce",
+        "count",
+        [
+            (good, f"all_reduce(seq={seq}, count=3, dtype=float64, op=SUM)"),
+            (odd, f"all_reduce(seq={seq}, count=6, dtype=float64, op=SUM)"),
+        ],
+    )
     assert work.is_completed() and not work.is_success()
     still_usable(detail, size)
 
@@ -159,9 +212,17 @@ def test_mismatch_in_a_subgroup_names_global_ranks(detail, world):
         seq = g.engine.seq
         with pytest.raises(ValueError) as info:
             detail.all_reduce(np.ones(2 if rank == 1 else 7), group=g)
-        assert str(info.value) == message(rank, size, "all_reduce", "count", [
-            ([1], f"all_reduce(seq={seq}, count=2, dtype=float64, op=SUM)"),
-            ([2], f"all_reduce(seq={seq}, count=7, dtype=float64, op=SUM)")], group=g.group_name)
+        assert str(info.value) == message(
+            rank,
+            size,
+            "all_reduce",
+            "count",
+            [
+                ([1], f"all_reduce(seq={seq}, count=2, dtype=float64, op=SUM)"),
+                ([2], f"all_reduce(seq={seq}, count=7, dtype=float64, op=SUM)"),
+            ],
+            group=g.group_name,
+        )
     detail.destroy_process_group(g)
 
 

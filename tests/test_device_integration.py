@@ -5,6 +5,7 @@ same group still go through MPI, and freeing the group destroys its NCCL communi
 The unit tests of each layer are test_device_paths / test_device_staging / test_device_nccl;
 this file checks that the layers meet.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -85,8 +86,7 @@ def test_device_batch_isend_irecv_ring(dist, nccl_group):
     n, rank = dist.get_world_size(), dist.get_rank()
     send = FakeDeviceArray.from_host(np.full(5, rank, dtype=np.float32))
     recv = FakeDeviceArray((5,), np.float32)
-    ops = [mpidist.P2POp(mpidist.isend, send, (rank + 1) % n, g),
-           mpidist.P2POp(mpidist.irecv, recv, (rank - 1) % n, g)]
+    ops = [mpidist.P2POp(mpidist.isend, send, (rank + 1) % n, g), mpidist.P2POp(mpidist.irecv, recv, (rank - 1) % n, g)]
     works = mpidist.batch_isend_irecv(ops)
     shim.release()
     for w in works:

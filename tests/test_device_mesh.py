@@ -1,5 +1,6 @@
 """init_device_mesh / DeviceMesh (torch.distributed.device_mesh) over MPI sub-communicators:
 layout, groups per dimension, all_reduce along each dimension, slicing by name, errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +54,11 @@ def test_two_by_two_all_reduce_along_each_dimension(dist, world):
     assert tp.mesh.tolist() == [2 * i, 2 * i + 1] and dp.mesh.tolist() == [j, 2 + j]
     assert tp.get_group() is mesh.get_group("tp") and dp.get_local_rank() == i and tp.get_coordinate() == (j,)
     assert mesh["dp", "tp"] is mesh
-    with pytest.raises(KeyError, match=r"invalid mesh_dim_names \('tp', 'dp'\): they must be distinct and in the "
-                                       r"mesh's dimension order"):
+    with pytest.raises(
+        KeyError,
+        match=r"invalid mesh_dim_names \('tp', 'dp'\): they must be distinct and in the "
+        r"mesh's dimension order",
+    ):
         mesh["tp", "dp"]  # noqa: B018
 
 
@@ -99,8 +103,9 @@ def test_from_group(dist, world):
     g = dist.new_group()
     mesh = DeviceMesh.from_group(g, "cpu", mesh_dim_names=("dp",))
     assert mesh.get_group("dp") is g and mesh.mesh.tolist() == list(range(size)) and mesh.get_local_rank() == rank
-    two = DeviceMesh.from_group([g, dist.group.WORLD], "cpu", np.arange(size).reshape(1, size),
-                                mesh_dim_names=("a", "b"))
+    two = DeviceMesh.from_group(
+        [g, dist.group.WORLD], "cpu", np.arange(size).reshape(1, size), mesh_dim_names=("a", "b")
+    )
     assert two.get_group("b") is dist.group.WORLD and two.get_coordinate() == (0, rank)
     with pytest.raises(ValueError, match=r"DeviceMesh.from_group: mesh and mesh_dim_names are required"):
         DeviceMesh.from_group([g, g], "cpu")
@@ -111,8 +116,9 @@ def test_from_group(dist, world):
 
 def test_backend_override(dist, world):
     rank, size = world
-    mesh = init_device_mesh("cpu", (size, 1), mesh_dim_names=("a", "b"),
-                            backend_override={"a": "mpi", 1: ("mpi", None)})
+    mesh = init_device_mesh(
+        "cpu", (size, 1), mesh_dim_names=("a", "b"), backend_override={"a": "mpi", 1: ("mpi", None)}
+    )
     assert mesh.get_group("a") is not dist.group.WORLD  # an override makes a group of its own, as torch
     assert dist.get_process_group_ranks(mesh.get_group("a")) == list(range(size))
     with pytest.raises(ValueError, match=r"init_device_mesh: backend_override key 'c' is neither a dimension index"):
@@ -121,13 +127,19 @@ def test_backend_override(dist, world):
 
 def test_errors(dist, world):
     rank, size = world
-    with pytest.raises(ValueError, match=r"init_device_mesh: device_type must be a device type without an index, "
-                                         r"got 'cuda:0'"):
+    with pytest.raises(
+        ValueError,
+        match=r"init_device_mesh: device_type must be a device type without an index, "
+        r"got 'cuda:0'",
+    ):
         init_device_mesh("cuda:0", (size,))
     with pytest.raises(ValueError, match=r"device_type must be one of \('cpu', 'cuda'\)"):
         init_device_mesh("xpu", (size,))
-    with pytest.raises(ValueError, match=rf"mesh_shape \({size + 1},\) holds {size + 1} ranks, more than the world "
-                                         rf"size {size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"mesh_shape \({size + 1},\) holds {size + 1} ranks, more than the world "
+        rf"size {size}",
+    ):
         init_device_mesh("cpu", (size + 1,))
     with pytest.raises(ValueError, match=r"mesh_shape must be a non-empty tuple of positive ints"):
         init_device_mesh("cpu", (0,))

@@ -1,6 +1,7 @@
 """Device arrays through a CUDA-aware MPI (MPIDIST_CUDA_AWARE=1): every op on
 FakeDeviceArray equals the host op on numpy, streams are synchronized before MPI reads,
 and the ops this path cannot run on device memory are staged instead."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,14 @@ pytestmark = pytest.mark.mpi
 
 #: Indices into fake_device.op_cases() of the calls the CUDA-aware path takes; the rest
 #: are staged (float16 and premul all_reduce, list-based and multi-array ops).
-DIRECT = {0: "all_reduce f32 SUM", 1: "all_reduce int64 MAX", 4: "broadcast", 5: "reduce",
-          7: "all_gather_into_tensor", 11: "reduce_scatter_tensor AVG"}
+DIRECT = {
+    0: "all_reduce f32 SUM",
+    1: "all_reduce int64 MAX",
+    4: "broadcast",
+    5: "reduce",
+    7: "all_gather_into_tensor",
+    11: "reduce_scatter_tensor AVG",
+}
 
 
 @pytest.fixture
@@ -100,11 +107,20 @@ def test_in_place_all_gather_is_staged(dist, rt, world):
 def test_host_array_takes_device_arrays_only_on_this_path(dist, rt, world):
     rank, size = world
     x = FakeDeviceArray((2,))
-    with pytest.raises(TypeError, match=re.escape(f"[rank {rank}/{size}] all_gather: tensor_list[1] is a device "
-                                                  f"(cuda:0) array but tensor is a host numpy array")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            f"[rank {rank}/{size}] all_gather: tensor_list[1] is a device "
+            f"(cuda:0) array but tensor is a host numpy array"
+        ),
+    ):
         host_array(x, "all_gather", "tensor_list[1]", writable=True)
-    with pytest.raises(TypeError, match=re.escape(f"[rank {rank}/{size}] objects_op: obj is a device (cuda:0) "
-                                                  f"array, which objects_op does not take")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            f"[rank {rank}/{size}] objects_op: obj is a device (cuda:0) array, which objects_op does not take"
+        ),
+    ):
         host_array(x, "objects_op", "obj", writable=False)
     with route.passthrough():
         assert host_array(x, "all_gather", "tensor_list[1]", writable=True) is x

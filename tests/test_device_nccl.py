@@ -6,11 +6,12 @@ Every rank regenerates every rank's input from a seed and checks its own result
 without trusting mpidist. FakeDeviceArray keeps its data in host memory, which the
 fake NCCL reads through the pointers mpidist hands it.
 """
+
 from __future__ import annotations
 
+import os
 import re
 import sys
-import os
 
 import numpy as np
 import pytest
@@ -23,26 +24,48 @@ from fake_nccl import DLPackOnly, FakeShim, ReadOnlyFake, StridedFake  # noqa: E
 import mpidist  # noqa: E402
 from mpidist import ReduceOp, _recorder as R, _runtime, make_premul_sum  # noqa: E402
 from mpidist.device import _nccl_shim, nccl  # noqa: E402
-from mpidist.device._nccl_core import reduction, state
-from mpidist.device._nccl_core import REAPER  # noqa: E402
+from mpidist.device._nccl_core import (
+    REAPER,  # noqa: E402
+    reduction,
+    state,
+)
 from mpidist.errors import DistBackendError, DistError  # noqa: E402
 from mpidist.p2p import P2POp  # noqa: E402
 from mpidist.work import WorkResult  # noqa: E402
 
 try:
     import ml_dtypes
+
     BF16 = ml_dtypes.bfloat16
 except ImportError:  # pragma: no cover
     BF16 = None
 
 pytestmark = pytest.mark.mpi
 PREFIX = r"\[rank \d+/\d+\] "
-DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16, np.float32, np.float64,
-          BF16, np.bool_, np.complex64, np.complex128]
-OPS = {"SUM": ReduceOp.SUM, "AVG": ReduceOp.AVG, "PRODUCT": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN,
-       "MAX": ReduceOp.MAX, "PREMUL": None}
-_UFUNC = {"SUM": np.add, "AVG": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
-          "PREMUL": np.add}
+DTYPES = [
+    np.int8,
+    np.uint8,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    BF16,
+    np.bool_,
+    np.complex64,
+    np.complex128,
+]
+OPS = {
+    "SUM": ReduceOp.SUM,
+    "AVG": ReduceOp.AVG,
+    "PRODUCT": ReduceOp.PRODUCT,
+    "MIN": ReduceOp.MIN,
+    "MAX": ReduceOp.MAX,
+    "PREMUL": None,
+}
+_UFUNC = {"SUM": np.add, "AVG": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "PREMUL": np.add}
 _BOOL = {"SUM": np.logical_or, "MAX": np.logical_or, "PRODUCT": np.logical_and, "MIN": np.logical_and}
 
 
@@ -63,6 +86,7 @@ def premul_factor(dtype):
 
 
 # -- fixtures and helpers ------------------------------------------------------------------------
+
 
 def _drop_nccl(g) -> None:
     res = g._resources.pop("nccl", None)
@@ -117,7 +141,7 @@ def block(shapes, dtype) -> list:
     parts, at = [], 0
     for s, n in zip(shapes, sizes):
         part = FakeDeviceArray.__new__(FakeDeviceArray)
-        part._data, part.device, part.stream, part.syncs = whole.host[at:at + n].reshape(s), 0, 1, 0
+        part._data, part.device, part.stream, part.syncs = whole.host[at : at + n].reshape(s), 0, 1, 0
         parts.append(part)
         at += n
     parts[0]._whole = whole  # keep the buffer alive
@@ -170,8 +194,12 @@ def p2p_op(op, tensor, peer, group=None, tag=0) -> P2POp:
 
 # -- reductions: every op x dtype ----------------------------------------------------------------
 
-@pytest.mark.parametrize("name,dtype", [(n, d) for n in OPS for d in DTYPES if d is not None and supported(n, d)],
-                         ids=lambda v: v if isinstance(v, str) else np.dtype(v).name)
+
+@pytest.mark.parametrize(
+    "name,dtype",
+    [(n, d) for n in OPS for d in DTYPES if d is not None and supported(n, d)],
+    ids=lambda v: v if isinstance(v, str) else np.dtype(v).name,
+)
 def test_all_reduce_every_op_and_dtype(dist, shim, name, dtype):
     g, members, me = world(dist)
     factor = premul_factor(dtype) if name == "PREMUL" else None
@@ -193,16 +221,25 @@ def test_dlpack_only_device_arrays_take_the_nccl_path(dist, shim, async_op):
     assert ("from_dlpack", "DLPackOnly") in shim.log
     np.testing.assert_array_equal(x.inner.host, expected_reduction("SUM", np.float32, (2, 3), len(members), 8))
     out = DLPackOnly(dev(np.zeros((len(members), 2), np.int32)))
-    finish(nccl.run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": dev(np.full(2, me, np.int32)),
-                                                  "async_op": async_op}), async_op)
+    finish(
+        nccl.run(
+            "all_gather_into_tensor",
+            g,
+            {"output_tensor": out, "input_tensor": dev(np.full(2, me, np.int32)), "async_op": async_op},
+        ),
+        async_op,
+    )
     np.testing.assert_array_equal(out.inner.host, np.repeat(np.arange(len(members), dtype=np.int32), 2).reshape(-1, 2))
 
 
 def test_a_host_object_is_not_taken_for_a_device_array_on_the_nccl_path(dist, shim):
     g, _, _ = world(dist)
-    with pytest.raises(TypeError, match=PREFIX + r"all_reduce: tensor must be a device \(GPU\) array \(cupy, or any "
-                                                 r"object with __cuda_array_interface__ or a CUDA __dlpack_device__\) "
-                                                 r"on the NCCL path, got list"):
+    with pytest.raises(
+        TypeError,
+        match=PREFIX + r"all_reduce: tensor must be a device \(GPU\) array \(cupy, or any "
+        r"object with __cuda_array_interface__ or a CUDA __dlpack_device__\) "
+        r"on the NCCL path, got list",
+    ):
         nccl.run("all_reduce", g, {"tensor": [1.0], "op": ReduceOp.SUM})
 
 
@@ -235,17 +272,30 @@ def test_avg_without_nccl_avg_sums_then_divides(dist):
         _nccl_shim.use(previous)
 
 
-@pytest.mark.parametrize("op,dtype,kind,message", [
-    (ReduceOp.BAND, np.int32, ValueError, "ReduceOp.BAND is not supported by NCCL (torch: 'Cannot use "
-                                          "ReduceOp.BAND with NCCL'); bitwise reductions need host arrays"),
-    (ReduceOp.BXOR, np.bool_, ValueError, "ReduceOp.BXOR is not supported by NCCL"),
-    (ReduceOp.PRODUCT, np.complex64, ValueError, "ReduceOp.PRODUCT on complex dtype complex64 is not supported "
-                                                 "by NCCL; complex arrays reduce with SUM, AVG or PREMUL_SUM only"),
-    (ReduceOp.MAX, np.complex128, ValueError, "ReduceOp.MAX is not defined for complex dtype complex128"),
-    (ReduceOp.AVG, np.int64, ValueError, "ReduceOp.AVG needs a floating or complex dtype, got int64"),
-    (ReduceOp.SUM, np.int16, TypeError, "dtype int16 cannot be reduced by NCCL; expected one of int8, uint8"),
-    ("sum", np.float32, TypeError, "op must be a mpidist.ReduceOp, got 'sum'"),
-])
+@pytest.mark.parametrize(
+    "op,dtype,kind,message",
+    [
+        (
+            ReduceOp.BAND,
+            np.int32,
+            ValueError,
+            "ReduceOp.BAND is not supported by NCCL (torch: 'Cannot use "
+            "ReduceOp.BAND with NCCL'); bitwise reductions need host arrays",
+        ),
+        (ReduceOp.BXOR, np.bool_, ValueError, "ReduceOp.BXOR is not supported by NCCL"),
+        (
+            ReduceOp.PRODUCT,
+            np.complex64,
+            ValueError,
+            "ReduceOp.PRODUCT on complex dtype complex64 is not supported "
+            "by NCCL; complex arrays reduce with SUM, AVG or PREMUL_SUM only",
+        ),
+        (ReduceOp.MAX, np.complex128, ValueError, "ReduceOp.MAX is not defined for complex dtype complex128"),
+        (ReduceOp.AVG, np.int64, ValueError, "ReduceOp.AVG needs a floating or complex dtype, got int64"),
+        (ReduceOp.SUM, np.int16, TypeError, "dtype int16 cannot be reduced by NCCL; expected one of int8, uint8"),
+        ("sum", np.float32, TypeError, "op must be a mpidist.ReduceOp, got 'sum'"),
+    ],
+)
 def test_reduction_errors(dist, shim, op, dtype, kind, message):
     g, _, _ = world(dist)
     for call, args in (("all_reduce", {}), ("reduce", {"dst": 0}), ("reduce_scatter_tensor", {})):
@@ -266,10 +316,14 @@ def test_reduce_every_root(dist, shim, any_group, async_op):
     g, members, me = m
     for root_index, root in enumerate(members):
         x = dev(data(np.float32, (2, 5), 3, me))
-        finish(nccl.run("reduce", g, {"tensor": x, "dst": root, "op": make_premul_sum(0.5),
-                                      "async_op": async_op}), async_op)
+        finish(
+            nccl.run("reduce", g, {"tensor": x, "dst": root, "op": make_premul_sum(0.5), "async_op": async_op}),
+            async_op,
+        )
         if me == root_index:
-            np.testing.assert_array_equal(x.host, expected_reduction("PREMUL", np.float32, (2, 5), len(members), 3, 0.5))
+            np.testing.assert_array_equal(
+                x.host, expected_reduction("PREMUL", np.float32, (2, 5), len(members), 3, 0.5)
+            )
         else:  # a non-root's input is left as it was, premul included
             np.testing.assert_array_equal(x.host, data(np.float32, (2, 5), 3, me))
 
@@ -325,6 +379,7 @@ def test_reduce_scatter_tensor(dist, shim, any_group, in_place, async_op):
 
 # -- data movement -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int16, np.bool_, np.complex64])
 @pytest.mark.parametrize("async_op", [False, True])
 def test_broadcast_every_src(dist, shim, any_group, dtype, async_op):
@@ -348,8 +403,11 @@ def test_all_gather(dist, shim, any_group, layout, async_op):
     n = len(members)
     shape = (lambda r: (r + 1, 2)) if layout == "uneven" else (lambda r: (2, 2))
     inp = dev(data(np.int32, shape(me), 8, me))
-    outs = [dev(np.zeros(shape(r), np.int32)) for r in range(n)] if layout != "block" else \
-        block([shape(r) for r in range(n)], np.int32)
+    outs = (
+        [dev(np.zeros(shape(r), np.int32)) for r in range(n)]
+        if layout != "block"
+        else block([shape(r) for r in range(n)], np.int32)
+    )
     finish(nccl.run("all_gather", g, {"tensor_list": outs, "tensor": inp, "async_op": async_op}), async_op)
     for r in range(n):
         np.testing.assert_array_equal(outs[r].host, data(np.int32, shape(r), 8, r))
@@ -371,8 +429,10 @@ def test_all_gather_into_tensor(dist, shim, any_group, in_place, async_op):
         inp.host[...] = data(np.float16, 3, 9, me)
     else:
         inp = dev(data(np.float16, 3, 9, me))
-    finish(nccl.run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": inp,
-                                                  "async_op": async_op}), async_op)
+    finish(
+        nccl.run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": inp, "async_op": async_op}),
+        async_op,
+    )
     np.testing.assert_array_equal(out.host, np.stack([data(np.float16, 3, 9, r) for r in range(n)]))
 
 
@@ -386,15 +446,13 @@ def test_gather_and_scatter_every_root(dist, shim, any_group, async_op):
     for root_index, root in enumerate(members):
         mine = dev(data(np.float32, (me + 1,), 10, me))
         gl = [dev(np.zeros(r + 1, np.float32)) for r in range(n)] if me == root_index else None
-        finish(nccl.run("gather", g, {"tensor": mine, "gather_list": gl, "dst": root, "async_op": async_op}),
-               async_op)
+        finish(nccl.run("gather", g, {"tensor": mine, "gather_list": gl, "dst": root, "async_op": async_op}), async_op)
         if gl is not None:
             for r in range(n):
                 np.testing.assert_array_equal(gl[r].host, data(np.float32, (r + 1,), 10, r))
         out = dev(np.zeros(me + 2, np.uint8))
         sl = [dev(data(np.uint8, (r + 2,), 11, root_index, r)) for r in range(n)] if me == root_index else None
-        finish(nccl.run("scatter", g, {"tensor": out, "scatter_list": sl, "src": root, "async_op": async_op}),
-               async_op)
+        finish(nccl.run("scatter", g, {"tensor": out, "scatter_list": sl, "src": root, "async_op": async_op}), async_op)
         np.testing.assert_array_equal(out.host, data(np.uint8, (me + 2,), 11, root_index, me))
 
 
@@ -411,8 +469,10 @@ def test_all_to_all_uneven(dist, shim, any_group, async_op):
     n = len(members)
     ins = [dev(data(np.float64, (rows(me, r), 2), 12, me, r)) for r in range(n)]
     outs = [dev(np.zeros((rows(r, me), 2))) for r in range(n)]
-    finish(nccl.run("all_to_all", g, {"output_tensor_list": outs, "input_tensor_list": ins,
-                                      "async_op": async_op}), async_op)
+    finish(
+        nccl.run("all_to_all", g, {"output_tensor_list": outs, "input_tensor_list": ins, "async_op": async_op}),
+        async_op,
+    )
     for r in range(n):
         np.testing.assert_array_equal(outs[r].host, data(np.float64, (rows(r, me), 2), 12, r, me))
 
@@ -455,6 +515,7 @@ def test_overlapping_inputs_are_staged(dist, shim):
 
 # -- point-to-point -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["sync", "async", "batch"])
 def test_ring_exchange(dist, shim, any_group, mode):
     m = resolved(dist, any_group)
@@ -468,13 +529,18 @@ def test_ring_exchange(dist, shim, any_group, mode):
     out, got = dev(data(np.float32, 100, 16, me)), dev(np.zeros(100, np.float32))
     group = None if g is _runtime.state().world else g
     if mode == "batch":
-        works = nccl.run("batch_isend_irecv", g, {"p2p_op_list": [p2p_op(mpidist.irecv, got, left, group),
-                                                                  p2p_op(mpidist.isend, out, right, group)]})
+        works = nccl.run(
+            "batch_isend_irecv",
+            g,
+            {"p2p_op_list": [p2p_op(mpidist.irecv, got, left, group), p2p_op(mpidist.isend, out, right, group)]},
+        )
         assert len(works) == 2 and works[0].source_rank() == left
         assert works[0].result() == [got] and works[1].result() == []
     elif mode == "async":  # each pair's first exchange makes its communicator: lower peer first, no cycle
-        posts = sorted([(left, "irecv", {"tensor": got, "src": left}), (right, "isend", {"tensor": out, "dst": right})],
-                       key=lambda p: (p[0], p[1]))
+        posts = sorted(
+            [(left, "irecv", {"tensor": got, "src": left}), (right, "isend", {"tensor": out, "dst": right})],
+            key=lambda p: (p[0], p[1]),
+        )
         works = {op: nccl.run(op, g, args) for _, op, args in posts}
         assert all(w.wait() for w in works.values()) and works["irecv"].source_rank() == left
     elif me % 2 == 0:
@@ -505,6 +571,7 @@ def test_p2p_first_op_between_two_ranks_only(dist, shim):
 
 # -- barrier, multigpu forms --------------------------------------------------------------------------
 
+
 def test_barrier_sync_and_async(dist, shim, any_group):
     m = resolved(dist, any_group)
     if m is None:
@@ -530,13 +597,14 @@ def test_multigpu_forms_take_one_array(dist, shim):
     nccl.run("broadcast_multigpu", g, {"tensor_list": [z], "src": n - 1})
     np.testing.assert_array_equal(z.host, data(np.float32, 4, 20, n - 1))
     outs = [dev(np.zeros(4, np.float32)) for _ in range(n)]
-    w = nccl.run("all_gather_multigpu", g, {"output_tensor_lists": [outs], "input_tensor_list": [x],
-                                            "async_op": True})
+    w = nccl.run("all_gather_multigpu", g, {"output_tensor_lists": [outs], "input_tensor_list": [x], "async_op": True})
     w.wait()
     for o in outs:
         np.testing.assert_array_equal(o.host, x.host)
-    msg = "tensor_list must hold exactly one array on the NCCL path (one GPU per process; torch removed the " \
-          "multi-GPU forms), got 2"
+    msg = (
+        "tensor_list must hold exactly one array on the NCCL path (one GPU per process; torch removed the "
+        "multi-GPU forms), got 2"
+    )
     with pytest.raises(ValueError, match=PREFIX + re.escape(f"all_reduce_multigpu: {msg}")):
         nccl.run("all_reduce_multigpu", g, {"tensor_list": [x, y]})
     with pytest.raises(ValueError, match=re.escape("dst_tensor=1 is out of range: the NCCL path takes one array")):
@@ -545,6 +613,7 @@ def test_multigpu_forms_take_one_array(dist, shim):
 
 # -- streams, Work, lifetime, recorder ---------------------------------------------------------------
 
+
 def test_stream_protocol_of_a_sync_op(dist, shim):
     g, _, me = world(dist)
     x = FakeDeviceArray.from_host(np.ones(3), stream=None)  # its interface: no stream to wait for
@@ -552,8 +621,9 @@ def test_stream_protocol_of_a_sync_op(dist, shim):
     comm = state(g).main
     user, mark = shim.current_stream().ptr, len(shim.log)
     nccl.run("all_reduce", g, {"tensor": x})
-    (_, ready, on_user), (_, stream, waited), (_, _, nccl_stream), (_, done, on_nccl), (_, back, waited2) = \
-        shim.log[mark:mark + 5]
+    (_, ready, on_user), (_, stream, waited), (_, _, nccl_stream), (_, done, on_nccl), (_, back, waited2) = shim.log[
+        mark : mark + 5
+    ]
     assert on_user == user and stream == comm.stream.ptr and waited == ready  # NCCL stream waits on the caller
     assert nccl_stream == comm.stream.ptr != user  # the op runs on the NCCL stream
     assert on_nccl == comm.stream.ptr and back == user and waited2 == done  # the caller waits on the done event
@@ -580,9 +650,10 @@ def test_ops_wait_for_the_streams_their_arrays_are_ready_on(dist, shim):
     assert waits_before_the_op(mark) == sorted([user, 0x7000])
     np.testing.assert_array_equal(x.host, expected_reduction("SUM", np.float32, 4, len(members), 2))
     mark = len(shim.log)
-    outs = [FakeDeviceArray.from_host(np.zeros(2), stream=s) for s in (0x8000, 0x9000) * len(members)][:len(members)]
-    nccl.run("all_gather", g, {"tensor_list": outs, "tensor": FakeDeviceArray.from_host(np.full(2, me * 1.0),
-                                                                                       stream=0x8000)})
+    outs = [FakeDeviceArray.from_host(np.zeros(2), stream=s) for s in (0x8000, 0x9000) * len(members)][: len(members)]
+    nccl.run(
+        "all_gather", g, {"tensor_list": outs, "tensor": FakeDeviceArray.from_host(np.full(2, me * 1.0), stream=0x8000)}
+    )
     assert waits_before_the_op(mark) == sorted([user, 0x8000] + ([0x9000] if len(members) > 1 else []))
     assert [o.host.tolist() for o in outs] == [[float(r)] * 2 for r in range(len(members))]
 
@@ -600,7 +671,7 @@ def test_the_legacy_default_stream_is_the_null_stream_of_the_caller(dist, shim):
     x = FakeDeviceArray.from_host(np.ones(2), stream=1)
     nccl.run("all_reduce", g, {"tensor": x})
     first = next(i for i, e in enumerate(shim.log[mark:]) if e[0] == "nccl")
-    assert [e for e in shim.log[mark:mark + first] if e[0] == "record"] == [("record", state(g).main.ready.id, 0)]
+    assert [e for e in shim.log[mark : mark + first] if e[0] == "record"] == [("record", state(g).main.ready.id, 0)]
     assert x.host.tolist() == [float(len(members))] * 2
 
 
@@ -653,11 +724,18 @@ def test_flight_recorder_names_the_ops(dist, shim):
     nccl.run("broadcast", g, {"tensor": x, "src": 0})
     assert REAPER.drain()
     last = R.snapshot()[-1]
-    assert (last["op"], last["shapes"], last["dtype"], last["root"], last["state"]) == \
-        ("broadcast", [4], "float32", 0, "completed")
+    assert (last["op"], last["shapes"], last["dtype"], last["root"], last["state"]) == (
+        "broadcast",
+        [4],
+        "float32",
+        0,
+        "completed",
+    )
     shim.fail_next = True
-    with pytest.raises(DistBackendError, match=PREFIX + re.escape(
-            "all_reduce: the op failed: NCCL error: NCCL_ERROR_SYSTEM_ERROR: injected failure")):
+    with pytest.raises(
+        DistBackendError,
+        match=PREFIX + re.escape("all_reduce: the op failed: NCCL error: NCCL_ERROR_SYSTEM_ERROR: injected failure"),
+    ):
         nccl.run("all_reduce", g, {"tensor": x})
     assert R.snapshot()[-1]["state"] == "failed"  # (every rank failed the same way: nothing unmatched)
 
@@ -668,8 +746,9 @@ def test_communicators_made_once_and_destroyed_with_the_group(dist, shim):
     g = _runtime.resolve_group(group)
     for _ in range(3):
         nccl.run("all_reduce", g, {"tensor": dev(np.ones(2))})
-        nccl.run("all_gather_into_tensor", g, {"output_tensor": dev(np.zeros(len(members))),
-                                               "input_tensor": dev(np.ones(1))})
+        nccl.run(
+            "all_gather_into_tensor", g, {"output_tensor": dev(np.zeros(len(members))), "input_tensor": dev(np.ones(1))}
+        )
     assert state(g).made == 1 and len(shim.comms) == 1
     dist.destroy_process_group(group)
     assert shim.destroyed == 1 and shim.comms[0].destroyed
@@ -708,11 +787,17 @@ def test_ranks_sharing_a_gpu(dist, monkeypatch, version, env, refused):
         pg, n = _runtime.resolve_group(g), dist.get_world_size()
         x = dev(np.full(2, dist.get_rank() + 1.0))
         if refused and n > 1:
-            with pytest.raises(DistBackendError, match=PREFIX + re.escape(
-                    f"all_reduce: could not make the NCCL communicator of group ") + r".*" + re.escape(
+            with pytest.raises(
+                DistBackendError,
+                match=PREFIX
+                + re.escape("all_reduce: could not make the NCCL communicator of group ")
+                + r".*"
+                + re.escape(
                     f": its ranks {list(range(n))} use the same GPU (fake-gpu-0); NCCL refuses ranks of one "
                     f"communicator on one GPU unless NCCL >= 2.30 (found {version // 10000}.{version // 100 % 100}."
-                    f"{version % 100}) and NCCL_MULTI_RANK_GPU_ENABLE=1")):
+                    f"{version % 100}) and NCCL_MULTI_RANK_GPU_ENABLE=1"
+                ),
+            ):
                 nccl.run("all_reduce", pg, {"tensor": x})
             assert not fake.comms  # refused before NCCL was asked
         else:
@@ -725,38 +810,82 @@ def test_ranks_sharing_a_gpu(dist, monkeypatch, version, env, refused):
 
 # -- bad input ----------------------------------------------------------------------------------------
 
+
 def test_bad_arrays(dist, shim):
     g, members, me = world(dist)
     n = len(members)
     cases = [
-        ("all_reduce", {"tensor": np.ones(3)}, TypeError,
-         "tensor must be a device (GPU) array (cupy, or any object with __cuda_array_interface__ or a CUDA "
-         "__dlpack_device__) on the NCCL "
-         "path, got ndarray"),
-        ("all_reduce", {"tensor": StridedFake((2, 3))}, ValueError,
-         "tensor must be C-contiguous, got a non-contiguous array of shape (2, 3) and strides (4, 12)"),
-        ("broadcast", {"tensor": ReadOnlyFake(3), "src": 0}, ValueError,
-         "tensor must be writable, got a read-only array"),
-        ("all_reduce", {"tensor": dev(np.ones(2)), "algorithm": "ring"}, ValueError,
-         "algorithm='ring' selects a host algorithm; the NCCL path takes algorithm=None"),
+        (
+            "all_reduce",
+            {"tensor": np.ones(3)},
+            TypeError,
+            "tensor must be a device (GPU) array (cupy, or any object with __cuda_array_interface__ or a CUDA "
+            "__dlpack_device__) on the NCCL "
+            "path, got ndarray",
+        ),
+        (
+            "all_reduce",
+            {"tensor": StridedFake((2, 3))},
+            ValueError,
+            "tensor must be C-contiguous, got a non-contiguous array of shape (2, 3) and strides (4, 12)",
+        ),
+        (
+            "broadcast",
+            {"tensor": ReadOnlyFake(3), "src": 0},
+            ValueError,
+            "tensor must be writable, got a read-only array",
+        ),
+        (
+            "all_reduce",
+            {"tensor": dev(np.ones(2)), "algorithm": "ring"},
+            ValueError,
+            "algorithm='ring' selects a host algorithm; the NCCL path takes algorithm=None",
+        ),
         ("broadcast", {"tensor": dev(np.ones(2)), "src": n}, ValueError, f"src={n}: global rank {n} is not part"),
-        ("all_gather_into_tensor", {"output_tensor": dev(np.zeros(n + 1)), "input_tensor": dev(np.ones(1))},
-         ValueError, f"output_tensor must hold world_size * input_tensor.size = {n} * 1 = {n} elements, got {n + 1}"),
-        ("all_gather_into_tensor", {"output_tensor": dev(np.zeros(n)), "input_tensor": dev(np.ones(1, np.int32))},
-         TypeError, "input_tensor dtype int32 does not match output_tensor dtype float64"),
-        ("all_gather", {"tensor_list": [dev(np.zeros(2))] * (n + 1), "tensor": dev(np.ones(2))}, ValueError,
-         f"tensor_list must hold the group size = {n} arrays, got {n + 1}"),
-        ("reduce_scatter", {"output": dev(np.zeros(2)), "input_list": [dev(np.zeros(3))] * n}, ValueError,
-         "input_list[0] has shape (3,), expected the shape of output (2,)"),
-        ("all_to_all_single", {"output": dev(np.zeros(n)), "input": dev(np.zeros(n)),
-                               "output_split_sizes": [1] * (n + 1)}, ValueError,
-         f"output_split_sizes must hold one size per group member = {n} sizes, got {n + 1}"),
+        (
+            "all_gather_into_tensor",
+            {"output_tensor": dev(np.zeros(n + 1)), "input_tensor": dev(np.ones(1))},
+            ValueError,
+            f"output_tensor must hold world_size * input_tensor.size = {n} * 1 = {n} elements, got {n + 1}",
+        ),
+        (
+            "all_gather_into_tensor",
+            {"output_tensor": dev(np.zeros(n)), "input_tensor": dev(np.ones(1, np.int32))},
+            TypeError,
+            "input_tensor dtype int32 does not match output_tensor dtype float64",
+        ),
+        (
+            "all_gather",
+            {"tensor_list": [dev(np.zeros(2))] * (n + 1), "tensor": dev(np.ones(2))},
+            ValueError,
+            f"tensor_list must hold the group size = {n} arrays, got {n + 1}",
+        ),
+        (
+            "reduce_scatter",
+            {"output": dev(np.zeros(2)), "input_list": [dev(np.zeros(3))] * n},
+            ValueError,
+            "input_list[0] has shape (3,), expected the shape of output (2,)",
+        ),
+        (
+            "all_to_all_single",
+            {"output": dev(np.zeros(n)), "input": dev(np.zeros(n)), "output_split_sizes": [1] * (n + 1)},
+            ValueError,
+            f"output_split_sizes must hold one size per group member = {n} sizes, got {n + 1}",
+        ),
         ("recv", {"tensor": dev(np.zeros(2))}, ValueError, "src=None (any source) is not supported by NCCL"),
         ("send", {"tensor": dev(np.zeros(2)), "dst": 0, "tag": -1}, ValueError, "tag must be in [0, "),
-        ("gather", {"tensor": dev(np.zeros(2)), "gather_list": [dev(np.zeros(2))] * n, "dst": n - 1}, ValueError,
-         f"gather_list must not be given on a rank other than dst={n - 1}"),
-        ("barrier", {"device_ids": [0, 1]}, ValueError,
-         "device_ids must be None or a list of one int (this process's GPU) on the NCCL path, got [0, 1]"),
+        (
+            "gather",
+            {"tensor": dev(np.zeros(2)), "gather_list": [dev(np.zeros(2))] * n, "dst": n - 1},
+            ValueError,
+            f"gather_list must not be given on a rank other than dst={n - 1}",
+        ),
+        (
+            "barrier",
+            {"device_ids": [0, 1]},
+            ValueError,
+            "device_ids must be None or a list of one int (this process's GPU) on the NCCL path, got [0, 1]",
+        ),
         ("all_gatherz", {}, ValueError, "has no NCCL implementation; expected one of"),
     ]
     for op, args, kind, message in cases:
@@ -773,38 +902,87 @@ def test_shared_checks_keep_each_ops_wording(dist, shim):
     g, members, me = world(dist)
     n, root = len(members), members[0]
     cases = [
-        ("reduce_scatter_tensor", {"output": dev(np.zeros(1)), "input": dev(np.zeros(n + 1))}, ValueError,
-         f"input must hold world_size * output.size = {n} * 1 = {n} elements, got {n + 1} (shape ({n + 1},))"),
-        ("reduce_scatter_tensor", {"output": dev(np.zeros(1)), "input": dev(np.zeros(n, np.float32))}, TypeError,
-         "input dtype float32 does not match output dtype float64"),
-        ("all_to_all_single", {"output": dev(np.zeros(n)), "input": dev(np.zeros(n, np.int32))}, TypeError,
-         "input dtype int32 does not match output dtype float64"),
-        ("reduce_scatter", {"output": dev(np.zeros(2)), "input_list": dev(np.zeros(2))}, TypeError,
-         "input_list must be a list of device arrays, got FakeDeviceArray"),
-        ("reduce_scatter", {"output": dev(np.zeros(2)), "input_list": [dev(np.zeros(2))] * (n + 1)}, ValueError,
-         f"input_list must hold one array per group rank: expected {n}, got {n + 1}"),
-        ("all_to_all", {"output_tensor_list": [dev(np.zeros(1))] * n,
-                        "input_tensor_list": [dev(np.zeros(1))] * (n + 1)}, ValueError,
-         f"input_tensor_list must hold the group size = {n} arrays, got {n + 1}"),
-        ("broadcast_multigpu", {"tensor_list": [dev(np.zeros(2))], "src": 0, "src_tensor": True}, TypeError,
-         "src_tensor must be an int, got bool"),
-        ("broadcast_multigpu", {"tensor_list": [dev(np.zeros(2))] * 2, "src": 0, "src_tensor": 1}, ValueError,
-         "tensor_list must hold exactly one array on the NCCL path (one GPU per process; torch removed the "
-         "multi-GPU forms), got 2"),
+        (
+            "reduce_scatter_tensor",
+            {"output": dev(np.zeros(1)), "input": dev(np.zeros(n + 1))},
+            ValueError,
+            f"input must hold world_size * output.size = {n} * 1 = {n} elements, got {n + 1} (shape ({n + 1},))",
+        ),
+        (
+            "reduce_scatter_tensor",
+            {"output": dev(np.zeros(1)), "input": dev(np.zeros(n, np.float32))},
+            TypeError,
+            "input dtype float32 does not match output dtype float64",
+        ),
+        (
+            "all_to_all_single",
+            {"output": dev(np.zeros(n)), "input": dev(np.zeros(n, np.int32))},
+            TypeError,
+            "input dtype int32 does not match output dtype float64",
+        ),
+        (
+            "reduce_scatter",
+            {"output": dev(np.zeros(2)), "input_list": dev(np.zeros(2))},
+            TypeError,
+            "input_list must be a list of device arrays, got FakeDeviceArray",
+        ),
+        (
+            "reduce_scatter",
+            {"output": dev(np.zeros(2)), "input_list": [dev(np.zeros(2))] * (n + 1)},
+            ValueError,
+            f"input_list must hold one array per group rank: expected {n}, got {n + 1}",
+        ),
+        (
+            "all_to_all",
+            {"output_tensor_list": [dev(np.zeros(1))] * n, "input_tensor_list": [dev(np.zeros(1))] * (n + 1)},
+            ValueError,
+            f"input_tensor_list must hold the group size = {n} arrays, got {n + 1}",
+        ),
+        (
+            "broadcast_multigpu",
+            {"tensor_list": [dev(np.zeros(2))], "src": 0, "src_tensor": True},
+            TypeError,
+            "src_tensor must be an int, got bool",
+        ),
+        (
+            "broadcast_multigpu",
+            {"tensor_list": [dev(np.zeros(2))] * 2, "src": 0, "src_tensor": 1},
+            ValueError,
+            "tensor_list must hold exactly one array on the NCCL path (one GPU per process; torch removed the "
+            "multi-GPU forms), got 2",
+        ),
     ]
     if me == root:
         cases += [
-            ("gather", {"tensor": dev(np.zeros(2)), "gather_list": [], "dst": root}, ValueError,
-             f"gather_list must be given on the destination rank dst={root}: a list of {n} arrays, got []"),
-            ("scatter", {"tensor": dev(np.zeros(2)), "scatter_list": None, "src": root}, ValueError,
-             f"scatter_list must be given on the source rank src={root}: a list of {n} arrays, got None"),
-            ("scatter", {"tensor": dev(np.zeros(2)), "scatter_list": [dev(np.zeros(3))] * n, "src": root},
-             ValueError, f"scatter_list[{me}] must have the shape of tensor, (2,) (it is src's own part), got (3,)"),
+            (
+                "gather",
+                {"tensor": dev(np.zeros(2)), "gather_list": [], "dst": root},
+                ValueError,
+                f"gather_list must be given on the destination rank dst={root}: a list of {n} arrays, got []",
+            ),
+            (
+                "scatter",
+                {"tensor": dev(np.zeros(2)), "scatter_list": None, "src": root},
+                ValueError,
+                f"scatter_list must be given on the source rank src={root}: a list of {n} arrays, got None",
+            ),
+            (
+                "scatter",
+                {"tensor": dev(np.zeros(2)), "scatter_list": [dev(np.zeros(3))] * n, "src": root},
+                ValueError,
+                f"scatter_list[{me}] must have the shape of tensor, (2,) (it is src's own part), got (3,)",
+            ),
         ]
     else:
-        cases.append(("scatter", {"tensor": dev(np.zeros(2)), "scatter_list": [dev(np.zeros(2))] * n, "src": root},
-                      ValueError, f"scatter_list must not be given on a rank other than src={root} (torch: 'must "
-                      f"NOT be specified on non-source ranks'); pass None"))
+        cases.append(
+            (
+                "scatter",
+                {"tensor": dev(np.zeros(2)), "scatter_list": [dev(np.zeros(2))] * n, "src": root},
+                ValueError,
+                f"scatter_list must not be given on a rank other than src={root} (torch: 'must "
+                f"NOT be specified on non-source ranks'); pass None",
+            )
+        )
     for op, args, kind, message in cases:
         with pytest.raises(kind, match=PREFIX + re.escape(f"{op}: {message}") + "$"):
             nccl.run(op, g, args)
@@ -814,24 +992,36 @@ def test_arrays_must_sit_on_the_communicators_device(dist, shim):
     g, _, _ = world(dist)
     nccl.run("all_reduce", g, {"tensor": dev(np.ones(2))})
     other = FakeDeviceArray.from_host(np.ones(2), device=1)
-    with pytest.raises(ValueError, match=PREFIX + re.escape(
-            "all_reduce: tensor is on device 1, expected device 0 (where group 'default_pg' communicates "
-            "through NCCL)")):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX
+        + re.escape(
+            "all_reduce: tensor is on device 1, expected device 0 (where group 'default_pg' communicates through NCCL)"
+        ),
+    ):
         nccl.run("all_reduce", g, {"tensor": other})
     with pytest.raises(ValueError, match=re.escape("output_tensor is on device 1, expected device 0")):
-        nccl.run("all_gather_into_tensor", g, {"output_tensor": FakeDeviceArray((dist.get_world_size(),), np.float64,
-                                                                                device=1),
-                                               "input_tensor": dev(np.ones(1))})
+        nccl.run(
+            "all_gather_into_tensor",
+            g,
+            {
+                "output_tensor": FakeDeviceArray((dist.get_world_size(),), np.float64, device=1),
+                "input_tensor": dev(np.ones(1)),
+            },
+        )
 
 
 def test_batch_ops_must_share_one_group(dist, shim):
     g, _, _ = world(dist)
     other = dist.new_group()
     x = dev(np.zeros(2))
-    with pytest.raises(ValueError, match=PREFIX + re.escape(
-            "batch_isend_irecv: p2p_op_list[1] is on another group than the batch's first op")):
-        nccl.run("batch_isend_irecv", g, {"p2p_op_list": [p2p_op(mpidist.isend, x, 0), p2p_op(mpidist.isend, x, 0,
-                                                                                             other)]})
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + re.escape("batch_isend_irecv: p2p_op_list[1] is on another group than the batch's first op"),
+    ):
+        nccl.run(
+            "batch_isend_irecv", g, {"p2p_op_list": [p2p_op(mpidist.isend, x, 0), p2p_op(mpidist.isend, x, 0, other)]}
+        )
     with pytest.raises(ValueError, match=re.escape("p2p_op_list[0] must be a P2POp, got int")):
         nccl.run("batch_isend_irecv", g, {"p2p_op_list": [3]})
     dist.destroy_process_group(other)

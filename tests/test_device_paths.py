@@ -1,6 +1,7 @@
 """Which path a device call takes, decided without a GPU: the path table, CUDA-awareness
 detection (for real on this MPICH, and with a stand-in library / info), device binding,
 backend strings, and the routing of device calls to NCCL."""
+
 from __future__ import annotations
 
 import re
@@ -25,18 +26,26 @@ pytestmark = pytest.mark.mpi
 
 # -- the path table ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("device, backend, aware, possible, expected", [
-    (False, "mpi", False, False, HOST), (False, "mpi", True, True, HOST), (False, "nccl", True, True, HOST),
-    (True, "nccl", False, False, NCCL), (True, "nccl", True, True, NCCL),
-    (True, "mpi", True, True, MPI_CUDA), (True, "mpi", True, False, STAGING),
-    (True, "mpi", False, True, STAGING), (True, "mpi", False, False, STAGING),
-])
+
+@pytest.mark.parametrize(
+    "device, backend, aware, possible, expected",
+    [
+        (False, "mpi", False, False, HOST),
+        (False, "mpi", True, True, HOST),
+        (False, "nccl", True, True, HOST),
+        (True, "nccl", False, False, NCCL),
+        (True, "nccl", True, True, NCCL),
+        (True, "mpi", True, True, MPI_CUDA),
+        (True, "mpi", True, False, STAGING),
+        (True, "mpi", False, True, STAGING),
+        (True, "mpi", False, False, STAGING),
+    ],
+)
 def test_path_table(device, backend, aware, possible, expected):
     assert paths.choose(device, backend, aware, possible) == expected
 
 
-@pytest.mark.parametrize("backend, device_backend", [
-    ("mpi", "mpi"), ("nccl", "nccl"), ("cpu:mpi,cuda:nccl", "nccl")])
+@pytest.mark.parametrize("backend, device_backend", [("mpi", "mpi"), ("nccl", "nccl"), ("cpu:mpi,cuda:nccl", "nccl")])
 def test_device_backend(backend, device_backend):
     assert paths.device_backend(backend) == device_backend
 
@@ -44,29 +53,37 @@ def test_device_backend(backend, device_backend):
 F32, F16, I64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)
 
 
-@pytest.mark.parametrize("op, dtype, redop, algorithm, overlap, ok", [
-    ("all_reduce", F32, ReduceOp.SUM, None, False, True),
-    ("all_reduce", I64, ReduceOp.BAND, "mpi", False, True),
-    ("all_reduce", F32, ReduceOp.AVG, "ring", False, True),
-    ("all_reduce", F32, ReduceOp.SUM, "shm", False, False),       # a host-memory algorithm
-    ("all_reduce", F16, ReduceOp.SUM, None, False, False),         # reduced by a Python MPI op
-    ("all_reduce", F32, make_premul_sum(2.0), None, False, False),  # host-array factor
-    ("reduce", F32, ReduceOp.MAX, None, False, True),
-    ("reduce_scatter_tensor", F16, ReduceOp.SUM, None, False, False),
-    ("all_gather_into_tensor", F16, None, None, False, True),      # no reduction: any dtype
-    ("all_gather_into_tensor", F32, None, None, True, False),      # in place: staged
-    ("broadcast", F16, None, None, False, True),
-    ("send", F32, None, None, False, True), ("batch_isend_irecv", F32, None, None, False, True),
-    ("all_gather", F32, None, None, False, False), ("gather", F32, None, None, False, False),
-    ("scatter", F32, None, None, False, False), ("all_to_all", F32, None, None, False, False),
-    ("all_to_all_single", F32, None, None, False, False), ("reduce_scatter", F32, ReduceOp.SUM, None, False, False),
-    ("all_reduce_multigpu", F32, ReduceOp.SUM, None, False, False),
-])
+@pytest.mark.parametrize(
+    "op, dtype, redop, algorithm, overlap, ok",
+    [
+        ("all_reduce", F32, ReduceOp.SUM, None, False, True),
+        ("all_reduce", I64, ReduceOp.BAND, "mpi", False, True),
+        ("all_reduce", F32, ReduceOp.AVG, "ring", False, True),
+        ("all_reduce", F32, ReduceOp.SUM, "shm", False, False),  # a host-memory algorithm
+        ("all_reduce", F16, ReduceOp.SUM, None, False, False),  # reduced by a Python MPI op
+        ("all_reduce", F32, make_premul_sum(2.0), None, False, False),  # host-array factor
+        ("reduce", F32, ReduceOp.MAX, None, False, True),
+        ("reduce_scatter_tensor", F16, ReduceOp.SUM, None, False, False),
+        ("all_gather_into_tensor", F16, None, None, False, True),  # no reduction: any dtype
+        ("all_gather_into_tensor", F32, None, None, True, False),  # in place: staged
+        ("broadcast", F16, None, None, False, True),
+        ("send", F32, None, None, False, True),
+        ("batch_isend_irecv", F32, None, None, False, True),
+        ("all_gather", F32, None, None, False, False),
+        ("gather", F32, None, None, False, False),
+        ("scatter", F32, None, None, False, False),
+        ("all_to_all", F32, None, None, False, False),
+        ("all_to_all_single", F32, None, None, False, False),
+        ("reduce_scatter", F32, ReduceOp.SUM, None, False, False),
+        ("all_reduce_multigpu", F32, ReduceOp.SUM, None, False, False),
+    ],
+)
 def test_mpi_cuda_table(op, dtype, redop, algorithm, overlap, ok):
     assert paths.mpi_cuda_ok(op, dtype, redop, algorithm, overlap) is ok
 
 
 # -- what counts as a device array ------------------------------------------------------------
+
 
 class _DL:
     def __init__(self, kind):
@@ -78,14 +95,26 @@ class _DL:
         return (self.kind, 0)
 
 
-@pytest.mark.parametrize("obj, device", [
-    (np.zeros(2), False), (FakeDeviceArray((2,)), True), (_DL(2), True), (_DL(13), True),
-    (_DL(3), False), (_DL(1), False), (_DL(None), False), ([1, 2], False), (None, False)])
+@pytest.mark.parametrize(
+    "obj, device",
+    [
+        (np.zeros(2), False),
+        (FakeDeviceArray((2,)), True),
+        (_DL(2), True),
+        (_DL(13), True),
+        (_DL(3), False),
+        (_DL(1), False),
+        (_DL(None), False),
+        ([1, 2], False),
+        (None, False),
+    ],
+)
 def test_is_device_array(obj, device):
     assert is_device_array(obj) is device
 
 
 # -- detection --------------------------------------------------------------------------------
+
 
 def test_detection_env_override():
     assert detect.detect({"MPIDIST_CUDA_AWARE": "1"}) == detect.Detection(True, "MPIDIST_CUDA_AWARE=1")
@@ -110,9 +139,11 @@ def test_detection_for_real_on_pip_mpich():
 
 def test_detection_reads_library_and_info(monkeypatch, tmp_path):
     maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /opt/x/lib/libmpi_cray.so.12\n"
-                    "7f01-7f02 r--p 00000000 08:01 2 /usr/lib/libc.so.6\n7f02-7f03 rw-p 00000000 00:00 0 \n"
-                    "7f03-7f04 r-xp 00000000 08:01 1 /opt/x/lib/libmpi_cray.so.12\n")
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /opt/x/lib/libmpi_cray.so.12\n"
+        "7f01-7f02 r--p 00000000 08:01 2 /usr/lib/libc.so.6\n7f02-7f03 rw-p 00000000 00:00 0 \n"
+        "7f03-7f04 r-xp 00000000 08:01 1 /opt/x/lib/libmpi_cray.so.12\n"
+    )
     assert detect.mpi_library_paths(str(maps)) == ["/opt/x/lib/libmpi_cray.so.12"]
     assert detect.mpi_library_paths(str(tmp_path / "none")) == []
 
@@ -148,13 +179,21 @@ def test_detection_reads_library_and_info(monkeypatch, tmp_path):
                 raise RuntimeError("no info")
             return Info(self.value)
 
-    for kinds, aware in [("mpi,system,cuda", True), ("mpi,cuda:device", True), ("cuda:host:managed", True),
-                         ("mpi,cuda:host", False), ("mpi,system", False), ("rocm:device", False), (None, None)]:
+    for kinds, aware in [
+        ("mpi,system,cuda", True),
+        ("mpi,cuda:device", True),
+        ("cuda:host:managed", True),
+        ("mpi,cuda:host", False),
+        ("mpi,system", False),
+        ("rocm:device", False),
+        (None, None),
+    ]:
         assert detect.info_key(Comm(kinds))[0] is aware, kinds
     assert detect.info_key(Comm(Exception))[0] is None
     found = detect.detect({}, paths=["missing"], comm=Comm("mpi,cuda:device"))
-    assert found == detect.Detection(True, "no loaded MPI library exports MPIX_Query_cuda_support; "
-                                           "mpi_memory_alloc_kinds='mpi,cuda:device'")
+    assert found == detect.Detection(
+        True, "no loaded MPI library exports MPIX_Query_cuda_support; mpi_memory_alloc_kinds='mpi,cuda:device'"
+    )
     assert detect.detect({}, paths=["missing"], comm=Comm(None)).aware is False
 
 
@@ -168,31 +207,45 @@ def test_cuda_aware_mpi_cached_at_init(dist, monkeypatch):
 
 # -- device binding ---------------------------------------------------------------------------
 
+
 class _TorchDevice:
     def __init__(self, index, type="cuda"):  # noqa: A002
         self.index, self.type = index, type
 
 
-@pytest.mark.parametrize("device_id, env, local_rank, count, expected", [
-    (None, {}, 0, 4, 0), (None, {}, 5, 4, 1), (None, {}, 3, 1, 0),
-    (2, {}, 0, 4, 2), ("cuda:3", {}, 0, 4, 3), ("1", {}, 0, 4, 1), ("cuda", {}, 6, 4, 2),
-    (_TorchDevice(1), {}, 0, 4, 1), (_TorchDevice(None), {}, 3, 2, 1),
-    (None, {"MPIDIST_DEVICE": "3"}, 0, 4, 3), (1, {"MPIDIST_DEVICE": "3"}, 0, 4, 1),
-    (None, {"MPIDIST_DEVICE": ""}, 1, 4, 1),
-])
+@pytest.mark.parametrize(
+    "device_id, env, local_rank, count, expected",
+    [
+        (None, {}, 0, 4, 0),
+        (None, {}, 5, 4, 1),
+        (None, {}, 3, 1, 0),
+        (2, {}, 0, 4, 2),
+        ("cuda:3", {}, 0, 4, 3),
+        ("1", {}, 0, 4, 1),
+        ("cuda", {}, 6, 4, 2),
+        (_TorchDevice(1), {}, 0, 4, 1),
+        (_TorchDevice(None), {}, 3, 2, 1),
+        (None, {"MPIDIST_DEVICE": "3"}, 0, 4, 3),
+        (1, {"MPIDIST_DEVICE": "3"}, 0, 4, 1),
+        (None, {"MPIDIST_DEVICE": ""}, 1, 4, 1),
+    ],
+)
 def test_device_choice(device_id, env, local_rank, count, expected):
     assert binding.choose_device(device_id, env, local_rank, count) == expected
 
 
-@pytest.mark.parametrize("device_id, env, error, match", [
-    (4, {}, ValueError, r"init_process_group: device_id=4 but this node has 4 CUDA device\(s\)"),
-    (None, {"MPIDIST_DEVICE": "7"}, ValueError, r"MPIDIST_DEVICE=7 but this node has 4"),
-    (None, {"MPIDIST_DEVICE": "gpu1"}, ValueError, r"MPIDIST_DEVICE must be a device index >= 0, got 'gpu1'"),
-    ("gpu:1", {}, ValueError, r"device_id must be an int, 'cuda:N' or a device with .index, got 'gpu:1'"),
-    (-1, {}, ValueError, r"device_id must be >= 0, got -1"),
-    (1.5, {}, TypeError, r"device_id must be an int, 'cuda:N' or a device with .index, got float"),
-    (_TorchDevice(0, "cpu"), {}, ValueError, r"device_id must be a CUDA device"),
-])
+@pytest.mark.parametrize(
+    "device_id, env, error, match",
+    [
+        (4, {}, ValueError, r"init_process_group: device_id=4 but this node has 4 CUDA device\(s\)"),
+        (None, {"MPIDIST_DEVICE": "7"}, ValueError, r"MPIDIST_DEVICE=7 but this node has 4"),
+        (None, {"MPIDIST_DEVICE": "gpu1"}, ValueError, r"MPIDIST_DEVICE must be a device index >= 0, got 'gpu1'"),
+        ("gpu:1", {}, ValueError, r"device_id must be an int, 'cuda:N' or a device with .index, got 'gpu:1'"),
+        (-1, {}, ValueError, r"device_id must be >= 0, got -1"),
+        (1.5, {}, TypeError, r"device_id must be an int, 'cuda:N' or a device with .index, got float"),
+        (_TorchDevice(0, "cpu"), {}, ValueError, r"device_id must be a CUDA device"),
+    ],
+)
 def test_device_choice_errors(device_id, env, error, match):
     with pytest.raises(error, match=match):
         binding.choose_device(device_id, env, 0, 4)
@@ -201,8 +254,11 @@ def test_device_choice_errors(device_id, env, error, match):
 def test_binding_without_gpu(dist, monkeypatch):
     monkeypatch.setattr(binding, "_device_count", lambda: 0)
     assert binding.bind(None, 0) is None and binding.bound_device() is None
-    with pytest.raises(ValueError, match=r"init_process_group: device_id='cuda:0' was given but there is no CUDA "
-                                         r"device \(or CuPy is not installed"):
+    with pytest.raises(
+        ValueError,
+        match=r"init_process_group: device_id='cuda:0' was given but there is no CUDA "
+        r"device \(or CuPy is not installed",
+    ):
         binding.bind("cuda:0", 0)
 
 
@@ -249,13 +305,30 @@ def test_init_with_device_id_but_no_gpu(dist, monkeypatch):
 
 # -- backend strings --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("given, canonical", [
-    (None, "mpi"), ("mpi", "mpi"), ("MPI", "mpi"), ("cpu:mpi", "mpi"), ("cuda:mpi", "mpi"),
-    ("cpu:mpi,cuda:mpi", "mpi"), ("nccl", "nccl"), ("cuda:nccl", "nccl"),
-    ("cpu:mpi,cuda:nccl", "cpu:mpi,cuda:nccl"), ("cuda:nccl,cpu:mpi", "cpu:mpi,cuda:nccl"),
-    ("CPU:MPI, CUDA:NCCL", "cpu:mpi,cuda:nccl"), ("gloo", "gloo"), ("GLOO", "gloo"), ("cpu:gloo", "gloo"),
-    ("cuda:gloo", "gloo"), ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"), ("cuda:nccl,cpu:gloo", "cpu:gloo,cuda:nccl"),
-    ("cpu:gloo,cuda:mpi", "cpu:gloo,cuda:mpi")])
+
+@pytest.mark.parametrize(
+    "given, canonical",
+    [
+        (None, "mpi"),
+        ("mpi", "mpi"),
+        ("MPI", "mpi"),
+        ("cpu:mpi", "mpi"),
+        ("cuda:mpi", "mpi"),
+        ("cpu:mpi,cuda:mpi", "mpi"),
+        ("nccl", "nccl"),
+        ("cuda:nccl", "nccl"),
+        ("cpu:mpi,cuda:nccl", "cpu:mpi,cuda:nccl"),
+        ("cuda:nccl,cpu:mpi", "cpu:mpi,cuda:nccl"),
+        ("CPU:MPI, CUDA:NCCL", "cpu:mpi,cuda:nccl"),
+        ("gloo", "gloo"),
+        ("GLOO", "gloo"),
+        ("cpu:gloo", "gloo"),
+        ("cuda:gloo", "gloo"),
+        ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),
+        ("cuda:nccl,cpu:gloo", "cpu:gloo,cuda:nccl"),
+        ("cpu:gloo,cuda:mpi", "cpu:gloo,cuda:mpi"),
+    ],
+)
 def test_backend_strings(given, canonical):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the gloo names' warning: tests/test_init_check.py
@@ -264,8 +337,11 @@ def test_backend_strings(given, canonical):
 
 @pytest.mark.parametrize("bad", ["ucc", "cpu:nccl", "cuda:nccl,cuda:mpi", "xpu:mpi", "cpu:ucc,cuda:nccl", ""])
 def test_backend_strings_refused(bad):
-    with pytest.raises(ValueError, match=rf"init_process_group: backend {re.escape(repr(bad))} is not supported; "
-                                         r"expected 'mpi', 'gloo', 'nccl' or torch's device:backend form"):
+    with pytest.raises(
+        ValueError,
+        match=rf"init_process_group: backend {re.escape(repr(bad))} is not supported; "
+        r"expected 'mpi', 'gloo', 'nccl' or torch's device:backend form",
+    ):
         canonical_backend(bad)
 
 
@@ -297,6 +373,7 @@ def test_init_with_nccl_backend_string(dist, world):
 
 
 # -- routing to NCCL --------------------------------------------------------------------------
+
 
 @pytest.fixture
 def nccl_calls(dist, monkeypatch):
@@ -338,8 +415,12 @@ def test_device_calls_on_nccl_groups_go_to_nccl(dist, world, nccl_calls, kind):
     assert nccl_calls[-1][2] == {"tensor_list": lst, "tensor": x, "async_op": False}
     assert nccl_calls[-1][2]["tensor_list"][0] is lst[0]
     dist.reduce_scatter_tensor(x, FakeDeviceArray((3 * len(members),)), group=g)
-    assert nccl_calls[-1][0] == "reduce_scatter_tensor" and set(nccl_calls[-1][2]) == {"output", "input", "op",
-                                                                                          "async_op"}
+    assert nccl_calls[-1][0] == "reduce_scatter_tensor" and set(nccl_calls[-1][2]) == {
+        "output",
+        "input",
+        "op",
+        "async_op",
+    }
     assert dist.recv(x, members[0], group=g, tag=4) == ("nccl", "recv")
     assert nccl_calls[-1][2] == {"tensor": x, "src": members[0], "tag": 4}  # a global rank
     p2p = [dist.P2POp(dist.isend, x, members[0], g)]
@@ -350,8 +431,11 @@ def test_device_calls_on_nccl_groups_go_to_nccl(dist, world, nccl_calls, kind):
     dist.all_reduce(h, group=g)  # host arrays: MPI, never NCCL
     np.testing.assert_array_equal(h, np.full(3, float(len(members))))
     assert len(nccl_calls) == calls
-    with pytest.raises(TypeError, match=r"all_gather: tensor is a device \(cuda:0\) array but tensor_list\[0\] is "
-                                        r"a host numpy array"):
+    with pytest.raises(
+        TypeError,
+        match=r"all_gather: tensor is a device \(cuda:0\) array but tensor_list\[0\] is "
+        r"a host numpy array",
+    ):
         dist.all_gather([np.zeros(3) for _ in members], x, group=g)
     assert len(nccl_calls) == calls
     dist.destroy_process_group(g)

@@ -1,5 +1,6 @@
 """Device arrays through host staging (MPI not CUDA-aware): every op on FakeDeviceArray
 equals the host op on numpy, sync and async; no pointer reaches MPI; the warning; the pool."""
+
 from __future__ import annotations
 
 import re
@@ -134,7 +135,7 @@ def test_pinned_buffers_reused_and_held_while_in_flight(dist, rt, world):
     assert pool.in_use == 0
     np.testing.assert_array_equal(b.host, np.arange(1000) * size)
     np.testing.assert_array_equal(c.host, np.full(1000, float(size)))
-    np.testing.assert_array_equal(a.host, np.arange(1000) * size ** 4)
+    np.testing.assert_array_equal(a.host, np.arange(1000) * size**4)
 
 
 def test_future_completes_after_copy_back(dist, rt, world):
@@ -154,8 +155,12 @@ def test_future_completes_after_copy_back(dist, rt, world):
 def test_staged_error_gives_buffers_back(dist, rt, world):
     rank, size = world
     pool = staging.pool_for(rt)
-    with pytest.raises(ValueError, match=re.escape(f"[rank {rank}/{size}] all_to_all_single: input_split_sizes sums "
-                                                   f"to {5 * size}, expected input.shape[0] = 3")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"[rank {rank}/{size}] all_to_all_single: input_split_sizes sums to {5 * size}, expected input.shape[0] = 3"
+        ),
+    ):
         dist.all_to_all_single(FakeDeviceArray((size,)), FakeDeviceArray((3,)), input_split_sizes=[5] * size)
     assert pool.in_use == 0
 
@@ -166,31 +171,59 @@ def test_mixed_host_and_device_rejected(dist, rt, world):
     h = np.zeros(3)
     cases = [
         (lambda: dist.all_gather([h] * size, d), "all_gather", "tensor", "tensor_list[0]"),
-        (lambda: dist.all_gather([FakeDeviceArray((3,)) for _ in range(size)], h), "all_gather", "tensor_list[0]",
-         "tensor"),
+        (
+            lambda: dist.all_gather([FakeDeviceArray((3,)) for _ in range(size)], h),
+            "all_gather",
+            "tensor_list[0]",
+            "tensor",
+        ),
         (lambda: dist.all_gather_into_tensor(d, h), "all_gather_into_tensor", "output_tensor", "input_tensor"),
-        (lambda: dist.all_gather_into_tensor(np.zeros(3 * size), d), "all_gather_into_tensor", "input_tensor",
-         "output_tensor"),
+        (
+            lambda: dist.all_gather_into_tensor(np.zeros(3 * size), d),
+            "all_gather_into_tensor",
+            "input_tensor",
+            "output_tensor",
+        ),
         (lambda: dist.scatter(d, [h] * size, src=0), "scatter", "tensor", "scatter_list[0]"),
         (lambda: dist.reduce_scatter(h, [d] * size), "reduce_scatter", "input_list[0]", "output"),
-        (lambda: dist.all_to_all([d] * size, [h] * size), "all_to_all", "output_tensor_list[0]",
-         "input_tensor_list[0]"),
+        (
+            lambda: dist.all_to_all([d] * size, [h] * size),
+            "all_to_all",
+            "output_tensor_list[0]",
+            "input_tensor_list[0]",
+        ),
         (lambda: dist.all_reduce_multigpu([d, h]), "all_reduce_multigpu", "tensor_list[0]", "tensor_list[1]"),
         (lambda: dist.all_reduce_multigpu([h, d]), "all_reduce_multigpu", "tensor_list[1]", "tensor_list[0]"),
-        (lambda: dist.all_gather_multigpu([[h] * size], [d]), "all_gather_multigpu", "input_tensor_list[0]",
-         "output_tensor_lists[0][0]"),
+        (
+            lambda: dist.all_gather_multigpu([[h] * size], [d]),
+            "all_gather_multigpu",
+            "input_tensor_list[0]",
+            "output_tensor_lists[0][0]",
+        ),
     ]
     if size > 1:
         peer = (rank + 1) % size
-        cases.append((lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, d, peer),
-                                                      dist.P2POp(dist.irecv, h, peer)]),
-                      "batch_isend_irecv", "p2p_op_list[0].tensor", "p2p_op_list[1].tensor"))
-        cases.append((lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, h, peer),
-                                                      dist.P2POp(dist.irecv, d, peer)]),
-                      "batch_isend_irecv", "p2p_op_list[1].tensor", "p2p_op_list[0].tensor"))
+        cases.append(
+            (
+                lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, d, peer), dist.P2POp(dist.irecv, h, peer)]),
+                "batch_isend_irecv",
+                "p2p_op_list[0].tensor",
+                "p2p_op_list[1].tensor",
+            )
+        )
+        cases.append(
+            (
+                lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, h, peer), dist.P2POp(dist.irecv, d, peer)]),
+                "batch_isend_irecv",
+                "p2p_op_list[1].tensor",
+                "p2p_op_list[0].tensor",
+            )
+        )
     for call, op, dev, host in cases:
-        msg = (f"[rank {rank}/{size}] {op}: {dev} is a device (cuda:0) array but {host} is a host numpy array; "
-               f"every array of one call must be on the same side")
+        msg = (
+            f"[rank {rank}/{size}] {op}: {dev} is a device (cuda:0) array but {host} is a host numpy array; "
+            f"every array of one call must be on the same side"
+        )
         with pytest.raises(TypeError, match=re.escape(msg)):
             call()
     assert staging.pool_for(rt).in_use == 0
@@ -199,17 +232,23 @@ def test_mixed_host_and_device_rejected(dist, rt, world):
 def test_device_arrays_on_two_devices_rejected(dist, rt, world):
     rank, size = world
     a, b = FakeDeviceArray((3,), device=0), FakeDeviceArray((3,), device=1)
-    with pytest.raises(ValueError, match=rf"\[rank {rank}/{size}\] all_reduce_multigpu: tensor_list\[1\] is on "
-                                         r"cuda:1 but tensor_list\[0\] is on cuda:0; all device arrays of one call "
-                                         r"must be on one device"):
+    with pytest.raises(
+        ValueError,
+        match=rf"\[rank {rank}/{size}\] all_reduce_multigpu: tensor_list\[1\] is on "
+        r"cuda:1 but tensor_list\[0\] is on cuda:0; all device arrays of one call "
+        r"must be on one device",
+    ):
         dist.all_reduce_multigpu([a, b])
 
 
 def test_non_contiguous_device_array_rejected(dist, rt):
     base = np.zeros((4, 4), np.float32)
     x = FakeDeviceArray.wrap(base[:, 1])
-    with pytest.raises(ValueError, match=r"all_reduce: tensor must be C-contiguous, got a non-contiguous array of "
-                                         r"shape \(4,\) and strides \(16,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"all_reduce: tensor must be C-contiguous, got a non-contiguous array of "
+        r"shape \(4,\) and strides \(16,\)",
+    ):
         mpidist.all_reduce(x)
     with pytest.raises(ValueError, match=r"P2POp: tensor must be C-contiguous"):
         mpidist.P2POp(mpidist.isend, x, 0)
@@ -228,9 +267,12 @@ def test_group_ranks_on_the_staging_path(dist, rt, world):
     if size > 1:
         right, left = (rank + 1) % size, (rank - 1) % size
         r = FakeDeviceArray.from_host(np.zeros(2))
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, r, group_peer=left),
-                                        dist.P2POp(dist.isend, FakeDeviceArray.from_host(np.full(2, float(rank))),
-                                                   group_peer=right)])
+        works = dist.batch_isend_irecv(
+            [
+                dist.P2POp(dist.irecv, r, group_peer=left),
+                dist.P2POp(dist.isend, FakeDeviceArray.from_host(np.full(2, float(rank))), group_peer=right),
+            ]
+        )
         for w in works:
             w.wait()
         np.testing.assert_array_equal(r.host, np.full(2, float(left)))

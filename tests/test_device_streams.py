@@ -2,6 +2,7 @@
 through CuPy 14's Stream.from_external where it exists (no DeprecationWarning per call, which
 CuPy 14's ExternalStream gave every CUDA-tensor op on an H200), ExternalStream before it.
 A stand-in for the cupy module: no GPU needed."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,18 +26,19 @@ def fake_cupy(with_from_external: bool):
             self.how, self.ptr, self.device = how, ptr, device
 
     if with_from_external:
+
         def from_external(obj):
             made.append(("from_external", obj.__cuda_stream__()))
             return Stream("from_external", obj.__cuda_stream__()[1], None)
+
         Stream.from_external = staticmethod(from_external)
 
     def external(ptr, device=-1):
-        warnings.warn("ExternalStream is deprecated", DeprecationWarning)
+        warnings.warn("ExternalStream is deprecated", DeprecationWarning, stacklevel=2)
         made.append(("ExternalStream", ptr, device))
         return Stream("ExternalStream", ptr, device)
 
-    cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=external,
-                                 Device=lambda d: contextlib.nullcontext())
+    cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=external, Device=lambda d: contextlib.nullcontext())
     return types.SimpleNamespace(cuda=cuda), made
 
 

@@ -1,6 +1,7 @@
 """all_reduce and reduce over every numpy numeric dtype, bool, complex, float16, bfloat16
 (ml_dtypes) and non-native byte order: values against numpy, bitwise identity across ranks,
 and the two routes (MPI's predefined reductions; mpidist's own where MPI has no datatype)."""
+
 from __future__ import annotations
 
 import functools
@@ -31,14 +32,37 @@ def _numpy_dtypes() -> list:
 
 NO_BF16 = pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes not installed")
 BF16 = pytest.param("bfloat16", marks=NO_BF16)
-OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,
-       ReduceOp.BOR, ReduceOp.BXOR, "PREMUL"]
-_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
-          ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-          ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor, "PREMUL": np.add}
-_BOOL = {ReduceOp.SUM: np.logical_or, ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
-         ReduceOp.PRODUCT: np.logical_and, ReduceOp.MIN: np.logical_and, ReduceOp.BAND: np.logical_and,
-         ReduceOp.BXOR: np.logical_xor}
+OPS = [
+    ReduceOp.SUM,
+    ReduceOp.AVG,
+    ReduceOp.PRODUCT,
+    ReduceOp.MIN,
+    ReduceOp.MAX,
+    ReduceOp.BAND,
+    ReduceOp.BOR,
+    ReduceOp.BXOR,
+    "PREMUL",
+]
+_UFUNC = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+    "PREMUL": np.add,
+}
+_BOOL = {
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.PRODUCT: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.BAND: np.logical_and,
+    ReduceOp.BXOR: np.logical_xor,
+}
 
 
 def as_dtype(dtype) -> np.dtype:
@@ -66,8 +90,12 @@ def _combos() -> list:
     """(op, dtype) pairs torch defines: every op on every dtype it applies to."""
     dtypes = [(d, d.str if not d.isnative else d.name, ()) for d in _numpy_dtypes()]
     dtypes.append(("bfloat16", "bfloat16", NO_BF16))
-    return [pytest.param(op, d, id=f"{getattr(op, 'name', op)}-{name}", marks=marks)
-            for d, name, marks in dtypes for op in OPS if supported(op, d)]
+    return [
+        pytest.param(op, d, id=f"{getattr(op, 'name', op)}-{name}", marks=marks)
+        for d, name, marks in dtypes
+        for op in OPS
+        if supported(op, d)
+    ]
 
 
 COMBOS = _combos()
@@ -106,8 +134,12 @@ def reference(op, dtype: np.dtype, size: int) -> np.ndarray:
 def value_bytes(arr: np.ndarray) -> bytes:
     """The bytes that hold the values: all of them, except for x87 80-bit long double,
     stored in 16 bytes whose 6 padding bytes arithmetic leaves undefined."""
-    if arr.dtype.kind in "fc" and arr.dtype.isnative and arr.dtype.itemsize in (16, 32) \
-            and np.finfo(arr.dtype).nmant == 63:
+    if (
+        arr.dtype.kind in "fc"
+        and arr.dtype.isnative
+        and arr.dtype.itemsize in (16, 32)
+        and np.finfo(arr.dtype).nmant == 63
+    ):
         return arr.view(np.uint8).reshape(-1, 16)[:, :10].tobytes()
     return arr.tobytes()
 
@@ -182,8 +214,11 @@ def test_predefined_types_keep_mpis_own_ops():
 
 
 def test_unsupported_dtypes_rejected(dist):
-    with pytest.raises(TypeError, match=r"\[rank \d+/\d+\] reduce: tensor has dtype <U1, which cannot be "
-                                        r"communicated; expected a numeric or bool dtype"):
+    with pytest.raises(
+        TypeError,
+        match=r"\[rank \d+/\d+\] reduce: tensor has dtype <U1, which cannot be "
+        r"communicated; expected a numeric or bool dtype",
+    ):
         dist.reduce(np.array(["a"]), 0)
     with pytest.raises(TypeError, match=r"all_reduce: tensor has dtype \[\('a', '<i4'\)\], which cannot"):
         dist.all_reduce(np.zeros(2, dtype=[("a", "<i4")]))

@@ -2,6 +2,7 @@
 ``import mpidist`` where MPI (or the launcher) can tell, again at init_process_group; the
 user's own values kept for init's check; a child process of an mpidist rank is not
 mistaken for a torchrun-style launch."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist import _environ as E
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -24,7 +25,7 @@ def fresh_env(**extra: str) -> dict:
     return env
 
 
-SHOW = "import os, mpidist; print(*[os.environ.get(k) for k in {vars}])".format(vars=VARS)
+SHOW = f"import os, mpidist; print(*[os.environ.get(k) for k in {VARS}])"
 
 
 def per_rank(tmp_path: Path, n: int, code: str) -> list[str]:
@@ -32,15 +33,20 @@ def per_rank(tmp_path: Path, n: int, code: str) -> list[str]:
     the launcher may interleave the ranks' stdout), in rank order."""
     script = tmp_path / "job.py"
     script.write_text(code + "\nopen(os.path.join(sys.argv[1], os.environ['PMI_RANK']), 'w').write(result)\n")
-    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script), str(tmp_path)], capture_output=True,
-                         text=True, timeout=120, env=fresh_env())
+    out = subprocess.run(
+        [MPIEXEC, "-n", str(n), sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=fresh_env(),
+    )
     assert out.returncode == 0, out.stderr
     return [(tmp_path / str(r)).read_text() for r in range(n)]
 
 
 def test_exported_at_import_under_mpiexec(tmp_path):
     """Before init_process_group: RANK/WORLD_SIZE from MPI, LOCAL_* from hydra's MPI_LOCALRANKID/NRANKS."""
-    code = "import os, sys, mpidist\nresult = ' '.join(str(os.environ.get(k)) for k in %r)" % (VARS,)
+    code = f"import os, sys, mpidist\nresult = ' '.join(str(os.environ.get(k)) for k in {VARS!r})"
     assert per_rank(tmp_path, 2, code) == ["0 2 0 2", "1 2 1 2"]
 
 
@@ -51,8 +57,13 @@ def test_exported_at_import_in_a_plain_process():
 
 
 def test_a_torchrun_environment_is_left_alone_until_init_refuses_it():
-    out = subprocess.run([sys.executable, "-c", SHOW], capture_output=True, text=True, timeout=60,
-                         env=fresh_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1"))
+    out = subprocess.run(
+        [sys.executable, "-c", SHOW],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=fresh_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1"),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "2", "1", "None"]
 
@@ -83,22 +94,52 @@ def test_init_exports_all_four_and_records_them(dist, world):
     rank, size = world
     local = dist.get_node_local_rank()
     assert [os.environ[k] for k in VARS] == [str(rank), str(size), str(local), str(dist.get_local_world_size())]
-    assert os.environ[E.MARKER] == f"RANK={rank} WORLD_SIZE={size} LOCAL_RANK={local} " \
-                                   f"LOCAL_WORLD_SIZE={dist.get_local_world_size()}"
+    assert (
+        os.environ[E.MARKER] == f"RANK={rank} WORLD_SIZE={size} LOCAL_RANK={local} "
+        f"LOCAL_WORLD_SIZE={dist.get_local_world_size()}"
+    )
 
 
-@pytest.mark.parametrize("env, size, expected", [
-    ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, 4, (1, 2)),                      # MPICH hydra
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 8, (3, 4)),  # Open MPI
-    ({"SLURM_STEP_NUM_TASKS": "6", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-      "SLURM_STEP_TASKS_PER_NODE": "2(x2),2"}, 6, (1, 2)),                               # srun started the ranks
-    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-      "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}, 8, None),        # srun started hydra's proxies: not the ranks' values
-    ({"SLURM_STEP_NUM_TASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
-      "SLURM_STEP_TASKS_PER_NODE": "3,2"}, 5, (0, 2)),
-    ({"MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "2"}, 4, None),                         # inconsistent
-    ({}, 4, None), ({}, 1, (0, 1)),
-])
+@pytest.mark.parametrize(
+    "env, size, expected",
+    [
+        ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, 4, (1, 2)),  # MPICH hydra
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 8, (3, 4)),  # Open MPI
+        (
+            {
+                "SLURM_STEP_NUM_TASKS": "6",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "2",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x2),2",
+            },
+            6,
+            (1, 2),
+        ),  # srun started the ranks
+        (
+            {
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_LOCALID": "0",
+                "SLURM_NODEID": "0",
+                "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+            },
+            8,
+            None,
+        ),  # srun started hydra's proxies: not the ranks' values
+        (
+            {
+                "SLURM_STEP_NUM_TASKS": "5",
+                "SLURM_LOCALID": "0",
+                "SLURM_NODEID": "1",
+                "SLURM_STEP_TASKS_PER_NODE": "3,2",
+            },
+            5,
+            (0, 2),
+        ),
+        ({"MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "2"}, 4, None),  # inconsistent
+        ({}, 4, None),
+        ({}, 1, (0, 1)),
+    ],
+)
 def test_local_rank_from_the_launcher(env, size, expected):
     assert E.launcher_local(env, size) == expected
 

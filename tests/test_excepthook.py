@@ -2,6 +2,7 @@
 (issue 14 item 2): init_process_group's sys.excepthook prints the rank-prefixed traceback
 first, has every rank write its flight recorder, and calls MPI_Abort;
 MPIDIST_ABORT_ON_EXCEPTION=0 restores the old behaviour (the peers wait for the timeout)."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist import _abort
 from mpidist.tools import trace
 
@@ -34,8 +35,13 @@ for step in range(10**9):
 
 def job(n: int, code: str, *args: str, limit: float = 60, runner: tuple = (), **env: str):
     t0 = time.monotonic()
-    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *runner, "-c", code, *args], capture_output=True,
-                         text=True, timeout=limit, env=launcher_free_env(OMP_NUM_THREADS="1", **env))
+    out = subprocess.run(
+        [MPIEXEC, "-n", str(n), sys.executable, *runner, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=limit,
+        env=launcher_free_env(OMP_NUM_THREADS="1", **env),
+    )
     return out, time.monotonic() - t0
 
 
@@ -46,10 +52,15 @@ def test_an_exception_on_one_rank_ends_the_job_within_10_s(tmp_path, exc, code):
     assert took < 10, f"the job took {took:.1f} s:\n{out.stderr}"
     assert out.returncode == code, out.stderr
     lines = out.stderr.splitlines()
-    assert lines[:2] == ["[rank 1] Traceback (most recent call last):", '[rank 1]   File "<string>", line 8, in <module>']
+    assert lines[:2] == [
+        "[rank 1] Traceback (most recent call last):",
+        '[rank 1]   File "<string>", line 8, in <module>',
+    ]
     assert f"[rank 1] {exc}: injected fault at step 20" in lines
-    assert (f"[rank 1] flight recorder written to {trace_dir}/rank1.json (and by every rank that answered); run "
-            f"`python -m mpidist.tools.trace {trace_dir}`") in lines
+    assert (
+        f"[rank 1] flight recorder written to {trace_dir}/rank1.json (and by every rank that answered); run "
+        f"`python -m mpidist.tools.trace {trace_dir}`"
+    ) in lines
     assert f"[rank 1] aborting the MPI job (MPI_Abort, exit code {code})" in lines
     assert sum("Traceback" in line for line in lines) == 1  # reported once
     docs = trace.load(str(trace_dir))
@@ -62,8 +73,13 @@ def test_an_exception_on_one_rank_ends_the_job_within_10_s(tmp_path, exc, code):
 
 
 def test_opt_out_leaves_the_peers_to_the_timeout(tmp_path):
-    out, took = job(2, FAIL.format(exc="RuntimeError"), MPIDIST_ABORT_ON_EXCEPTION="0", MPIDIST_TIMEOUT="3",
-                    MPIDIST_TRACE_DIR=str(tmp_path))
+    out, took = job(
+        2,
+        FAIL.format(exc="RuntimeError"),
+        MPIDIST_ABORT_ON_EXCEPTION="0",
+        MPIDIST_TIMEOUT="3",
+        MPIDIST_TRACE_DIR=str(tmp_path),
+    )
     assert out.returncode != 0
     assert "Traceback (most recent call last):" in out.stderr.splitlines()  # Python's own, unprefixed
     assert "[rank 1] aborting the MPI job" not in out.stderr
@@ -73,8 +89,13 @@ def test_opt_out_leaves_the_peers_to_the_timeout(tmp_path):
 
 def test_python_m_mpidist_reports_once(tmp_path):
     """Under the runner the exception is its to report: the hook stays quiet."""
-    out, took = job(2, FAIL.format(exc="RuntimeError"), runner=("-m", "mpidist"), MPIDIST_TIMEOUT="60",
-                    MPIDIST_TRACE_DIR=str(tmp_path))
+    out, took = job(
+        2,
+        FAIL.format(exc="RuntimeError"),
+        runner=("-m", "mpidist"),
+        MPIDIST_TIMEOUT="60",
+        MPIDIST_TRACE_DIR=str(tmp_path),
+    )
     assert out.returncode == 1 and took < 10, out.stderr
     assert sum("Traceback" in line for line in out.stderr.splitlines()) == 1
     assert out.stderr.count("aborting the MPI job") == 1
@@ -82,8 +103,13 @@ def test_python_m_mpidist_reports_once(tmp_path):
 
 def test_one_process_exits_with_the_prefixed_traceback_and_writes_nothing(tmp_path):
     code = "import mpidist\nmpidist.init_process_group()\nraise ValueError('bad value 7')\n"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=launcher_free_env(TMPDIR=str(tmp_path)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(TMPDIR=str(tmp_path)),
+    )
     assert out.returncode == 1
     assert out.stderr.splitlines()[0] == "[rank 0] Traceback (most recent call last):"
     assert out.stderr.splitlines()[-1] == "[rank 0] ValueError: bad value 7"
@@ -92,10 +118,12 @@ def test_one_process_exits_with_the_prefixed_traceback_and_writes_nothing(tmp_pa
 
 def test_an_exception_in_another_thread_does_not_end_the_job(tmp_path):
     """Python ends only that thread; the program may join it and go on (so does the job)."""
-    code = ("import sys, threading, numpy as np, mpidist\nmpidist.init_process_group()\n"
-            "t = threading.Thread(target=lambda: 1 / 0)\nt.start(); t.join()\n"
-            "x = np.ones(2)\nmpidist.all_reduce(x)\n"
-            "open(f'{sys.argv[1]}/done{mpidist.get_rank()}', 'w').write(str(x[0]))\n")
+    code = (
+        "import sys, threading, numpy as np, mpidist\nmpidist.init_process_group()\n"
+        "t = threading.Thread(target=lambda: 1 / 0)\nt.start(); t.join()\n"
+        "x = np.ones(2)\nmpidist.all_reduce(x)\n"
+        "open(f'{sys.argv[1]}/done{mpidist.get_rank()}', 'w').write(str(x[0]))\n"
+    )
     out, _ = job(2, code, str(tmp_path), MPIDIST_TIMEOUT="30")
     assert out.returncode == 0, out.stderr
     assert [(tmp_path / f"done{r}").read_text() for r in (0, 1)] == ["2.0", "2.0"]
@@ -119,6 +147,7 @@ def test_init_installs_the_hook_and_destroy_removes_it(dist):
 @pytest.mark.mpi
 def test_a_hook_installed_before_formats_the_traceback(dist, monkeypatch, capsys):
     """The hook keeps the previous hook's formatting (prefixed), and a rank-less run returns."""
+
     def previous(exc_type, exc, tb):
         sys.stderr.write(f"custom: {exc_type.__name__}: {exc}\n")
 
@@ -155,8 +184,16 @@ def test_a_hook_that_wraps_ours_and_captures_stderr_does_not_swallow_the_traceba
 
 
 def test_opt_out_value_is_checked():
-    out = subprocess.run([sys.executable, "-c", "import mpidist; mpidist.init_process_group()"], capture_output=True,
-                         text=True, timeout=60, env=launcher_free_env(MPIDIST_ABORT_ON_EXCEPTION="no"))
+    out = subprocess.run(
+        [sys.executable, "-c", "import mpidist; mpidist.init_process_group()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(MPIDIST_ABORT_ON_EXCEPTION="no"),
+    )
     assert out.returncode == 1
-    assert re.search(r"ValueError: \[rank 0/1\] init_process_group: MPIDIST_ABORT_ON_EXCEPTION must be 0 or 1, "
-                     r"got 'no'", out.stderr)
+    assert re.search(
+        r"ValueError: \[rank 0/1\] init_process_group: MPIDIST_ABORT_ON_EXCEPTION must be 0 or 1, "
+        r"got 'no'",
+        out.stderr,
+    )

@@ -4,6 +4,7 @@ arrives (timeout and flight recorder), SIGTERM while stuck in MPI.
 
 (SIGTERM to the main job flushing a checkpoint is tests/test_train_job.py.)
 """
+
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from conftest import launcher_free_env
+
 from mpidist.tools import trace
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -49,9 +51,13 @@ for step in range(10**9):
 
 
 def start(n: int, script: Path, *args: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=launcher_free_env(OMP_NUM_THREADS="1", **env))
+    return subprocess.Popen(
+        [MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=launcher_free_env(OMP_NUM_THREADS="1", **env),
+    )
 
 
 def finish(job: subprocess.Popen, limit: float) -> tuple[int, str, str, float]:
@@ -182,23 +188,27 @@ def test_rank_that_never_arrives_trips_the_timeout_and_the_recorder(tmp_path):
     assert found, err
     first = int(found.group(1))
     assert first in (0, 2), err
-    assert (f"[rank {first}] mpidist.errors.DistError: [rank {first}/3] all_reduce: timed out after 2 s, the timeout of group "
-            f"'default_pg' (ranks [0, 1, 2]) at sequence number 3 (shape (3,), dtype float64); ranks that had "
-            f"not arrived: [1] (rank 1 has issued 3 collectives on this group; its latest op: broadcast #0 on "
-            f"group 'group1:[0, 1, 2]' (completed)). flight recorder written to {trace_dir}/rank{first}.json "
-            f"(and by every rank that answered); run `python -m mpidist.tools.trace {trace_dir}`") in err
+    assert (
+        f"[rank {first}] mpidist.errors.DistError: [rank {first}/3] all_reduce: timed out after 2 "
+        f"s, the timeout of group "
+        f"'default_pg' (ranks [0, 1, 2]) at sequence number 3 (shape (3,), dtype float64); ranks that had "
+        f"not arrived: [1] (rank 1 has issued 3 collectives on this group; its latest op: broadcast #0 on "
+        f"group 'group1:[0, 1, 2]' (completed)). flight recorder written to {trace_dir}/rank{first}.json "
+        f"(and by every rank that answered); run `python -m mpidist.tools.trace {trace_dir}`"
+    ) in err
     assert "aborting the job (set MPIDIST_ABORT_ON_TIMEOUT=0" in err
     docs = trace.load(str(trace_dir))
     assert set(docs) == {0, 1, 2}, "every rank dumps: the one that timed out asks the others to"
     assert docs[1]["entries"][-1]["op"] == "broadcast"
     found = trace.analyse(docs)
-    assert [(f["kind"], f["ranks"], f["seq"], f["name"]) for f in found] == \
-        [("not arrived", [1], 3, "default_pg")]
-    out = subprocess.run([sys.executable, "-m", "mpidist.tools.trace", str(trace_dir)], capture_output=True,
-                         text=True, timeout=60)
+    assert [(f["kind"], f["ranks"], f["seq"], f["name"]) for f in found] == [("not arrived", [1], 3, "default_pg")]
+    out = subprocess.run(
+        [sys.executable, "-m", "mpidist.tools.trace", str(trace_dir)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 1
-    assert out.stdout.splitlines()[-1] == ("verdict: rank(s) [1] diverged first, on group 'default_pg' at "
-                                           "sequence number 3 (not arrived)")
+    assert out.stdout.splitlines()[-1] == (
+        "verdict: rank(s) [1] diverged first, on group 'default_pg' at sequence number 3 (not arrived)"
+    )
 
 
 STUCK = """

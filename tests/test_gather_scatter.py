@@ -6,6 +6,7 @@ all_gather/gather/scatter/all-to-all), outputs are either separate arrays or vie
 to back in one buffer (mpidist's no-copy path), and every test runs on every kind of
 group, checking that non-members get None and keep their buffers.
 """
+
 from __future__ import annotations
 
 import re
@@ -51,7 +52,7 @@ def arrays(shapes, dtype, layout: str, fill=None) -> list:
     sizes = [int(np.prod(s)) for s in shapes]
     buf = np.zeros(sum(sizes), dtype)
     offsets = np.cumsum([0, *sizes])
-    views = [buf[o:o + n].reshape(s) for o, n, s in zip(offsets, sizes, shapes)]
+    views = [buf[o : o + n].reshape(s) for o, n, s in zip(offsets, sizes, shapes)]
     for v, f in zip(views, fill):
         v[...] = f
     return views
@@ -82,6 +83,7 @@ def assert_identity(result, arrays_) -> None:
 
 
 # -- all_gather -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("layout,async_op", MODES)
 def test_all_gather_uneven(dist, any_group, layout, async_op):
@@ -125,8 +127,9 @@ def test_all_gather_equal_sizes(dist, any_group, layout, async_op):
             else:
                 assert_same_list(outs, [np.zeros((2, 2), dtype)] * len(members))
             uneven = arrays([shape_of(m) for m in members], dtype, "block")
-            call(dist.all_gather, uneven, data(dtype, shape_of(rank), 4, rank), group=g, member=is_member,
-                 async_op=False)
+            call(
+                dist.all_gather, uneven, data(dtype, shape_of(rank), 4, rank), group=g, member=is_member, async_op=False
+            )
             if is_member:
                 assert_same_list(uneven, [data(dtype, shape_of(m), 4, m) for m in members])
 
@@ -174,6 +177,7 @@ def test_all_gather_into_tensor_input_inside_output(dist, world):
 
 
 # -- gather, scatter ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("layout,async_op", MODES)
 def test_gather_to_every_dst(dist, any_group, layout, async_op):
@@ -248,6 +252,7 @@ def test_scatter_output_inside_scatter_list(dist, world):
 
 # -- all-to-all -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("layout,async_op", MODES)
 def test_all_to_all_uneven(dist, any_group, layout, async_op):
     g, members = any_group
@@ -273,8 +278,8 @@ def test_all_to_all_inputs_aliasing_outputs(dist, world, row):
     want = np.stack([data(np.float64, (row,), 10, r, rank) for r in range(size)])
     for shift in (0, 1, -1):  # the same rows, or the outputs one row before / after the inputs
         buf = np.zeros((size + 1, row))
-        ins = buf[max(shift, 0):max(shift, 0) + size]
-        outs = buf[max(-shift, 0):max(-shift, 0) + size]
+        ins = buf[max(shift, 0) : max(shift, 0) + size]
+        outs = buf[max(-shift, 0) : max(-shift, 0) + size]
         ins[...] = np.stack([data(np.float64, (row,), 10, rank, r) for r in range(size)])
         dist.all_to_all(list(outs), list(ins))
         np.testing.assert_array_equal(outs, want)
@@ -292,8 +297,8 @@ def _single_expected(dtype, rank: int, members, key: int) -> np.ndarray:
     """Rows each member sends ``rank`` (its uneven split), in group-rank order."""
     parts = []
     for m in members:
-        offset = sum(pair_rows(m, r) for r in members[:members.index(rank)])
-        parts.append(_single_input(dtype, m, members, key)[offset:offset + pair_rows(m, rank)])
+        offset = sum(pair_rows(m, r) for r in members[: members.index(rank)])
+        parts.append(_single_input(dtype, m, members, key)[offset : offset + pair_rows(m, rank)])
     return np.concatenate(parts)
 
 
@@ -310,7 +315,7 @@ def test_all_to_all_single(dist, any_group, async_op):
         result = call(dist.all_to_all_single, out, inp, group=g, member=is_member, async_op=async_op)
         if is_member:
             me = members.index(rank)
-            want = np.concatenate([data(dtype, (2 * n, 3), 11, m)[2 * me:2 * me + 2] for m in members])
+            want = np.concatenate([data(dtype, (2 * n, 3), 11, m)[2 * me : 2 * me + 2] for m in members])
             np.testing.assert_array_equal(out, want)
             assert_identity(result, [out])
         else:
@@ -318,8 +323,16 @@ def test_all_to_all_single(dist, any_group, async_op):
         # uneven splits, both given
         inp = _single_input(dtype, rank, members, 12)
         out = np.zeros((sum(pair_rows(m, rank) for m in members), 3), dtype)
-        result = call(dist.all_to_all_single, out, inp, [pair_rows(m, rank) for m in members],
-                      [pair_rows(rank, m) for m in members], group=g, member=is_member, async_op=async_op)
+        result = call(
+            dist.all_to_all_single,
+            out,
+            inp,
+            [pair_rows(m, rank) for m in members],
+            [pair_rows(rank, m) for m in members],
+            group=g,
+            member=is_member,
+            async_op=async_op,
+        )
         if is_member:
             np.testing.assert_array_equal(out, _single_expected(dtype, rank, members, 12))
         else:
@@ -331,7 +344,7 @@ def test_all_to_all_single_split_forms(dist, world):
     rank, size = world
     members = list(range(size))
     inp = data(np.int32, (2 * size, 4), 13, rank)
-    want = np.concatenate([data(np.int32, (2 * size, 4), 13, r)[2 * rank:2 * rank + 2] for r in range(size)])
+    want = np.concatenate([data(np.int32, (2 * size, 4), 13, r)[2 * rank : 2 * rank + 2] for r in range(size)])
     for out_splits, in_splits in [(None, [2] * size), ([2] * size, None), ([], []), ([], [2] * size)]:
         out = np.zeros((2 * size, 4), np.int32)
         dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits)
@@ -349,10 +362,12 @@ def test_all_to_all_single_split_forms(dist, world):
     y = data(np.float64, (2 * size, 3), 15, rank)
     dist.all_to_all_single(y, y)
     np.testing.assert_array_equal(
-        y, np.concatenate([data(np.float64, (2 * size, 3), 15, r)[2 * rank:2 * rank + 2] for r in range(size)]))
+        y, np.concatenate([data(np.float64, (2 * size, 3), 15, r)[2 * rank : 2 * rank + 2] for r in range(size)])
+    )
 
 
 # -- several "devices" per process ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("async_op", [False, True])
 def test_broadcast_multigpu_every_src_and_src_tensor(dist, any_group, async_op):
@@ -365,8 +380,15 @@ def test_broadcast_multigpu_every_src_and_src_tensor(dist, any_group, async_op):
             for src_tensor in range(len(shapes)):
                 tensors = [data(dtype, s, 16, rank, j) for j, s in enumerate(shapes)]
                 before = [t.copy() for t in tensors]
-                result = call(dist.broadcast_multigpu, tensors, src, group=g, src_tensor=src_tensor,
-                              member=is_member, async_op=async_op)
+                result = call(
+                    dist.broadcast_multigpu,
+                    tensors,
+                    src,
+                    group=g,
+                    src_tensor=src_tensor,
+                    member=is_member,
+                    async_op=async_op,
+                )
                 if is_member:
                     sent = data(dtype, shapes[src_tensor], 16, src, src_tensor).reshape(-1)
                     assert_same_list(tensors, [sent.reshape(s) for s in shapes])
@@ -390,8 +412,7 @@ def test_all_gather_multigpu(dist, any_group, layout, async_op):
             slots = [_multigpu_shape(k, j) for k in members for j in range(n_dev)]
             outputs = [arrays(slots, dtype, layout) for _ in range(n_dev)]
             before = [[o.copy() for o in lst] for lst in outputs]
-            result = call(dist.all_gather_multigpu, outputs, inputs, group=g, member=is_member,
-                          async_op=async_op)
+            result = call(dist.all_gather_multigpu, outputs, inputs, group=g, member=is_member, async_op=async_op)
             if is_member:
                 # input_tensor_list[j] of group rank k lands in output_tensor_lists[i][k * n_dev + j]
                 want = [data(dtype, _multigpu_shape(k, j), 17, k, j) for k in members for j in range(n_dev)]
@@ -412,13 +433,14 @@ def test_all_gather_multigpu_inputs_inside_outputs(dist, world):
     for j in range(n_dev):
         first[rank * n_dev + j][...] = data(np.float64, (3,), 18, rank, j)
     second = [np.zeros(3) for _ in range(size * n_dev)]
-    dist.all_gather_multigpu([first, second], first[rank * n_dev:(rank + 1) * n_dev])
+    dist.all_gather_multigpu([first, second], first[rank * n_dev : (rank + 1) * n_dev])
     want = [data(np.float64, (3,), 18, k, j) for k in range(size) for j in range(n_dev)]
     assert_same_list(first, want)
     assert_same_list(second, want)
 
 
 # -- bad input: every rank raises before any communication ----------------------------------
+
 
 def raises(kind, message: str):
     return pytest.raises(kind, match=PREFIX + re.escape(message))
@@ -436,8 +458,11 @@ def test_all_gather_bad_input(dist, world):
         dist.all_gather([np.zeros(2, np.float32)] + good[1:], x)
     bad = list(good)
     bad[rank] = np.zeros(3)
-    with raises(ValueError, f"all_gather: tensor_list[{rank}] must have the shape of tensor, (2,) (it receives "
-                            f"this rank's own tensor), got (3,)"):
+    with raises(
+        ValueError,
+        f"all_gather: tensor_list[{rank}] must have the shape of tensor, (2,) (it receives "
+        f"this rank's own tensor), got (3,)",
+    ):
         dist.all_gather(bad, x)
     bad = list(good)
     bad[0] = np.zeros(4)[::2]
@@ -467,12 +492,18 @@ def test_gather_bad_input(dist, world):
     x = np.ones(2)
     good = [np.zeros(2) for _ in range(size)]
     if size > 1:
-        with raises(ValueError, f"gather: gather_list must not be given on a rank other than dst={(rank + 1) % size} "
-                                f"(torch: 'must NOT be specified on non-destination ranks'); pass None"):
+        with raises(
+            ValueError,
+            f"gather: gather_list must not be given on a rank other than dst={(rank + 1) % size} "
+            f"(torch: 'must NOT be specified on non-destination ranks'); pass None",
+        ):
             dist.gather(x, good, dst=(rank + 1) % size)
     for missing in (None, []):
-        with raises(ValueError, f"gather: gather_list must be given on the destination rank dst={rank}: "
-                                f"a list of {size} arrays, got {missing!r}"):
+        with raises(
+            ValueError,
+            f"gather: gather_list must be given on the destination rank dst={rank}: "
+            f"a list of {size} arrays, got {missing!r}",
+        ):
             dist.gather(x, missing, dst=rank)
     with raises(ValueError, f"gather: dst={size}: global rank {size} is not part of group"):
         dist.gather(x, good, dst=size)
@@ -484,8 +515,10 @@ def test_gather_bad_input(dist, world):
         dist.gather(x, [np.zeros(2, np.int64)] + good[1:], dst=rank)
     bad = list(good)
     bad[rank] = np.zeros((1, 2))
-    with raises(ValueError, f"gather: gather_list[{rank}] must have the shape of tensor, (2,) (it receives "
-                            f"dst's own tensor), got (1, 2)"):
+    with raises(
+        ValueError,
+        f"gather: gather_list[{rank}] must have the shape of tensor, (2,) (it receives dst's own tensor), got (1, 2)",
+    ):
         dist.gather(x, bad, dst=rank)
     bad[rank] = np.zeros(2)
     bad[rank].flags.writeable = False
@@ -497,11 +530,16 @@ def test_scatter_bad_input(dist, world):
     rank, size = world
     parts = [np.ones(2) for _ in range(size)]
     if size > 1:
-        with raises(ValueError, f"scatter: scatter_list must not be given on a rank other than src={(rank + 1) % size} "
-                                f"(torch: 'must NOT be specified on non-source ranks'); pass None"):
+        with raises(
+            ValueError,
+            f"scatter: scatter_list must not be given on a rank other than src={(rank + 1) % size} "
+            f"(torch: 'must NOT be specified on non-source ranks'); pass None",
+        ):
             dist.scatter(np.zeros(2), parts, src=(rank + 1) % size)
-    with raises(ValueError, f"scatter: scatter_list must be given on the source rank src={rank}: "
-                            f"a list of {size} arrays, got None"):
+    with raises(
+        ValueError,
+        f"scatter: scatter_list must be given on the source rank src={rank}: a list of {size} arrays, got None",
+    ):
         dist.scatter(np.zeros(2), None, src=rank)
     with raises(ValueError, "scatter: src=-1: global rank -1 is not part of group"):
         dist.scatter(np.zeros(2), parts, src=-1)
@@ -509,8 +547,10 @@ def test_scatter_bad_input(dist, world):
         dist.scatter(np.zeros(2), parts + parts[:1], src=rank)
     with raises(TypeError, "scatter: scatter_list[0] dtype float64 does not match tensor dtype float32"):
         dist.scatter(np.zeros(2, np.float32), parts, src=rank)
-    with raises(ValueError, f"scatter: scatter_list[{rank}] must have the shape of tensor, (3,) (it is src's "
-                            f"own part), got (2,)"):
+    with raises(
+        ValueError,
+        f"scatter: scatter_list[{rank}] must have the shape of tensor, (3,) (it is src's own part), got (2,)",
+    ):
         dist.scatter(np.zeros(3), parts, src=rank)
     ro = np.zeros(2)
     ro.flags.writeable = False
@@ -542,15 +582,17 @@ def test_all_to_all_bad_input(dist, world):
     outs = [np.zeros(2) for _ in range(size)]
     with raises(ValueError, f"all_to_all: input_tensor_list must hold the group size = {size} arrays, got 0"):
         dist.all_to_all(outs, [])
-    with raises(ValueError, f"all_to_all: output_tensor_list must hold the group size = {size} arrays, "
-                            f"got {size + 1}"):
+    with raises(ValueError, f"all_to_all: output_tensor_list must hold the group size = {size} arrays, got {size + 1}"):
         dist.all_to_all(outs + outs[:1], ins)
     if size > 1:
-        with raises(TypeError, f"all_to_all: input_tensor_list[{size - 1}] dtype int32 does not match "
-                               f"input_tensor_list[0] dtype float64"):
+        with raises(
+            TypeError,
+            f"all_to_all: input_tensor_list[{size - 1}] dtype int32 does not match input_tensor_list[0] dtype float64",
+        ):
             dist.all_to_all(outs, ins[:-1] + [np.ones(2, np.int32)])
-    with raises(TypeError, "all_to_all: output_tensor_list[0] dtype float32 does not match input_tensor_list[0] "
-                           "dtype float64"):
+    with raises(
+        TypeError, "all_to_all: output_tensor_list[0] dtype float32 does not match input_tensor_list[0] dtype float64"
+    ):
         dist.all_to_all([np.zeros(2, np.float32)] + outs[1:], ins)
     ro = [np.zeros(2) for _ in range(size)]
     ro[0].flags.writeable = False
@@ -558,8 +600,11 @@ def test_all_to_all_bad_input(dist, world):
         dist.all_to_all(ro, ins)
     bad = list(outs)
     bad[rank] = np.zeros(3)
-    with raises(ValueError, f"all_to_all: this rank sends itself 2 elements but expects 3 from itself; the part "
-                            f"for rank {rank} of the input and of the output must have the same size"):
+    with raises(
+        ValueError,
+        f"all_to_all: this rank sends itself 2 elements but expects 3 from itself; the part "
+        f"for rank {rank} of the input and of the output must have the same size",
+    ):
         dist.all_to_all(bad, ins)
 
 
@@ -567,22 +612,30 @@ def test_all_to_all_single_bad_input(dist, world):
     rank, size = world
     x = np.ones((2 * size, 3))
     out = np.zeros((2 * size, 3))
-    with raises(ValueError, "all_to_all_single: input must have at least one dimension (it is split along dim 0), "
-                            "got a 0-d array"):
+    with raises(
+        ValueError,
+        "all_to_all_single: input must have at least one dimension (it is split along dim 0), got a 0-d array",
+    ):
         dist.all_to_all_single(out, np.array(1.0))
     if size > 1:  # every dim 0 divides by 1
-        with raises(ValueError, f"all_to_all_single: output.shape[0] = {2 * size + 1} is not divisible by the "
-                                f"group size {size}; pass output_split_sizes to split it unevenly"):
+        with raises(
+            ValueError,
+            f"all_to_all_single: output.shape[0] = {2 * size + 1} is not divisible by the "
+            f"group size {size}; pass output_split_sizes to split it unevenly",
+        ):
             dist.all_to_all_single(np.zeros((2 * size + 1, 3)), x)
-    with raises(ValueError, f"all_to_all_single: input_split_sizes must hold one size per group member = {size} "
-                            f"sizes, got {size + 1}"):
+    with raises(
+        ValueError,
+        f"all_to_all_single: input_split_sizes must hold one size per group member = {size} sizes, got {size + 1}",
+    ):
         dist.all_to_all_single(out, x, input_split_sizes=[2] * (size + 1))
     with raises(ValueError, "all_to_all_single: output_split_sizes[0] must be non-negative, got -1"):
         dist.all_to_all_single(out, x, output_split_sizes=[-1] + [2] * (size - 1))
     with raises(TypeError, "all_to_all_single: output_split_sizes[0] must be an int, got float"):
         dist.all_to_all_single(out, x, output_split_sizes=[2.0] * size)
-    with raises(ValueError, f"all_to_all_single: input_split_sizes sums to {2 * size + 1}, expected "
-                            f"input.shape[0] = {2 * size}"):
+    with raises(
+        ValueError, f"all_to_all_single: input_split_sizes sums to {2 * size + 1}, expected input.shape[0] = {2 * size}"
+    ):
         dist.all_to_all_single(out, x, input_split_sizes=[3] + [2] * (size - 1))
     with raises(TypeError, "all_to_all_single: input_split_sizes must be a list of ints or None, got int"):
         dist.all_to_all_single(out, x, input_split_sizes=2)
@@ -592,7 +645,7 @@ def test_all_to_all_single_bad_input(dist, world):
     ro.flags.writeable = False
     with raises(ValueError, "all_to_all_single: output must be writable, got a read-only array"):
         dist.all_to_all_single(ro, x)
-    with raises(ValueError, f"all_to_all_single: this rank sends itself 3 elements but expects 6 from itself"):
+    with raises(ValueError, "all_to_all_single: this rank sends itself 3 elements but expects 6 from itself"):
         dist.all_to_all_single(out, np.ones((size, 3)))
 
 
@@ -606,11 +659,14 @@ def test_broadcast_multigpu_bad_input(dist, world):
         dist.broadcast_multigpu([np.zeros(3), np.zeros(3)], 0, src_tensor=2)
     with raises(TypeError, "broadcast_multigpu: src_tensor must be an int, got float"):
         dist.broadcast_multigpu([np.zeros(3)], 0, src_tensor=0.0)
-    with raises(ValueError, "broadcast_multigpu: tensor_list[1] must have as many elements as tensor_list[0], 3, "
-                            "got 4 (shape (2, 2))"):
+    with raises(
+        ValueError,
+        "broadcast_multigpu: tensor_list[1] must have as many elements as tensor_list[0], 3, got 4 (shape (2, 2))",
+    ):
         dist.broadcast_multigpu([np.zeros(3), np.zeros((2, 2))], 0)
-    with raises(TypeError, "broadcast_multigpu: tensor_list[1] dtype int64 does not match tensor_list[0] dtype "
-                           "float64"):
+    with raises(
+        TypeError, "broadcast_multigpu: tensor_list[1] dtype int64 does not match tensor_list[0] dtype float64"
+    ):
         dist.broadcast_multigpu([np.zeros(3), np.zeros(3, np.int64)], 0)
     with raises(ValueError, f"broadcast_multigpu: src={size}: global rank {size} is not part of group"):
         dist.broadcast_multigpu([np.zeros(3)], size)
@@ -622,27 +678,41 @@ def test_all_gather_multigpu_bad_input(dist, world):
     good = [[np.zeros(2) for _ in range(2 * size)] for _ in range(2)]
     with raises(ValueError, "all_gather_multigpu: input_tensor_list must hold at least one array, got an empty list"):
         dist.all_gather_multigpu(good, [])
-    with raises(TypeError, "all_gather_multigpu: output_tensor_lists must be a list of lists of numpy arrays, "
-                           "got ndarray"):
+    with raises(
+        TypeError, "all_gather_multigpu: output_tensor_lists must be a list of lists of numpy arrays, got ndarray"
+    ):
         dist.all_gather_multigpu(np.zeros((2, 2 * size, 2)), inputs)
-    with raises(ValueError, "all_gather_multigpu: output_tensor_lists must hold len(input_tensor_list) = 2 lists, "
-                            "got 1"):
+    with raises(
+        ValueError, "all_gather_multigpu: output_tensor_lists must hold len(input_tensor_list) = 2 lists, got 1"
+    ):
         dist.all_gather_multigpu(good[:1], inputs)
-    with raises(ValueError, f"all_gather_multigpu: output_tensor_lists[1] must hold group size * "
-                            f"len(input_tensor_list) = {2 * size} arrays, got {size}"):
+    with raises(
+        ValueError,
+        f"all_gather_multigpu: output_tensor_lists[1] must hold group size * "
+        f"len(input_tensor_list) = {2 * size} arrays, got {size}",
+    ):
         dist.all_gather_multigpu([good[0], good[1][:size]], inputs)
-    with raises(TypeError, "all_gather_multigpu: output_tensor_lists[0][0] dtype float32 does not match "
-                           "input_tensor_list[0] dtype float64"):
+    with raises(
+        TypeError,
+        "all_gather_multigpu: output_tensor_lists[0][0] dtype float32 does not match "
+        "input_tensor_list[0] dtype float64",
+    ):
         dist.all_gather_multigpu([[np.zeros(2, np.float32)] + good[0][1:], good[1]], inputs)
     first = list(good[0])
     first[2 * rank + 1] = np.zeros(3)
-    with raises(ValueError, f"all_gather_multigpu: output_tensor_lists[0][{2 * rank + 1}] must have the shape of "
-                            f"input_tensor_list[1], (2,) (it receives that input), got (3,)"):
+    with raises(
+        ValueError,
+        f"all_gather_multigpu: output_tensor_lists[0][{2 * rank + 1}] must have the shape of "
+        f"input_tensor_list[1], (2,) (it receives that input), got (3,)",
+    ):
         dist.all_gather_multigpu([first, good[1]], inputs)
     second = list(good[1])
     second[0] = np.zeros((1, 2))
-    with raises(ValueError, "all_gather_multigpu: output_tensor_lists[1][0] must have the shape of "
-                            "output_tensor_lists[0][0], (2,), got (1, 2)"):
+    with raises(
+        ValueError,
+        "all_gather_multigpu: output_tensor_lists[1][0] must have the shape of "
+        "output_tensor_lists[0][0], (2,), got (1, 2)",
+    ):
         dist.all_gather_multigpu([good[0], second], inputs)
     second[0] = np.zeros(2)
     second[0].flags.writeable = False

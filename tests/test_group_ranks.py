@@ -1,27 +1,37 @@
 """torch 2.4+'s group_src / group_dst / group_peer: the root or peer named by its rank in
 the group instead of its global rank, on every op that takes src/dst/peer (one rule,
 mpidist._dispatch.root_rank, as torch's _canonicalize_group_rank)."""
+
 from __future__ import annotations
 
 import inspect
 
 import numpy as np
 import pytest
+from conftest import make_group
 
 import mpidist
-from conftest import make_group
 
 pytestmark = pytest.mark.mpi
 
 #: op -> its global-rank argument and group-rank argument (torch 2.13's signatures; the
 #: *_multigpu forms, gone from torch, take them too)
 KEYWORDS = {
-    "broadcast": ("src", "group_src"), "reduce": ("dst", "group_dst"), "gather": ("dst", "group_dst"),
-    "scatter": ("src", "group_src"), "send": ("dst", "group_dst"), "recv": ("src", "group_src"),
-    "isend": ("dst", "group_dst"), "irecv": ("src", "group_src"), "P2POp": ("peer", "group_peer"),
-    "broadcast_object_list": ("src", "group_src"), "gather_object": ("dst", "group_dst"),
-    "scatter_object_list": ("src", "group_src"), "send_object_list": ("dst", "group_dst"),
-    "recv_object_list": ("src", "group_src"), "broadcast_multigpu": ("src", "group_src"),
+    "broadcast": ("src", "group_src"),
+    "reduce": ("dst", "group_dst"),
+    "gather": ("dst", "group_dst"),
+    "scatter": ("src", "group_src"),
+    "send": ("dst", "group_dst"),
+    "recv": ("src", "group_src"),
+    "isend": ("dst", "group_dst"),
+    "irecv": ("src", "group_src"),
+    "P2POp": ("peer", "group_peer"),
+    "broadcast_object_list": ("src", "group_src"),
+    "gather_object": ("dst", "group_dst"),
+    "scatter_object_list": ("src", "group_src"),
+    "send_object_list": ("dst", "group_dst"),
+    "recv_object_list": ("src", "group_src"),
+    "broadcast_multigpu": ("src", "group_src"),
     "reduce_multigpu": ("dst", "group_dst"),
 }
 
@@ -126,8 +136,10 @@ def test_point_to_point_by_group_rank(dist, world, kind):
     assert works[0].source_rank() == members[left]
     np.testing.assert_array_equal(y, np.full(4, float(members[left])))
     y[:] = 0
-    ops = [dist.P2POp(dist.irecv, y, group=g, tag=5, group_peer=left),
-           dist.P2POp(dist.isend, x, group=g, tag=5, group_peer=right)]
+    ops = [
+        dist.P2POp(dist.irecv, y, group=g, tag=5, group_peer=left),
+        dist.P2POp(dist.isend, x, group=g, tag=5, group_peer=right),
+    ]
     assert "group_peer=" in repr(ops[0])
     for w in dist.batch_isend_irecv(ops):
         w.wait()
@@ -152,15 +164,21 @@ def test_root_argument_errors(dist, world):
         dist.broadcast(x, 0, group_src=0)
     with pytest.raises(ValueError, match=rf"scatter: {both}"):
         dist.scatter(x, [x] * size if rank == 0 else None, 0, group_src=0)
-    with pytest.raises(ValueError, match=r"reduce: neither dst \(a global rank\) nor group_dst \(a rank in the "
-                                         r"group\) given; specify one of them"):
+    with pytest.raises(
+        ValueError,
+        match=r"reduce: neither dst \(a global rank\) nor group_dst \(a rank in the "
+        r"group\) given; specify one of them",
+    ):
         dist.reduce(x)
     with pytest.raises(ValueError, match=r"broadcast: neither src"):
         dist.broadcast(x)
     with pytest.raises(ValueError, match=r"send: neither dst"):
         dist.send(x)
-    with pytest.raises(ValueError, match=rf"gather: group_dst={size} is out of range for group 'default_pg' of "
-                                         rf"size {size}; expected 0 <= group_dst < {size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"gather: group_dst={size} is out of range for group 'default_pg' of "
+        rf"size {size}; expected 0 <= group_dst < {size}",
+    ):
         dist.gather(x, group_dst=size)
     with pytest.raises(TypeError, match=r"isend: group_dst must be an int \(a rank in the group\), got str"):
         dist.isend(x, group_dst="1")
@@ -170,11 +188,17 @@ def test_root_argument_errors(dist, world):
         dist.send(x, group_dst=rank)
     with pytest.raises(ValueError, match=r"P2POp: peer=1 and group_peer=1 both given"):
         dist.P2POp(dist.irecv, x, 1, group_peer=1)
-    with pytest.raises(ValueError, match=r"P2POp: an isend needs its destination: peer \(a global rank\) or "
-                                         r"group_peer"):
+    with pytest.raises(
+        ValueError,
+        match=r"P2POp: an isend needs its destination: peer \(a global rank\) or "
+        r"group_peer",
+    ):
         dist.P2POp(dist.isend, x)
-    with pytest.raises(ValueError, match=rf"batch_isend_irecv: p2p_op_list\[0\].group_peer={size} is out of "
-                                         rf"range"):
+    with pytest.raises(
+        ValueError,
+        match=rf"batch_isend_irecv: p2p_op_list\[0\].group_peer={size} is out of "
+        rf"range",
+    ):
         dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, group_peer=size)])
 
 

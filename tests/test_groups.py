@@ -1,4 +1,5 @@
 """new_group / new_subgroups as MPI sub-communicators, rank translation, non-member semantics."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +53,8 @@ def test_collectives_on_groups_and_non_members_untouched(dist, any_group):
 
 
 def test_src_outside_group_rejected(dist):
-    rank, size = dist.get_rank(), dist.get_world_size()
-    g = dist.new_group([rank for rank in range(size) if rank != size - 1] or [0])
+    size = dist.get_world_size()
+    g = dist.new_group([r for r in range(size) if r != size - 1] or [0])
     if dist.get_rank(g) >= 0 and size > 1:
         with pytest.raises(ValueError, match=rf"broadcast: src={size - 1}: global rank {size - 1} is not part"):
             dist.broadcast(np.ones(2), src=size - 1, group=g)

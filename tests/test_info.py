@@ -1,5 +1,6 @@
 """``python -m mpidist.info``: what mpidist finds, serially and under mpiexec (docs/hpc.md: the
 first thing to run on a new cluster)."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist.info import launcher
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -19,8 +20,9 @@ def info(n: int, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "mpidist.info", *args]
     if n:
         cmd = [MPIEXEC, "-n", str(n), *cmd]
-    return subprocess.run(["timeout", "-k", "5", "120", *cmd], capture_output=True, text=True,
-                          env=launcher_free_env(OMP_NUM_THREADS="1"))
+    return subprocess.run(
+        ["timeout", "-k", "5", "120", *cmd], capture_output=True, text=True, env=launcher_free_env(OMP_NUM_THREADS="1")
+    )
 
 
 def test_serial_json():
@@ -39,7 +41,7 @@ def test_serial_json():
 def test_under_mpiexec_every_rank_reports_its_host_and_local_rank():
     run = info(3, "--json")
     assert run.returncode == 0, run.stderr
-    doc = json.loads(run.stdout)   # rank 0 alone prints
+    doc = json.loads(run.stdout)  # rank 0 alone prints
     assert doc["world_size"] == 3 and doc["launcher"] == "hydra (MPICH's mpiexec)"
     assert doc["world"]["all_reduce"] == 3.0 and doc["world"]["nodes"] == 1
     assert [(r["rank"], r["local_rank"]) for r in doc["world"]["ranks"]] == [(0, 0), (1, 1), (2, 2)]
@@ -55,13 +57,16 @@ def test_text_names_each_rank():
     assert sum(line.startswith("  rank ") and ", local rank " in line for line in lines) == 2
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"HYDI_CONTROL_FD": "7", "PMI_FD": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}, "hydra (MPICH's mpiexec)"),
-    ({"PMI_FD": "9"}, "hydra (MPICH's mpiexec)"),
-    ({"OMPI_COMM_WORLD_SIZE": "2"}, "Open MPI's mpirun"),
-    ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "PMI_FD": "4"}, "Slurm's srun"),
-    ({"PMIX_RANK": "0"}, "a PMIx launcher"),
-    ({}, "none (a singleton: python without a launcher)"),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"HYDI_CONTROL_FD": "7", "PMI_FD": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}, "hydra (MPICH's mpiexec)"),
+        ({"PMI_FD": "9"}, "hydra (MPICH's mpiexec)"),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, "Open MPI's mpirun"),
+        ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "PMI_FD": "4"}, "Slurm's srun"),
+        ({"PMIX_RANK": "0"}, "a PMIx launcher"),
+        ({}, "none (a singleton: python without a launcher)"),
+    ],
+)
 def test_launcher_from_the_variables(env, expected):
     assert launcher(env) == expected

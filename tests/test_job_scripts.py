@@ -6,6 +6,7 @@ is not inside an allocation, so it says so and runs the job locally with mpiexec
 ``srun`` here fails exactly like Slurm's and records that it was called. No real Slurm is
 involved (tests/slurm/run.sh covers the script inside an allocation, where it is unchanged).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from conftest import launcher_free_env
+
 from mpidist.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,17 +26,23 @@ VENV = Path(sys.executable).parent.parent
 def fake_srun(bindir: Path, marker: Path) -> None:
     bindir.mkdir()
     srun = bindir / "srun"
-    srun.write_text(f"#!/bin/sh\necho called >> {marker}\n"
-                    "echo 'srun: fatal: Could not establish a configuration source' >&2\nexit 1\n")
+    srun.write_text(
+        f"#!/bin/sh\necho called >> {marker}\n"
+        "echo 'srun: fatal: Could not establish a configuration source' >&2\nexit 1\n"
+    )
     srun.chmod(0o700)
 
 
 def run_script(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in launcher_free_env().items() if not k.startswith("SLURM_")}
-    base.update(PATH=f"{tmp_path / 'bin'}:{os.environ.get('PATH', '')}", MPIDIST_VENV=str(VENV),
-                OUT=str(tmp_path / "out"), OMP_NUM_THREADS="1", **env)
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=base)
+    base.update(
+        PATH=f"{tmp_path / 'bin'}:{os.environ.get('PATH', '')}",
+        MPIDIST_VENV=str(VENV),
+        OUT=str(tmp_path / "out"),
+        OMP_NUM_THREADS="1",
+        **env,
+    )
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=base)
 
 
 def test_outside_an_allocation_the_sbatch_script_runs_locally_with_mpiexec(tmp_path):
@@ -42,9 +50,10 @@ def test_outside_an_allocation_the_sbatch_script_runs_locally_with_mpiexec(tmp_p
     fake_srun(tmp_path / "bin", marker)
     job = run_script(tmp_path, "--epochs", "1", SLURM_NTASKS="2")
     assert job.returncode == 0, job.stdout + job.stderr
-    assert ("train_digits.sbatch: not inside a Slurm allocation (SLURM_JOB_ID is not set): running the job here "
-            "with mpiexec -n 2 instead of srun. To run it under Slurm, submit it: sbatch jobs/train_digits.sbatch"
-            ) in job.stderr
+    assert (
+        "train_digits.sbatch: not inside a Slurm allocation (SLURM_JOB_ID is not set): running the job here "
+        "with mpiexec -n 2 instead of srun. To run it under Slurm, submit it: sbatch jobs/train_digits.sbatch"
+    ) in job.stderr
     assert not marker.exists(), "srun was called outside an allocation"
     assert "srun: fatal" not in job.stderr
     assert "mpidist: 2 ranks" in job.stdout and "final test accuracy" in job.stdout

@@ -1,27 +1,32 @@
 """A failed job leaves nothing behind in /tmp or /dev/shm (mpidist._launcher_files): MPICH's
 shared-memory segment and hydra's topology file lose their names as soon as mpidist is
 imported with MPI initialized, so neither MPI_Abort nor SIGKILL leaves them."""
+
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
 
-from conftest import launcher_free_env
 from mpidist import _launcher_files
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
 def entries() -> set[str]:
-    return {os.path.join(d, e) for d in {"/tmp", tempfile.gettempdir(), "/dev/shm"} if os.path.isdir(d)
-            for e in os.listdir(d) if e.startswith(("mpich_shm_", "hydra_hwloc_xmlfile_"))}
+    return {
+        os.path.join(d, e)
+        for d in {"/tmp", tempfile.gettempdir(), "/dev/shm"}
+        if os.path.isdir(d)
+        for e in os.listdir(d)
+        if e.startswith(("mpich_shm_", "hydra_hwloc_xmlfile_"))
+    }
 
 
 @pytest.mark.mpi(min_size=2)
@@ -40,11 +45,11 @@ def test_no_mapped_segment_keeps_its_name_after_import():
 
 ENDINGS = {
     "MPI_Abort": "import mpidist\nmpidist.init_process_group()\nif mpidist.get_rank() == 1:\n"
-                 "    raise RuntimeError('fails')\nmpidist.barrier()\n",
+    "    raise RuntimeError('fails')\nmpidist.barrier()\n",
     "SIGKILL": "import os, time, mpidist\nif os.environ['PMI_RANK'] == '1':\n    os.kill(os.getpid(), 9)\n"
-               "time.sleep(30)\n",
+    "time.sleep(30)\n",
     "a normal end": "import mpidist\nmpidist.init_process_group()\nmpidist.barrier()\n"
-                    "mpidist.destroy_process_group()\n",
+    "mpidist.destroy_process_group()\n",
 }
 
 
@@ -53,8 +58,12 @@ def test_a_job_leaves_no_segment_or_topology_file(tmp_path, ending):
     script = tmp_path / "job.py"
     script.write_text(ENDINGS[ending])
     before = entries()
-    job = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "3", sys.executable, "-m", "mpidist",
-                          str(script)], capture_output=True, text=True, env=launcher_free_env())
+    job = subprocess.run(
+        ["timeout", "-k", "5", "60", MPIEXEC, "-n", "3", sys.executable, "-m", "mpidist", str(script)],
+        capture_output=True,
+        text=True,
+        env=launcher_free_env(),
+    )
     assert (job.returncode == 0) == (ending == "a normal end"), job.stderr
     assert job.returncode != 124, "the job hung"
     assert entries() - before == set()

@@ -1,5 +1,6 @@
 """The package's layers only look down and it has no import cycle (tools/layers.py), and
 the checker finds both kinds of violation."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -11,6 +11,7 @@ every path. torch's debug-level API: DebugLevel, get/set_debug_level, set_debug_
 
 In-process tests run on a fresh group, whose members have agreed on nothing yet.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
 
 import mpidist
-from conftest import launcher_free_env
 from mpidist import DebugLevel, ReduceOp, _debug
 from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import ShmMismatch
@@ -48,8 +49,10 @@ def split(size: int) -> tuple[list, list]:
 
 def message(rank: int, size: int, op: str, g, differ: str, parts: list, tail: str = "") -> str:
     calls = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {c}" for r, c in parts)
-    return (f"[rank {rank}/{size}] {op}: the members of group {g.group_name!r} called mismatched collectives "
-            f"(they differ in {differ}): {calls}{tail}")
+    return (
+        f"[rank {rank}/{size}] {op}: the members of group {g.group_name!r} called mismatched collectives "
+        f"(they differ in {differ}): {calls}{tail}"
+    )
 
 
 def raises_everywhere(call) -> str:
@@ -77,9 +80,17 @@ def test_length_65536_against_another_every_algorithm(dist, world, fresh, algori
     good, odd = split(size)
     x = np.ones(65536 if rank in good else 1000, dtype)
     text = raises_everywhere(lambda: dist.all_reduce(x, group=fresh, algorithm=algorithm))
-    assert text == message(rank, size, "all_reduce", fresh, "count", [
-        (good, f"all_reduce(seq=0, count=65536, dtype={dtype}, op=SUM)"),
-        (odd, f"all_reduce(seq=0, count=1000, dtype={dtype}, op=SUM)")])
+    assert text == message(
+        rank,
+        size,
+        "all_reduce",
+        fresh,
+        "count",
+        [
+            (good, f"all_reduce(seq=0, count=65536, dtype={dtype}, op=SUM)"),
+            (odd, f"all_reduce(seq=0, count=1000, dtype={dtype}, op=SUM)"),
+        ],
+    )
     np.testing.assert_array_equal(x, 1)  # nobody ran the op
     usable(dist, fresh, size, 65536, algorithm=algorithm)
 
@@ -90,23 +101,46 @@ def test_4_elements_against_another(dist, world, fresh):
     rank, size = world
     good, odd = split(size)
     text = raises_everywhere(lambda: dist.all_reduce(np.ones(4 if rank in good else 6), group=fresh))
-    assert text == message(rank, size, "all_reduce", fresh, "count", [
-        (good, "all_reduce(seq=0, count=4, dtype=float64, op=SUM)"),
-        (odd, "all_reduce(seq=0, count=6, dtype=float64, op=SUM)")])
+    assert text == message(
+        rank,
+        size,
+        "all_reduce",
+        fresh,
+        "count",
+        [
+            (good, "all_reduce(seq=0, count=4, dtype=float64, op=SUM)"),
+            (odd, "all_reduce(seq=0, count=6, dtype=float64, op=SUM)"),
+        ],
+    )
     usable(dist, fresh, size, 4)
 
 
 # (op, call(dist, group, x, odd), x's fill, what differs, the usual ranks' call, the last rank's call)
 CASES = {
-    "sum-against-max": ("all_reduce", lambda d, g, x, odd: d.all_reduce(x, ReduceOp.MAX if odd else ReduceOp.SUM, g),
-                        np.float64, "reduce op", "all_reduce(seq=0, count=8, dtype=float64, op=SUM)",
-                        "all_reduce(seq=0, count=8, dtype=float64, op=MAX)"),
-    "broadcast-src": ("broadcast", lambda d, g, x, odd: d.broadcast(x, src=d.get_world_size() - 1 if odd else 0,
-                                                                   group=g),
-                      np.float64, "root", "broadcast(seq=0, count=8, dtype=float64, root=0)",
-                      "broadcast(seq=0, count=8, dtype=float64, root={last})"),
-    "dtype": ("all_reduce", lambda d, g, x, odd: d.all_reduce(x, group=g), None, "dtype",
-              "all_reduce(seq=0, count=8, dtype=float64, op=SUM)", "all_reduce(seq=0, count=8, dtype=float32, op=SUM)"),
+    "sum-against-max": (
+        "all_reduce",
+        lambda d, g, x, odd: d.all_reduce(x, ReduceOp.MAX if odd else ReduceOp.SUM, g),
+        np.float64,
+        "reduce op",
+        "all_reduce(seq=0, count=8, dtype=float64, op=SUM)",
+        "all_reduce(seq=0, count=8, dtype=float64, op=MAX)",
+    ),
+    "broadcast-src": (
+        "broadcast",
+        lambda d, g, x, odd: d.broadcast(x, src=d.get_world_size() - 1 if odd else 0, group=g),
+        np.float64,
+        "root",
+        "broadcast(seq=0, count=8, dtype=float64, root=0)",
+        "broadcast(seq=0, count=8, dtype=float64, root={last})",
+    ),
+    "dtype": (
+        "all_reduce",
+        lambda d, g, x, odd: d.all_reduce(x, group=g),
+        None,
+        "dtype",
+        "all_reduce(seq=0, count=8, dtype=float64, op=SUM)",
+        "all_reduce(seq=0, count=8, dtype=float32, op=SUM)",
+    ),
 }
 
 
@@ -143,44 +177,110 @@ def _op_cases(dist, g, rank: int, size: int) -> dict:
     f64 = np.float64
     return {
         "reduce": (lambda: dist.reduce(np.ones(2), dst=size - 1 if odd else 0, group=g), "root"),
-        "all_gather": (lambda: dist.all_gather([np.zeros(3 if odd and i == 0 else 2) if i != rank else np.zeros(2)
-                                                for i in range(n)], np.ones(2), group=g), "count, sizes"),
-        "all_gather_into_tensor": (lambda: dist.all_gather_into_tensor(
-            np.zeros(n * (3 if odd else 2)), np.ones(3 if odd else 2), group=g), "count"),
-        "gather": (lambda: dist.gather(np.ones(2), [np.zeros(2) for _ in range(n)] if rank == (size - 1 if odd else 0)
-                                       else None, dst=size - 1 if odd else 0, group=g), "root"),
-        "scatter": (lambda: dist.scatter(np.zeros(2, np.float32 if odd else f64),
-                                         [np.ones(2) for _ in range(n)] if rank == 0 else None, src=0, group=g),
-                    "dtype"),
-        "reduce_scatter": (lambda: dist.reduce_scatter(np.zeros(3 if odd else 2),
-                                                       [np.ones(3 if odd else 2) for _ in range(n)], group=g),
-                           "count"),
-        "reduce_scatter_tensor": (lambda: dist.reduce_scatter_tensor(
-            np.zeros(2), np.ones(2 * n), ReduceOp.MIN if odd else ReduceOp.SUM, group=g), "reduce op"),
-        "all_to_all_single": (lambda: dist.all_to_all_single(np.zeros(n, np.int32 if odd else np.int64),
-                                                             np.ones(n, np.int32 if odd else np.int64), group=g),
-                              "dtype"),
-        "all_reduce_multigpu": (lambda: dist.all_reduce_multigpu([np.ones(2) for _ in range(2 if odd else 1)],
-                                                                 group=g), "sizes"),
-        "reduce_multigpu": (lambda: dist.reduce_multigpu([np.ones(2, np.float32 if odd else f64)], dst=0, group=g),
-                            "dtype"),
+        "all_gather": (
+            lambda: dist.all_gather(
+                [np.zeros(3 if odd and i == 0 else 2) if i != rank else np.zeros(2) for i in range(n)],
+                np.ones(2),
+                group=g,
+            ),
+            "count, sizes",
+        ),
+        "all_gather_into_tensor": (
+            lambda: dist.all_gather_into_tensor(np.zeros(n * (3 if odd else 2)), np.ones(3 if odd else 2), group=g),
+            "count",
+        ),
+        "gather": (
+            lambda: dist.gather(
+                np.ones(2),
+                [np.zeros(2) for _ in range(n)] if rank == (size - 1 if odd else 0) else None,
+                dst=size - 1 if odd else 0,
+                group=g,
+            ),
+            "root",
+        ),
+        "scatter": (
+            lambda: dist.scatter(
+                np.zeros(2, np.float32 if odd else f64),
+                [np.ones(2) for _ in range(n)] if rank == 0 else None,
+                src=0,
+                group=g,
+            ),
+            "dtype",
+        ),
+        "reduce_scatter": (
+            lambda: dist.reduce_scatter(
+                np.zeros(3 if odd else 2), [np.ones(3 if odd else 2) for _ in range(n)], group=g
+            ),
+            "count",
+        ),
+        "reduce_scatter_tensor": (
+            lambda: dist.reduce_scatter_tensor(
+                np.zeros(2), np.ones(2 * n), ReduceOp.MIN if odd else ReduceOp.SUM, group=g
+            ),
+            "reduce op",
+        ),
+        "all_to_all_single": (
+            lambda: dist.all_to_all_single(
+                np.zeros(n, np.int32 if odd else np.int64), np.ones(n, np.int32 if odd else np.int64), group=g
+            ),
+            "dtype",
+        ),
+        "all_reduce_multigpu": (
+            lambda: dist.all_reduce_multigpu([np.ones(2) for _ in range(2 if odd else 1)], group=g),
+            "sizes",
+        ),
+        "reduce_multigpu": (
+            lambda: dist.reduce_multigpu([np.ones(2, np.float32 if odd else f64)], dst=0, group=g),
+            "dtype",
+        ),
         "broadcast_multigpu": (lambda: dist.broadcast_multigpu([np.ones(4 if odd else 2)], src=0, group=g), "count"),
-        "all_gather_multigpu": (lambda: dist.all_gather_multigpu(
-            [[np.zeros(2) for _ in range(n * (2 if odd else 1))] for _ in range(2 if odd else 1)],
-            [np.ones(2)] * (2 if odd else 1), group=g), "count, sizes"),
-        "broadcast_object_list": (lambda: dist.broadcast_object_list([None] * (3 if odd else 2), src=0, group=g),
-                                  "count"),
-        "gather_object": (lambda: dist.gather_object(rank, [None] * n if rank == (size - 1 if odd else 0) else None,
-                                                     dst=size - 1 if odd else 0, group=g), "root"),
-        "scatter_object_list": (lambda: dist.scatter_object_list(
-            [None], list(range(n)) if rank == (size - 1 if odd else 0) else None, src=size - 1 if odd else 0,
-            group=g), "root"),
+        "all_gather_multigpu": (
+            lambda: dist.all_gather_multigpu(
+                [[np.zeros(2) for _ in range(n * (2 if odd else 1))] for _ in range(2 if odd else 1)],
+                [np.ones(2)] * (2 if odd else 1),
+                group=g,
+            ),
+            "count, sizes",
+        ),
+        "broadcast_object_list": (
+            lambda: dist.broadcast_object_list([None] * (3 if odd else 2), src=0, group=g),
+            "count",
+        ),
+        "gather_object": (
+            lambda: dist.gather_object(
+                rank, [None] * n if rank == (size - 1 if odd else 0) else None, dst=size - 1 if odd else 0, group=g
+            ),
+            "root",
+        ),
+        "scatter_object_list": (
+            lambda: dist.scatter_object_list(
+                [None],
+                list(range(n)) if rank == (size - 1 if odd else 0) else None,
+                src=size - 1 if odd else 0,
+                group=g,
+            ),
+            "root",
+        ),
     }
 
 
-OPS = ["reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
-       "reduce_scatter_tensor", "all_to_all_single", "all_reduce_multigpu", "reduce_multigpu", "broadcast_multigpu",
-       "all_gather_multigpu", "broadcast_object_list", "gather_object", "scatter_object_list"]
+OPS = [
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_reduce_multigpu",
+    "reduce_multigpu",
+    "broadcast_multigpu",
+    "all_gather_multigpu",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+]
 
 
 @pytest.mark.mpi(min_size=2)
@@ -189,8 +289,10 @@ def test_every_op_is_checked(dist, world, fresh, op):
     rank, size = world
     call, differ = _op_cases(dist, fresh, rank, size)[op]
     text = raises_everywhere(call)
-    assert text.startswith(f"[rank {rank}/{size}] {op}: the members of group {fresh.group_name!r} called "
-                           f"mismatched collectives (they differ in {differ}): "), text
+    assert text.startswith(
+        f"[rank {rank}/{size}] {op}: the members of group {fresh.group_name!r} called "
+        f"mismatched collectives (they differ in {differ}): "
+    ), text
     assert text.count(f"{op}(seq=0") == 2, text  # both sides
     usable(dist, fresh, size)
 
@@ -199,10 +301,17 @@ def test_every_op_is_checked(dist, world, fresh, op):
 def test_different_ops_at_one_sequence_number(dist, world, fresh):
     rank, size = world
     good, odd = split(size)
-    text = raises_everywhere(lambda: dist.all_gather_object([None] * size, rank, group=fresh) if rank in odd
-                             else dist.barrier(group=fresh))
-    assert text == message(rank, size, "all_gather_object" if rank in odd else "barrier", fresh, "op", [
-        (good, "barrier(seq=0)"), (odd, "all_gather_object(seq=0)")])
+    text = raises_everywhere(
+        lambda: dist.all_gather_object([None] * size, rank, group=fresh) if rank in odd else dist.barrier(group=fresh)
+    )
+    assert text == message(
+        rank,
+        size,
+        "all_gather_object" if rank in odd else "barrier",
+        fresh,
+        "op",
+        [(good, "barrier(seq=0)"), (odd, "all_gather_object(seq=0)")],
+    )
     usable(dist, fresh, size)
 
 
@@ -213,25 +322,42 @@ def test_sizes_that_may_differ_are_checked_against_the_root_and_the_peers(dist, 
     rank, size = world
     last = size - 1
     # gather: dst 0 expects 2 elements from everybody, the last rank sends 3
-    text = raises_everywhere(lambda: dist.gather(np.ones(3 if rank == last else 2),
-                                                 [np.zeros(2) for _ in range(size)] if rank == 0 else None,
-                                                 dst=0, group=fresh))
-    assert text == (f"[rank {rank}/{size}] gather: the members of group {fresh.group_name!r} called "
-                    f"gather(seq=0, dtype=float64, root=0) with sizes that do not match: rank {last}'s tensor "
-                    f"holds 3 elements, dst rank 0's gather_list[{last}] holds 2")
+    text = raises_everywhere(
+        lambda: dist.gather(
+            np.ones(3 if rank == last else 2),
+            [np.zeros(2) for _ in range(size)] if rank == 0 else None,
+            dst=0,
+            group=fresh,
+        )
+    )
+    assert text == (
+        f"[rank {rank}/{size}] gather: the members of group {fresh.group_name!r} called "
+        f"gather(seq=0, dtype=float64, root=0) with sizes that do not match: rank {last}'s tensor "
+        f"holds 3 elements, dst rank 0's gather_list[{last}] holds 2"
+    )
     # scatter: src 0 sends 2 elements to everybody, the last rank's output holds 4
-    text = raises_everywhere(lambda: dist.scatter(np.zeros(4 if rank == last else 2),
-                                                  [np.ones(2) for _ in range(size)] if rank == 0 else None,
-                                                  src=0, group=fresh))
-    assert text.endswith(f"with sizes that do not match: rank {last}'s tensor holds 4 elements, src rank 0's "
-                         f"scatter_list[{last}] holds 2"), text
+    text = raises_everywhere(
+        lambda: dist.scatter(
+            np.zeros(4 if rank == last else 2),
+            [np.ones(2) for _ in range(size)] if rank == 0 else None,
+            src=0,
+            group=fresh,
+        )
+    )
+    assert text.endswith(
+        f"with sizes that do not match: rank {last}'s tensor holds 4 elements, src rank 0's "
+        f"scatter_list[{last}] holds 2"
+    ), text
     # all_to_all_single: the last rank sends 2 rows to rank 0, which expects 1
     ins = [2] + [1] * (size - 1) if rank == last else [1] * size
-    text = raises_everywhere(lambda: dist.all_to_all_single(np.zeros(size), np.ones(sum(ins)),
-                                                            input_split_sizes=ins, group=fresh))
-    assert text == (f"[rank {rank}/{size}] all_to_all_single: the members of group {fresh.group_name!r} called "
-                    f"all_to_all_single(seq=2, dtype=float64) with sizes that do not match: rank {last} sends 2 "
-                    f"elements to rank 0, which expects 1")
+    text = raises_everywhere(
+        lambda: dist.all_to_all_single(np.zeros(size), np.ones(sum(ins)), input_split_sizes=ins, group=fresh)
+    )
+    assert text == (
+        f"[rank {rank}/{size}] all_to_all_single: the members of group {fresh.group_name!r} called "
+        f"all_to_all_single(seq=2, dtype=float64) with sizes that do not match: rank {last} sends 2 "
+        f"elements to rank 0, which expects 1"
+    )
     usable(dist, fresh, size)
 
 
@@ -248,13 +374,13 @@ def test_counts_that_may_differ_are_not_flagged(dist, world, fresh):
         if rank == 0:
             assert [o.tolist() for o in got] == [[float(i)] * (i + 1) for i in range(size)]
         mine = np.zeros(rank + 2)
-        dist.scatter(mine, [np.full(i + 2, float(i)) for i in range(size)] if rank == 0 else None, src=0,
-                     group=fresh)
+        dist.scatter(mine, [np.full(i + 2, float(i)) for i in range(size)] if rank == 0 else None, src=0, group=fresh)
         assert mine.tolist() == [float(rank)] * (rank + 2)
         # rank r sends r + 1 rows to everybody: receives s + 1 rows from rank s
         out = np.zeros(sum(s + 1 for s in range(size)))
-        dist.all_to_all_single(out, np.full((rank + 1) * size, float(rank)), [s + 1 for s in range(size)],
-                               [rank + 1] * size, group=fresh)
+        dist.all_to_all_single(
+            out, np.full((rank + 1) * size, float(rank)), [s + 1 for s in range(size)], [rank + 1] * size, group=fresh
+        )
         assert out.tolist() == [float(s) for s in range(size) for _ in range(s + 1)]
 
 
@@ -283,7 +409,7 @@ def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
 def test_a_full_cache_is_cleared_on_every_member_alike(dist, world, fresh, monkeypatch):
     rank, size = world
     monkeypatch.setattr(_debug, "_MAX_AGREED", 3)
-    for round_ in range(3):
+    for _round in range(3):
         for n in range(1, 8):
             x = np.ones(n)
             dist.all_reduce(x, group=fresh)
@@ -322,12 +448,22 @@ def test_shm_catches_agreed_calls_made_out_of_step(dist, world, fresh, algorithm
     x = np.ones(a if rank in good else b)
     text = raises_everywhere(lambda: dist.all_reduce(x, group=fresh, algorithm=algorithm))
     tail = " (found by the shared-memory algorithm's check, which compares every call)"
-    assert text == message(rank, size, "all_reduce", fresh, "count", [
-        (good, f"all_reduce(seq={seq}, count={a}, dtype=float64, op=SUM)"),
-        (odd, f"all_reduce(seq={seq}, count={b}, dtype=float64, op=SUM)")], tail)
+    assert text == message(
+        rank,
+        size,
+        "all_reduce",
+        fresh,
+        "count",
+        [
+            (good, f"all_reduce(seq={seq}, count={a}, dtype=float64, op=SUM)"),
+            (odd, f"all_reduce(seq={seq}, count={b}, dtype=float64, op=SUM)"),
+        ],
+        tail,
+    )
     np.testing.assert_array_equal(x, 1)
-    text = raises_everywhere(lambda: dist.all_reduce(np.ones(a), ReduceOp.MAX if rank in odd else ReduceOp.SUM,
-                                                     fresh, algorithm=algorithm))
+    text = raises_everywhere(
+        lambda: dist.all_reduce(np.ones(a), ReduceOp.MAX if rank in odd else ReduceOp.SUM, fresh, algorithm=algorithm)
+    )
     assert "(they differ in reduce op)" in text and text.endswith(tail)
     usable(dist, fresh, size, a, algorithm=algorithm)
     usable(dist, fresh, size, b, algorithm=algorithm)
@@ -344,8 +480,10 @@ def test_shm_all_reduce_compares_every_call(world):
             x = np.ones(7 if rank == size - 1 else 5)
             with pytest.raises(ShmMismatch) as info:
                 s(x, ReduceOp.SUM)
-            assert str(info.value) == f"[rank {rank}/{size}] shm_all_reduce: the ranks called mismatched " \
-                                      f"all-reduces: {text}"
+            assert (
+                str(info.value) == f"[rank {rank}/{size}] shm_all_reduce: the ranks called mismatched "
+                f"all-reduces: {text}"
+            )
             assert info.value.calls == calls
             np.testing.assert_array_equal(x, 1)
             y = np.ones(3000)  # several chunks of a 1 KiB slot
@@ -375,9 +513,17 @@ def test_detail_checks_every_call(dist, world, fresh):
     try:
         seq = fresh.engine.seq
         text = raises_everywhere(lambda: dist.all_reduce(np.ones(4 if rank in good else 5), group=fresh))
-        assert text == message(rank, size, "all_reduce", fresh, "count", [
-            (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
-            (odd, f"all_reduce(seq={seq}, count=5, dtype=float64, op=SUM)")])
+        assert text == message(
+            rank,
+            size,
+            "all_reduce",
+            fresh,
+            "count",
+            [
+                (good, f"all_reduce(seq={seq}, count=4, dtype=float64, op=SUM)"),
+                (odd, f"all_reduce(seq={seq}, count=5, dtype=float64, op=SUM)"),
+            ],
+        )
         usable(dist, fresh, size, 4)
     finally:
         dist.set_debug_level(DebugLevel.OFF)
@@ -406,8 +552,11 @@ def test_debug_level_api(monkeypatch):
         mpidist.set_debug_level_from_env()
         assert mpidist.get_debug_level() is DebugLevel.DETAIL
         monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "LOUD")
-        with pytest.raises(ValueError, match=r"^TORCH_DISTRIBUTED_DEBUG must be one of OFF, INFO, DETAIL, "
-                                             r"got 'LOUD'$"):
+        with pytest.raises(
+            ValueError,
+            match=r"^TORCH_DISTRIBUTED_DEBUG must be one of OFF, INFO, DETAIL, "
+            r"got 'LOUD'$",
+        ):
             mpidist.set_debug_level_from_env()
     finally:
         mpidist.set_debug_level(DebugLevel.OFF)
@@ -418,9 +567,13 @@ def run_job(n: int, code: str, tmp_path: Path, limit: float = 60, **env: str) ->
     script = tmp_path / "job.py"
     script.write_text(code)
     t0 = time.monotonic()
-    out = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script)],
-                         capture_output=True, text=True, timeout=limit,
-                         env=launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_TIMEOUT="60", **env))
+    out = subprocess.run(
+        [MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=limit,
+        env=launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_TIMEOUT="60", **env),
+    )
     return out.returncode, out.stdout, out.stderr, time.monotonic() - t0
 
 
@@ -451,31 +604,45 @@ def test_agreed_call_on_one_rank_and_a_new_one_on_the_other_ends_the_job(tmp_pat
     waiting in the op: shared memory for 65,536 elements, MPI_Allreduce for 4)."""
     rc, out, err, took = run_job(2, DIVERGE.format(agreed=agreed, new=new, cached=cached), tmp_path)
     other = 1 - cached
-    calls = (f"the members of group 'default_pg' called mismatched collectives (they differ in count): rank {other}: "
-             f"all_reduce(seq=1, count={new}, dtype=float64, op=SUM), a call new to the group, which its members "
-             f"compare before running it; rank {cached}: all_reduce(seq=1, count={agreed}, dtype=float64, op=SUM), "
-             f"a call the members agreed on before, run without comparing it")
+    calls = (
+        f"the members of group 'default_pg' called mismatched collectives (they differ in count): rank {other}: "
+        f"all_reduce(seq=1, count={new}, dtype=float64, op=SUM), a call new to the group, which its members "
+        f"compare before running it; rank {cached}: all_reduce(seq=1, count={agreed}, dtype=float64, op=SUM), "
+        f"a call the members agreed on before, run without comparing it"
+    )
     assert rc != 0 and took < 30, (rc, took, err)
     assert f"rank {other} raised ValueError: [rank {other}/2] all_reduce: {calls}" in out, (out, err)
-    assert f"[rank {cached}] mpidist.errors.DistError: [rank {cached}/2] all_reduce: {calls} (found by rank " \
-           f"{other})" in err, err
+    assert (
+        f"[rank {cached}] mpidist.errors.DistError: [rank {cached}/2] all_reduce: {calls} (found by rank "
+        f"{other})" in err
+    ), err
     assert "aborting the job" in err
 
 
 def test_agreed_call_against_a_new_one_without_abort(tmp_path):
     """MPIDIST_ABORT_ON_TIMEOUT=0: the rank with the new call raises ValueError, the other
     DistError in its caller; the group is unusable on both (later ops raise at once)."""
-    rc, out, err, took = run_job(2, DIVERGE.format(agreed=65536, new=1000, cached=0), tmp_path,
-                                 MPIDIST_ABORT_ON_TIMEOUT="0")
+    rc, out, err, took = run_job(
+        2, DIVERGE.format(agreed=65536, new=1000, cached=0), tmp_path, MPIDIST_ABORT_ON_TIMEOUT="0"
+    )
     assert took < 30, (took, err)
     lines = out.splitlines()
-    assert any(line.startswith("rank 1 raised ValueError: [rank 1/2] all_reduce: the members of group") for line in
-               lines), (out, err)
-    assert any(line.startswith("rank 0 raised DistError: [rank 0/2] all_reduce: the members of group") and
-               line.endswith("(found by rank 1)") for line in lines), (out, err)
+    assert any(
+        line.startswith("rank 1 raised ValueError: [rank 1/2] all_reduce: the members of group") for line in lines
+    ), (out, err)
+    assert any(
+        line.startswith("rank 0 raised DistError: [rank 0/2] all_reduce: the members of group")
+        and line.endswith("(found by rank 1)")
+        for line in lines
+    ), (out, err)
     for r in (0, 1):
-        assert any(line.startswith(f"rank {r} then DistError: [rank {r}/2] all_reduce: group 'default_pg' is "
-                                   f"unusable: a mismatched collective at sequence number 1") for line in lines), out
+        assert any(
+            line.startswith(
+                f"rank {r} then DistError: [rank {r}/2] all_reduce: group 'default_pg' is "
+                f"unusable: a mismatched collective at sequence number 1"
+            )
+            for line in lines
+        ), out
 
 
 ALIAS = """
@@ -497,29 +664,47 @@ def test_torch_distributed_debug_is_an_alias_and_mpidist_debug_wins(tmp_path):
     assert rc == 0, err
     for r in (0, 1):
         assert f"rank {r} level DETAIL" in out
-        assert (f"rank {r} raised: [rank {r}/2] all_reduce: the members of group 'default_pg' called mismatched "
-                f"collectives (they differ in count): rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); "
-                f"rank 1: all_reduce(seq=2, count=5, dtype=float64, op=SUM)") in out, out
-    rc, out, err, _ = run_job(1, "import mpidist\nmpidist.init_process_group()\n"
-                                 "print(mpidist.get_debug_level().name)\n", tmp_path,
-                              MPIDIST_DEBUG="info", TORCH_DISTRIBUTED_DEBUG="DETAIL")
+        assert (
+            f"rank {r} raised: [rank {r}/2] all_reduce: the members of group 'default_pg' called mismatched "
+            f"collectives (they differ in count): rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); "
+            f"rank 1: all_reduce(seq=2, count=5, dtype=float64, op=SUM)"
+        ) in out, out
+    rc, out, err, _ = run_job(
+        1,
+        "import mpidist\nmpidist.init_process_group()\nprint(mpidist.get_debug_level().name)\n",
+        tmp_path,
+        MPIDIST_DEBUG="info",
+        TORCH_DISTRIBUTED_DEBUG="DETAIL",
+    )
     assert (rc, out) == (0, "INFO\n"), err
-    rc, out, err, _ = run_job(1, "import mpidist\nmpidist.init_process_group()\n", tmp_path,
-                              TORCH_DISTRIBUTED_DEBUG="LOUD")
-    assert rc != 0 and ("ValueError: [rank 0/1] init_process_group: TORCH_DISTRIBUTED_DEBUG must be one of OFF, "
-                        "INFO, DETAIL, got 'LOUD'") in err, err
+    rc, out, err, _ = run_job(
+        1, "import mpidist\nmpidist.init_process_group()\n", tmp_path, TORCH_DISTRIBUTED_DEBUG="LOUD"
+    )
+    assert (
+        rc != 0
+        and (
+            "ValueError: [rank 0/1] init_process_group: TORCH_DISTRIBUTED_DEBUG must be one of OFF, "
+            "INFO, DETAIL, got 'LOUD'"
+        )
+        in err
+    ), err
 
 
 def test_4_elements_against_another_in_a_job(tmp_path):
     """Before: MPICH printed 'Message truncated' and the job exited 142 (or returned garbage)."""
-    code = "import numpy as np, mpidist\nmpidist.init_process_group()\nmpidist.all_reduce(np.ones(4 + mpidist.get_rank()))\n"
+    code = (
+        "import numpy as np, mpidist\nmpidist.init_process_group()\n"
+        "mpidist.all_reduce(np.ones(4 + mpidist.get_rank()))\n"
+    )
     rc, out, err, took = run_job(2, code, tmp_path)
     assert rc == 1 and took < 30, (rc, err)
     assert "Message truncated" not in err
     for r in (0, 1):
-        assert (f"[rank {r}] ValueError: [rank {r}/2] all_reduce: the members of group 'default_pg' called "
-                f"mismatched collectives (they differ in count): rank 0: all_reduce(seq=0, count=4, dtype=float64, "
-                f"op=SUM); rank 1: all_reduce(seq=0, count=5, dtype=float64, op=SUM)") in err, err
+        assert (
+            f"[rank {r}] ValueError: [rank {r}/2] all_reduce: the members of group 'default_pg' called "
+            f"mismatched collectives (they differ in count): rank 0: all_reduce(seq=0, count=4, dtype=float64, "
+            f"op=SUM); rank 1: all_reduce(seq=0, count=5, dtype=float64, op=SUM)"
+        ) in err, err
 
 
 # -- the running hash: compared every PERIOD calls, in destroy_process_group and at exit ------------
@@ -533,10 +718,12 @@ mpidist.broadcast(x, src=1 if rank == 1 else 0)  # rank 0: cached, its eager sen
 {end}
 print(f"rank {{rank}} ended", flush=True)
 """
-R1_TEXT = ("the members of group 'default_pg' called mismatched collectives (they differ in root): rank 1: "
-           "broadcast(seq=1, count=4, dtype=float32, root=1), a call new to the group, which its members compare "
-           "before running it; rank 0: broadcast(seq=1, count=4, dtype=float32, root=0), a call the members agreed "
-           "on before, run without comparing it")
+R1_TEXT = (
+    "the members of group 'default_pg' called mismatched collectives (they differ in root): rank 1: "
+    "broadcast(seq=1, count=4, dtype=float32, root=1), a call new to the group, which its members compare "
+    "before running it; rank 0: broadcast(seq=1, count=4, dtype=float32, root=0), a call the members agreed "
+    "on before, run without comparing it"
+)
 
 
 @pytest.mark.parametrize("end", ["mpidist.destroy_process_group()", "pass"])
@@ -567,8 +754,10 @@ print(f"rank {{rank}} loop done", flush=True)
 """
 
 
-@pytest.mark.parametrize("calls,end", [(2 * _debug.PERIOD + 50, "mpidist.destroy_process_group()"),
-                                       (6, "mpidist.destroy_process_group()"), (6, "pass")])
+@pytest.mark.parametrize(
+    "calls,end",
+    [(2 * _debug.PERIOD + 50, "mpidist.destroy_process_group()"), (6, "mpidist.destroy_process_group()"), (6, "pass")],
+)
 def test_agreed_calls_made_out_of_step_are_caught(tmp_path, calls, end):
     """The blind spot of the cache: every call agreed on before, so none is exchanged. The
     running hash differs from the first swapped call: caught by the comparison posted at the
@@ -577,8 +766,10 @@ def test_agreed_calls_made_out_of_step_are_caught(tmp_path, calls, end):
     differs; never exit status 0."""
     rc, out, err, took = run_job(2, OUT_OF_STEP.format(calls=calls, end=end), tmp_path)
     assert rc != 0 and took < 10, (rc, took, err)
-    first = ("first at sequence number 2: rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); rank 1: "
-             "all_reduce(seq=2, count=4, dtype=float64, op=MAX)")
+    first = (
+        "first at sequence number 2: rank 0: all_reduce(seq=2, count=4, dtype=float64, op=SUM); rank 1: "
+        "all_reduce(seq=2, count=4, dtype=float64, op=MAX)"
+    )
     assert err.count(first) >= 2, err
     if calls > _debug.PERIOD:
         assert "loop done" not in out
@@ -604,9 +795,11 @@ def test_a_rank_that_skips_a_call_is_caught(tmp_path):
     ran a call there without comparing it: both end, with the same text."""
     rc, out, err, took = run_job(2, SKIP_ONE, tmp_path)
     assert rc != 0 and took < 10, (rc, took, err)
-    text = ("the members of group 'default_pg' called mismatched collectives: rank 1: its final comparison of the "
-            "calls made (destroy_process_group, seq=9); rank 0: all_reduce(seq=9, count=4, dtype=float64, "
-            "op=SUM), a call the members agreed on before, run without comparing it")
+    text = (
+        "the members of group 'default_pg' called mismatched collectives: rank 1: its final comparison of the "
+        "calls made (destroy_process_group, seq=9); rank 0: all_reduce(seq=9, count=4, dtype=float64, "
+        "op=SUM), a call the members agreed on before, run without comparing it"
+    )
     assert f"[rank 1/2] destroy_process_group: {text}" in err and f"[rank 0/2] all_reduce: {text}" in err, err
 
 
@@ -626,7 +819,7 @@ def test_out_of_step_calls_caught_within_period_in_process(dist, world, fresh):
     # posted at seq PERIOD, verified (and raised) at 2 PERIOD
     assert fresh.engine.seq == 2 * _debug.PERIOD + 1
     text = str(info.value)
-    assert f"first at sequence number 2: " in text and "op=MAX" in text and "op=SUM" in text, text
+    assert "first at sequence number 2: " in text and "op=MAX" in text and "op=SUM" in text, text
     with pytest.raises(mpidist.DistError, match="unusable"):
         dist.all_reduce(x, group=fresh)
 
@@ -640,13 +833,15 @@ def test_check_collectives_compares_on_demand(dist, world, fresh):
     for op in (ReduceOp.SUM, ReduceOp.MAX):
         dist.all_reduce(x, op, group=fresh)
     mpidist.check_collectives(fresh)  # agreed: returns on every member
-    for op in ((ReduceOp.MAX, ReduceOp.SUM) if rank == size - 1 else (ReduceOp.SUM, ReduceOp.MAX)):
+    for op in (ReduceOp.MAX, ReduceOp.SUM) if rank == size - 1 else (ReduceOp.SUM, ReduceOp.MAX):
         dist.all_reduce(x, op, group=fresh)
     with pytest.raises(ValueError) as info:
         mpidist.check_collectives(fresh)
     text = str(info.value)
-    assert text.startswith(f"[rank {rank}/{size}] check_collectives: the members of group {fresh.group_name!r} "
-                           f"called mismatched collectives: first at sequence number 3: "), text
+    assert text.startswith(
+        f"[rank {rank}/{size}] check_collectives: the members of group {fresh.group_name!r} "
+        f"called mismatched collectives: first at sequence number 3: "
+    ), text
 
 
 @pytest.mark.mpi
@@ -673,4 +868,5 @@ def test_groups_not_checked_never_exchange(dist, world, fresh):
 
 def _runtime_state():
     from mpidist import _runtime  # noqa: PLC0415
+
     return _runtime.state()

@@ -1,5 +1,6 @@
 """monitored_barrier: passes when every rank arrives; names the late ranks otherwise, on every
 rank, within bounded time, and leaves nothing pending that could hang or confuse later calls."""
+
 from __future__ import annotations
 
 import datetime
@@ -64,8 +65,9 @@ def test_late_ranks_are_named_on_every_rank(dist, world, wait_all_ranks):
     with pytest.raises(DistError) as info:
         monitored_barrier(timeout=0.4, wait_all_ranks=wait_all_ranks)
     who = "rank(s)" if rank == 0 else "rank 0 reports that rank(s)"
-    assert str(info.value) == (f"[rank {rank}/{size}] monitored_barrier: {who} {shown} did not reach the "
-                               f"barrier within 0.4 s")
+    assert str(info.value) == (
+        f"[rank {rank}/{size}] monitored_barrier: {who} {shown} did not reach the barrier within 0.4 s"
+    )
     assert time.monotonic() - start < 3.0  # bounded by the timeout (plus grace), not by the late ranks
     all_pass_afterwards(dist)
 
@@ -80,8 +82,9 @@ def test_root_message_exact(dist, world):
     if rank == 0:
         with pytest.raises(DistError) as info:
             monitored_barrier(timeout=0.3)
-        assert str(info.value) == (f"[rank 0/{size}] monitored_barrier: rank(s) [{size - 1}] did not reach "
-                                   f"the barrier within 0.3 s")
+        assert str(info.value) == (
+            f"[rank 0/{size}] monitored_barrier: rank(s) [{size - 1}] did not reach the barrier within 0.3 s"
+        )
     else:
         with pytest.raises(DistError, match=PREFIX + rf"rank 0 reports that rank\(s\) \[{size - 1}\]"):
             monitored_barrier(timeout=0.3)
@@ -102,8 +105,9 @@ def test_late_rank_on_a_group_is_named_by_global_rank(dist, world):
         with pytest.raises(DistError) as info:
             monitored_barrier(g, timeout=0.3)
         who = "rank(s)" if rank == 1 else "rank 1 reports that rank(s)"
-        assert str(info.value) == (f"[rank {rank}/{size}] monitored_barrier: {who} [{size - 1}] did not "
-                                   f"reach the barrier within 0.3 s")
+        assert str(info.value) == (
+            f"[rank {rank}/{size}] monitored_barrier: {who} [{size - 1}] did not reach the barrier within 0.3 s"
+        )
         all_pass_afterwards(dist, g)
     dist.barrier()
     if g is not dist.GroupMember.NON_GROUP_MEMBER:
@@ -123,14 +127,19 @@ def test_other_ranks_give_up_when_rank_0_is_late(dist, world):
         with pytest.raises(DistError) as info:
             monitored_barrier(timeout=0.3)
         assert 0.55 <= time.monotonic() - start < 3.0  # gave up near 0.6 s, did not wait for rank 0
-        assert str(info.value) == (f"[rank {rank}/{size}] monitored_barrier: no word from rank 0 (group "
-                                   f"rank 0) within 0.6 s: it has not reached the barrier")
+        assert str(info.value) == (
+            f"[rank {rank}/{size}] monitored_barrier: no word from rank 0 (group "
+            f"rank 0) within 0.6 s: it has not reached the barrier"
+        )
     all_pass_afterwards(dist)
 
 
 def test_bad_timeout_rejected(dist):
-    with pytest.raises(TypeError, match=PREFIX + r"timeout must be a datetime.timedelta, seconds, or None, "
-                                              r"got str"):
+    with pytest.raises(
+        TypeError,
+        match=PREFIX + r"timeout must be a datetime.timedelta, seconds, or None, "
+        r"got str",
+    ):
         monitored_barrier(timeout="1s")
     with pytest.raises(ValueError, match=PREFIX + r"timeout must be positive, got 0.0 s"):
         monitored_barrier(timeout=datetime.timedelta(0))

@@ -1,6 +1,7 @@
 """MPI_Init and MPI_Finalize are bounded by MPIDIST_TIMEOUT (mpidist._mpi_init): a rank
 stopped before either must not leave the others waiting there for ever (the chaos tests
 found both: SIGSTOP at start-up, or just before exit, hung the job)."""
+
 from __future__ import annotations
 
 import signal
@@ -10,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist import _mpi_init
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -40,8 +41,12 @@ def run(tmp_path: Path, code: str, limit: float, **env: str) -> tuple[subprocess
     script = tmp_path / "job.py"
     script.write_text(code)
     t0 = time.monotonic()
-    job = subprocess.run(["timeout", "-k", "5", str(limit), MPIEXEC, "-n", "2", sys.executable, str(script)],
-                         capture_output=True, text=True, env=launcher_free_env(**env))
+    job = subprocess.run(
+        ["timeout", "-k", "5", str(limit), MPIEXEC, "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=launcher_free_env(**env),
+    )
     return job, time.monotonic() - t0
 
 
@@ -51,7 +56,7 @@ def test_a_rank_stopped_before_mpi_init_ends_the_job_at_the_timeout(tmp_path):
     # whichever it saw first (1 or 9, both seen)
     assert job.returncode in (1, 9), (job.returncode, job.stdout, job.stderr)
     assert took < 25
-    assert "Timeout (0:00:13)!" in job.stderr   # MPIDIST_TIMEOUT + GRACE
+    assert "Timeout (0:00:13)!" in job.stderr  # MPIDIST_TIMEOUT + GRACE
     assert "_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT" in job.stderr
     assert "past MPI_Init" not in job.stdout
 
@@ -60,17 +65,28 @@ def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path
     job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, MPIDIST_TIMEOUT="3")
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
     assert took < 25
-    assert "Alarm clock" in job.stdout + job.stderr   # hydra names the signal that ended rank 0
+    assert "Alarm clock" in job.stdout + job.stderr  # hydra names the signal that ended rank 0
 
 
 def test_switched_off_the_job_waits(tmp_path):
     """The control: without the bounds the same job is still waiting when timeout(1) ends it."""
     job, took = run(tmp_path, STOPPED_BEFORE_INIT, 16, MPIDIST_TIMEOUT="3", MPIDIST_BOUND_INIT_FINALIZE="0")
-    assert job.returncode == 124 and took >= 16   # the bound would have ended it at 13 s
+    assert job.returncode == 124 and took >= 16  # the bound would have ended it at 13 s
 
 
-@pytest.mark.parametrize("value, expected", [("", 1800.0), ("8", 8.0), ("0.5", 0.5), ("0", 1800.0), ("-1", 1800.0),
-                                             ("inf", 1800.0), ("nan", 1800.0), ("soon", 1800.0)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("", 1800.0),
+        ("8", 8.0),
+        ("0.5", 0.5),
+        ("0", 1800.0),
+        ("-1", 1800.0),
+        ("inf", 1800.0),
+        ("nan", 1800.0),
+        ("soon", 1800.0),
+    ],
+)
 def test_the_bound_is_mpidist_timeout_or_30_minutes_plus_the_grace(monkeypatch, value, expected):
     monkeypatch.setenv("MPIDIST_TIMEOUT", value)
     assert _mpi_init.bound_seconds() == expected + _mpi_init.GRACE

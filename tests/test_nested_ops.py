@@ -6,6 +6,7 @@ sync or async, in both timeout modes (with MPIDIST_ABORT_ON_TIMEOUT=0 every sync
 otherwise queued on the engine, which is the thread that would wait for it: a
 deadlock before the fix). Past its timeout such an op aborts the job in every mode.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -17,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import launcher_free_env
+from test_comm_hooks import grads_after_step, same_on_every_rank
+
 from mpidist import work
 from mpidist._dispatch import launch
 from mpidist.parallel.comm_hooks import PowerSGDState, powerSGD_hook, then
-from test_comm_hooks import grads_after_step, same_on_every_rank
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
@@ -44,9 +45,9 @@ def test_a_callback_issues_and_waits_on_ops_of_its_own_group(dist, world, timeou
 
     def callback(done: concurrent.futures.Future) -> float:
         y = np.full(3, float(rank))
-        dist.all_reduce(y)                          # sync, on the engine thread
+        dist.all_reduce(y)  # sync, on the engine thread
         z = np.ones(2)
-        w = dist.all_reduce(z, async_op=True)       # async, then waited on: PowerSGD's pattern
+        w = dist.all_reduce(z, async_op=True)  # async, then waited on: PowerSGD's pattern
         # on the thread running the group's ops it ran at once (else: the op had completed
         # before the callback was attached, and the callback runs on the attaching thread)
         assert w.is_completed() or not dist.group.WORLD.engine.on_runner()
@@ -93,13 +94,22 @@ def test_a_stuck_op_issued_from_a_callback_aborts_even_without_abort_on_timeout(
     script = tmp_path / "nested.py"
     script.write_text(NESTED_STUCK)
     t0 = time.monotonic()
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=60, env=launcher_free_env(MPIDIST_TIMEOUT="1", MPIDIST_ABORT_ON_TIMEOUT="0",
-                                                           MPIDIST_TRACE_DIR=str(tmp_path / "trace")))
+    out = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(
+            MPIDIST_TIMEOUT="1", MPIDIST_ABORT_ON_TIMEOUT="0", MPIDIST_TRACE_DIR=str(tmp_path / "trace")
+        ),
+    )
     assert out.returncode != 0
     assert time.monotonic() - t0 < 30
-    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1 s, the timeout of group 'default_pg' "
-            "(ranks [0, 1]) at sequence number 1") in out.stderr, out.stderr
+    assert (
+        "[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1 s, the timeout "
+        "of group 'default_pg' "
+        "(ranks [0, 1]) at sequence number 1"
+    ) in out.stderr, out.stderr
     assert "aborting the job although MPIDIST_ABORT_ON_TIMEOUT=0: the op was issued from a callback" in out.stderr
 
 

@@ -1,13 +1,27 @@
 """mpidist.nn: gradients vs finite differences, loss values, hooks, state dicts, devices,
 manual_seed, Dropout, LogSoftmax, NLLLoss, MSELoss and torch's ``.data`` habit."""
+
 import sys
 import warnings
 
 import numpy as np
 import pytest
 
-from mpidist.nn import (CrossEntropyLoss, Dropout, Linear, LogSoftmax, Module, MSELoss, NLLLoss, Parameter, ReLU,
-                        Sequential, consume_prefix_in_state_dict_if_present, initial_seed, manual_seed)
+from mpidist.nn import (
+    CrossEntropyLoss,
+    Dropout,
+    Linear,
+    LogSoftmax,
+    Module,
+    MSELoss,
+    NLLLoss,
+    Parameter,
+    ReLU,
+    Sequential,
+    consume_prefix_in_state_dict_if_present,
+    initial_seed,
+    manual_seed,
+)
 
 
 def numeric_grad(f, arr, eps=1e-6):
@@ -203,14 +217,21 @@ class Net(Module):
 
 def test_parameter_order_names_and_buffers():
     net = Net()
-    names = ["scale", "body.0.weight", "body.0.bias", "body.2.0.weight", "body.2.0.bias",
-             "head.weight", "head.bias"]
+    names = ["scale", "body.0.weight", "body.0.bias", "body.2.0.weight", "body.2.0.bias", "head.weight", "head.bias"]
     assert [n for n, _ in net.named_parameters()] == names
     assert [p.name for p in net.parameters()] == names
     assert [id(p) for p in net.parameters()] == [id(p) for _, p in net.named_parameters()]
     assert [n for n, _ in net.named_buffers()] == ["count"] and net.buffers()[0] is net.count
-    assert list(net.state_dict()) == ["scale", "count", "body.0.weight", "body.0.bias", "body.2.0.weight",
-                                      "body.2.0.bias", "head.weight", "head.bias"]
+    assert list(net.state_dict()) == [
+        "scale",
+        "count",
+        "body.0.weight",
+        "body.0.bias",
+        "body.2.0.weight",
+        "body.2.0.bias",
+        "head.weight",
+        "head.bias",
+    ]
     net.count = np.ones((), dtype=np.int64)  # reassignment keeps it a buffer
     assert net.state_dict()["count"] == 1
     net.head = net.body[0]  # shared parameters are listed once
@@ -289,13 +310,19 @@ def test_to_rejects_unknown_devices():
     model = mlp()
     with pytest.raises(ValueError, match=r"Sequential.to: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
         model.to("tpu")
-    with pytest.raises(TypeError, match=r"Sequential.to: device must be a str \('cpu', 'cuda', 'cuda:N'\) or an "
-                                        r"int, got float"):
+    with pytest.raises(
+        TypeError,
+        match=r"Sequential.to: device must be a str \('cpu', 'cuda', 'cuda:N'\) or an "
+        r"int, got float",
+    ):
         model.to(1.5)
     with pytest.raises(ValueError, match=r"Sequential.to: device index must be >= 0, got -1"):
         model.to(-1)
-    with pytest.raises(ValueError, match=r"Sequential.cuda: device must be a CUDA device \(an int or 'cuda:N'\), "
-                                        r"got 'cpu'"):
+    with pytest.raises(
+        ValueError,
+        match=r"Sequential.cuda: device must be a CUDA device \(an int or 'cuda:N'\), "
+        r"got 'cpu'",
+    ):
         model.cuda("cpu")
     arrays = [p.data for p in model.parameters()]
     assert model.to("cpu") is model and model.cpu() is model
@@ -333,8 +360,8 @@ def test_manual_seed_makes_initialization_and_dropout_masks_reproducible():
 
 def test_explicit_rng_is_independent_of_the_default_generator():
     manual_seed(7)
-    Linear(3, 3)                    # consumes the default generator
-    a = Linear(3, 3, rng=5)         # its own generator: the same whatever came before
+    Linear(3, 3)  # consumes the default generator
+    a = Linear(3, 3, rng=5)  # its own generator: the same whatever came before
     manual_seed(8)
     b = Linear(3, 3, rng=5)
     np.testing.assert_array_equal(a.weight.data, b.weight.data)
@@ -366,7 +393,7 @@ def test_dropout_scales_kept_elements_and_backward_uses_the_same_mask():
     g = np.ones_like(x)
     np.testing.assert_array_equal(d.backward(g), np.where(kept, np.float32(1) / np.float32(0.75), 0))
     d.eval()
-    assert d(x) is x and d.backward(g) is g          # eval: the identity
+    assert d(x) is x and d.backward(g) is g  # eval: the identity
     d.train()
     assert Dropout(0.0)(x) is x
     np.testing.assert_array_equal(Dropout(1.0, rng=0)(x), 0)
@@ -427,7 +454,7 @@ def test_nll_loss_weight_ignore_index_and_errors():
     np.testing.assert_allclose(crit(logp, t), -(np.log(0.5) + 3 * np.log(0.6)) / 4, rtol=1e-12)
     g = crit.backward()
     np.testing.assert_allclose(g, [[-0.25, 0, 0], [0, 0, 0], [0, 0, -0.75]], rtol=1e-12)
-    assert np.isnan(NLLLoss()(logp, np.full(3, -100)))            # nothing counted: nan, as torch
+    assert np.isnan(NLLLoss()(logp, np.full(3, -100)))  # nothing counted: nan, as torch
     with pytest.raises(ValueError, match=r"targets must be in \[0, 3\), got min 0, max 3"):
         NLLLoss()(logp, np.array([0, 3, 1]))
     with pytest.raises(ValueError, match=r"weight must have shape \(3,\) for 3 classes"):
@@ -464,12 +491,12 @@ def test_grad_data_is_the_grad_itself_as_torch_tensor_data():
     g = lin.weight.grad
     assert g.data is g and isinstance(g, np.ndarray)
     before = g.copy()
-    lin.weight.grad.data /= 4          # the tutorial's average_gradients: in place
+    lin.weight.grad.data /= 4  # the tutorial's average_gradients: in place
     np.testing.assert_array_equal(lin.weight.grad, before / 4)
     assert lin.weight.grad is g
-    lin.weight.grad.data = np.zeros((2, 3))   # assigning .data copies into the grad
+    lin.weight.grad.data = np.zeros((2, 3))  # assigning .data copies into the grad
     assert lin.weight.grad is g and not g.any()
-    lin.bias.grad = np.arange(2.0)            # a plain array: viewed, not copied
+    lin.bias.grad = np.arange(2.0)  # a plain array: viewed, not copied
     assert lin.bias.grad.data is lin.bias.grad and lin.bias.grad.tolist() == [0.0, 1.0]
 
 
@@ -477,7 +504,7 @@ def test_consume_prefix_in_state_dict_if_present():
     state = {"module.0.weight": 1, "module.0.bias": 2, "other": 3}
     consume_prefix_in_state_dict_if_present(state, "module.")
     assert state == {"0.weight": 1, "0.bias": 2, "other": 3}
-    consume_prefix_in_state_dict_if_present(state, "module.")   # nothing left to strip
+    consume_prefix_in_state_dict_if_present(state, "module.")  # nothing left to strip
     assert set(state) == {"0.weight", "0.bias", "other"}
     with pytest.raises(TypeError, match=r"state_dict must be a mutable mapping"):
         consume_prefix_in_state_dict_if_present([("a", 1)], "module.")

@@ -1,6 +1,7 @@
 """Object collectives in a real job: a source that cannot pickle its object, then a retry
 (issue 14, item 5), bounded in time. The same cases over every kind of group, with their
 exact messages, are in tests/test_objects.py (MPI-marked)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -43,9 +44,13 @@ def test_unpicklable_broadcast_then_retry_in_a_real_job(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     t0 = time.monotonic()
-    job = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "mpidist", str(script), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120,
-                         env=launcher_free_env(MPIDIST_TIMEOUT="10", OMP_NUM_THREADS="1"))
+    job = subprocess.run(
+        [MPIEXEC, "-n", "3", sys.executable, "-m", "mpidist", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=launcher_free_env(MPIDIST_TIMEOUT="10", OMP_NUM_THREADS="1"),
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     assert time.monotonic() - t0 < 60
     for r in range(3):
@@ -53,4 +58,5 @@ def test_unpicklable_broadcast_then_retry_in_a_real_job(tmp_path):
             f"{r} attempt 0 raised: [rank {r}/3] broadcast_object_list: rank 0 could not pickle its object_list: "
             f"TypeError: cannot pickle '_thread.lock' object",
             f"{r} attempt 1 got [{{'step': 7}}]",
-            f"{r} then [0, 1, 2]"]
+            f"{r} then [0, 1, 2]",
+        ]

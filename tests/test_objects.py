@@ -1,4 +1,5 @@
 """Object collectives and object point-to-point, over every kind of group."""
+
 from __future__ import annotations
 
 import os
@@ -54,6 +55,7 @@ def is_member(dist, members):
 
 # ---------------------------------------------------------------- broadcast_object_list
 
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_broadcast_object_list_from_every_src(dist, any_group, n):
     g, members = any_group
@@ -85,18 +87,24 @@ def test_broadcast_object_list_length_mismatch_raises_on_every_rank(dist, world)
     rank, size = world
     g = dist.new_group()
     objs = [1, 2] if rank == 0 else [SENTINEL] * 3
-    calls = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: broadcast_object_list("
-                      f"seq=0, count={n}, root=0)" for r, n in [([0], 2), (list(range(1, size)), 3)] if r)
+    calls = "; ".join(
+        f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: broadcast_object_list(seq=0, count={n}, root=0)"
+        for r, n in [([0], 2), (list(range(1, size)), 3)]
+        if r
+    )
     if size > 1:
         with pytest.raises(ValueError) as info:
             dist.broadcast_object_list(objs, src=0, group=g)
-        assert str(info.value) == (f"[rank {rank}/{size}] broadcast_object_list: the members of group "
-                                   f"{g.group_name!r} called mismatched collectives (they differ in count): {calls}")
+        assert str(info.value) == (
+            f"[rank {rank}/{size}] broadcast_object_list: the members of group "
+            f"{g.group_name!r} called mismatched collectives (they differ in count): {calls}"
+        )
         assert objs == ([1, 2] if rank == 0 else [SENTINEL] * 3)
     dist.destroy_process_group(g)
 
 
 # ---------------------------------------------------------------- all_gather_object
+
 
 def test_all_gather_object(dist, any_group):
     g, members = any_group
@@ -123,6 +131,7 @@ def test_all_gather_object_of_none_and_varied_sizes(dist, any_group):
 
 # ---------------------------------------------------------------- gather_object
 
+
 def test_gather_object_to_every_dst(dist, any_group):
     g, members = any_group
     rank = dist.get_rank()
@@ -144,6 +153,7 @@ def test_gather_object_accepts_empty_list_off_dst(dist, any_group):
 
 
 # ---------------------------------------------------------------- scatter_object_list
+
 
 def test_scatter_object_list_from_every_src(dist, any_group):
     g, members = any_group
@@ -172,6 +182,7 @@ def test_scatter_object_list_ignores_input_off_src(dist, any_group):
 
 # ---------------------------------------------------------------- big objects
 
+
 def test_64mib_object_round_trips_through_pkl5(dist, world, monkeypatch):
     rank, size = world
     calls = []
@@ -197,8 +208,9 @@ def test_64mib_object_round_trips_through_pkl5(dist, world, monkeypatch):
             assert got[0] == want
 
 
-@pytest.mark.skipif(os.environ.get("MPIDIST_BIG_TESTS") != "1",
-                    reason="needs ~2.2 GiB per rank; set MPIDIST_BIG_TESTS=1")
+@pytest.mark.skipif(
+    os.environ.get("MPIDIST_BIG_TESTS") != "1", reason="needs ~2.2 GiB per rank; set MPIDIST_BIG_TESTS=1"
+)
 def test_object_over_2gib(dist, world):
     """A numpy array of 2**31 + 8 bytes: over MPI's int count, so pkl5's large-count path."""
     rank, size = world
@@ -225,6 +237,7 @@ def big_tail(n: int) -> bytes:
 
 
 # ---------------------------------------------------------------- send/recv_object_list
+
 
 def test_send_recv_object_list_ring(dist, any_group):
     g, members = any_group
@@ -292,8 +305,11 @@ def test_recv_object_list_length_mismatch(dist, world):
         dist.send_object_list(["next"], 1)
     elif rank == 1:
         out = [SENTINEL] * 3
-        with pytest.raises(ValueError, match=rf"\[rank 1/{size}\] recv_object_list: received 2 objects from "
-                                             rf"rank 0, expected len\(object_list\) = 3"):
+        with pytest.raises(
+            ValueError,
+            match=rf"\[rank 1/{size}\] recv_object_list: received 2 objects from "
+            rf"rank 0, expected len\(object_list\) = 3",
+        ):
             dist.recv_object_list(out, 0)
         assert out == [SENTINEL] * 3
         # the bad message was consumed: the next one arrives intact
@@ -304,6 +320,7 @@ def test_recv_object_list_length_mismatch(dist, world):
 
 
 # ---------------------------------------------------------------- failures agree (issue 14, item 5)
+
 
 class Unpicklable:
     """An object whose pickling raises (as a lock, a socket or a generator would)."""
@@ -351,8 +368,12 @@ def test_unpicklable_broadcast_raises_on_every_rank_and_the_retry_is_correct(dis
     rank = dist.get_rank()
     for src in members:
         objs = ["ok", Unpicklable()] if rank == src else [SENTINEL, SENTINEL]
-        with pytest.raises(TypeError, match=cannot_pickle(
-                dist, "broadcast_object_list", rf"rank {src} could not pickle its object_list: {PICKLE_ERR}")) as err:
+        with pytest.raises(
+            TypeError,
+            match=cannot_pickle(
+                dist, "broadcast_object_list", rf"rank {src} could not pickle its object_list: {PICKLE_ERR}"
+            ),
+        ) as err:
             dist.broadcast_object_list(objs, src=src, group=g)
         if rank == src:
             assert isinstance(err.value.__cause__, RuntimeError)
@@ -388,8 +409,9 @@ def test_unpicklable_obj_in_gather_object_raises_on_every_rank(dist, any_group):
     for dst in members:
         bad = members[-1]
         out = [SENTINEL] * len(members) if rank == dst else None
-        with pytest.raises(TypeError, match=cannot_pickle(
-                dist, "gather_object", rf"rank {bad} could not pickle its obj: {PICKLE_ERR}")):
+        with pytest.raises(
+            TypeError, match=cannot_pickle(dist, "gather_object", rf"rank {bad} could not pickle its obj: {PICKLE_ERR}")
+        ):
             dist.gather_object(Unpicklable() if rank == bad else rank, out, dst=dst, group=g)
         if rank == dst:
             assert out == [SENTINEL] * len(members)
@@ -404,9 +426,15 @@ def test_gather_object_that_dst_cannot_unpickle_raises_on_every_rank(dist, any_g
         return
     rank, dst, sender = dist.get_rank(), members[0], members[-1]
     out = [SENTINEL] * len(members) if rank == dst else None
-    with pytest.raises(TypeError, match=cannot_pickle(
-            dist, "gather_object", rf"rank {dst} could not unpickle the obj of rank {sender}: ModuleNotFoundError: "
-                                   rf"no module named 'only_elsewhere' on rank {dst}")) as err:
+    with pytest.raises(
+        TypeError,
+        match=cannot_pickle(
+            dist,
+            "gather_object",
+            rf"rank {dst} could not unpickle the obj of rank {sender}: ModuleNotFoundError: "
+            rf"no module named 'only_elsewhere' on rank {dst}",
+        ),
+    ) as err:
         dist.gather_object(Picky(dst) if rank == sender else rank, out, dst=dst, group=g)
     assert isinstance(err.value.__cause__, ModuleNotFoundError) == (rank == dst)
     if rank == dst:
@@ -426,13 +454,18 @@ def test_unpicklable_item_in_scatter_object_list_raises_on_every_rank(dist, any_
         k = len(members) - 1
         inputs = [f"to {r}" for r in members[:k]] + [Unpicklable()] if rank == src else None
         out = [SENTINEL]
-        with pytest.raises(TypeError, match=cannot_pickle(
-                dist, "scatter_object_list", rf"rank {src} could not pickle its scatter_object_input_list\[{k}\]: "
-                                             rf"{PICKLE_ERR}")):
+        with pytest.raises(
+            TypeError,
+            match=cannot_pickle(
+                dist,
+                "scatter_object_list",
+                rf"rank {src} could not pickle its scatter_object_input_list\[{k}\]: "
+                rf"{PICKLE_ERR}",
+            ),
+        ):
             dist.scatter_object_list(out, inputs, src=src, group=g)
         assert out == [SENTINEL]
-        dist.scatter_object_list(out, [rank_object(src, r) for r in members] if rank == src else None, src=src,
-                                 group=g)
+        dist.scatter_object_list(out, [rank_object(src, r) for r in members] if rank == src else None, src=src, group=g)
         assert_same(out, [rank_object(src, rank)])
 
 
@@ -443,8 +476,10 @@ def test_object_a_receiver_cannot_unpickle_raises_there_and_leaves_nothing_behin
     if not is_member(dist, members):
         return
     rank, src, bad = dist.get_rank(), members[0], members[-1]
-    want = rf"rank {bad} could not unpickle the %s of rank {src}: ModuleNotFoundError: " \
-           rf"no module named 'only_elsewhere' on rank {bad}"
+    want = (
+        rf"rank {bad} could not unpickle the %s of rank {src}: ModuleNotFoundError: "
+        rf"no module named 'only_elsewhere' on rank {bad}"
+    )
     objs = [Picky(bad)] if rank == src else [SENTINEL]
     if rank == bad and bad != src:
         with pytest.raises(TypeError, match=cannot_pickle(dist, "broadcast_object_list", want % "object_list")):
@@ -464,8 +499,9 @@ def test_object_a_receiver_cannot_unpickle_raises_there_and_leaves_nothing_behin
     out = [SENTINEL]
     inputs = [Picky(bad)] * len(members) if rank == src else None
     if rank == bad:
-        with pytest.raises(TypeError, match=cannot_pickle(dist, "scatter_object_list",
-                                                          want % "scatter_object_input_list item")):
+        with pytest.raises(
+            TypeError, match=cannot_pickle(dist, "scatter_object_list", want % "scatter_object_input_list item")
+        ):
             dist.scatter_object_list(out, inputs, src=src, group=g)
         assert out == [SENTINEL]
     else:
@@ -481,21 +517,31 @@ def test_unpicklable_send_object_list_raises_on_both_sides(dist, world):
     """Before: the sender raised, the receiver waited for the timeout."""
     rank, size = world
     if rank == 0:
-        with pytest.raises(TypeError, match=cannot_pickle(
-                dist, "send_object_list", rf"rank 0 could not pickle its object_list: {PICKLE_ERR}")) as err:
+        with pytest.raises(
+            TypeError,
+            match=cannot_pickle(dist, "send_object_list", rf"rank 0 could not pickle its object_list: {PICKLE_ERR}"),
+        ) as err:
             dist.send_object_list(["fine", Unpicklable()], 1)
         assert isinstance(err.value.__cause__, RuntimeError)
         dist.send_object_list(["next", Picky(1)], 1)
         dist.send_object_list(["last"], 1)
     elif rank == 1:
         out = [SENTINEL, SENTINEL]
-        with pytest.raises(TypeError, match=cannot_pickle(
-                dist, "recv_object_list", rf"rank 0 could not pickle its object_list: {PICKLE_ERR}")):
+        with pytest.raises(
+            TypeError,
+            match=cannot_pickle(dist, "recv_object_list", rf"rank 0 could not pickle its object_list: {PICKLE_ERR}"),
+        ):
             dist.recv_object_list(out, 0)
         assert out == [SENTINEL, SENTINEL]
-        with pytest.raises(TypeError, match=cannot_pickle(
-                dist, "recv_object_list", r"rank 1 could not unpickle the object_list of rank 0: ModuleNotFoundError: "
-                                          r"no module named 'only_elsewhere' on rank 1")) as err:
+        with pytest.raises(
+            TypeError,
+            match=cannot_pickle(
+                dist,
+                "recv_object_list",
+                r"rank 1 could not unpickle the object_list of rank 0: ModuleNotFoundError: "
+                r"no module named 'only_elsewhere' on rank 1",
+            ),
+        ) as err:
             dist.recv_object_list(out)
         assert isinstance(err.value.__cause__, ModuleNotFoundError) and out == [SENTINEL, SENTINEL]
         out = [None]
@@ -507,43 +553,67 @@ def test_lock_in_broadcast_names_pythons_own_error(dist, world):
     """A real unpicklable object: Python's TypeError, named and chained on src."""
     rank, size = world
     objs = [threading.Lock()] if rank == 0 else [None]
-    with pytest.raises(TypeError, match=cannot_pickle(
-            dist, "broadcast_object_list",
-            r"rank 0 could not pickle its object_list: TypeError: cannot pickle '_thread.lock' object")) as err:
+    with pytest.raises(
+        TypeError,
+        match=cannot_pickle(
+            dist,
+            "broadcast_object_list",
+            r"rank 0 could not pickle its object_list: TypeError: cannot pickle '_thread.lock' object",
+        ),
+    ) as err:
         dist.broadcast_object_list(objs, src=0)
     assert isinstance(err.value.__cause__, TypeError) == (rank == 0)
 
 
 # ---------------------------------------------------------------- bad input
 
+
 def test_bad_lists_rejected_before_communicating(dist, world):
     rank, size = world
     p = rf"\[rank {rank}/{size}\]"
     with pytest.raises(TypeError, match=rf"{p} broadcast_object_list: object_list must be a list, got tuple"):
         dist.broadcast_object_list((1,), src=0)
-    with pytest.raises(ValueError, match=rf"{p} all_gather_object: object_list must have one item per "
-                                         rf"group member \({size}\), got {size + 1}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{p} all_gather_object: object_list must have one item per "
+        rf"group member \({size}\), got {size + 1}",
+    ):
         dist.all_gather_object([None] * (size + 1), 1)
     with pytest.raises(TypeError, match=rf"{p} all_gather_object: object_list must be a list, got NoneType"):
         dist.all_gather_object(None, 1)
     if rank == 0:
-        with pytest.raises(ValueError, match=rf"{p} gather_object: object_gather_list must have one item "
-                                             rf"per group member \({size}\), got {size + 2}"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{p} gather_object: object_gather_list must have one item "
+            rf"per group member \({size}\), got {size + 2}",
+        ):
             dist.gather_object(1, [None] * (size + 2), dst=0)
         with pytest.raises(TypeError, match=rf"{p} gather_object: object_gather_list must be a list, got NoneType"):
             dist.gather_object(1, None, dst=0)
-        with pytest.raises(ValueError, match=rf"{p} scatter_object_list: scatter_object_input_list must have "
-                                             rf"one item per group member \({size}\), got {size + 1}"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{p} scatter_object_list: scatter_object_input_list must have "
+            rf"one item per group member \({size}\), got {size + 1}",
+        ):
             dist.scatter_object_list([None], [0] * (size + 1), src=0)
     else:
-        with pytest.raises(ValueError, match=rf"{p} gather_object: object_gather_list must be None on ranks "
-                                             rf"other than dst=0, got a list of {size} items"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{p} gather_object: object_gather_list must be None on ranks "
+            rf"other than dst=0, got a list of {size} items",
+        ):
             dist.gather_object(1, [None] * size, dst=0)
-        with pytest.raises(ValueError, match=rf"{p} scatter_object_list: scatter_object_output_list must hold "
-                                             rf"at least 1 item, got an empty list"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{p} scatter_object_list: scatter_object_output_list must hold "
+            rf"at least 1 item, got an empty list",
+        ):
             dist.scatter_object_list([], None, src=0)
-    with pytest.raises(TypeError, match=rf"{p} scatter_object_list: scatter_object_output_list must be a "
-                                        rf"list, got dict"):
+    with pytest.raises(
+        TypeError,
+        match=rf"{p} scatter_object_list: scatter_object_output_list must be a "
+        rf"list, got dict",
+    ):
         dist.scatter_object_list({}, None, src=0)
     dist.barrier()
 

@@ -1,4 +1,5 @@
 """mpidist.optim.SGD against an independent implementation of torch.optim.SGD's algorithm."""
+
 import io
 
 import numpy as np
@@ -151,16 +152,19 @@ def test_load_state_dict_errors():
     assert opt.lr == 0.1 and opt.state_dict()["momentum_buffer.0"][0] == 1  # unchanged
 
 
-@pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(lr=-0.1), ValueError, "lr"),
-    (dict(lr=0.1, momentum=-0.5), ValueError, "momentum"),
-    (dict(lr=0.1, weight_decay=-1.0), ValueError, "weight_decay"),
-    (dict(lr=0.1, nesterov=True), ValueError, "nesterov"),
-    (dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True), ValueError, "nesterov"),
-    (dict(lr="0.1"), TypeError, "lr"),
-    (dict(lr=float("nan")), ValueError, "lr"),
-    (dict(lr=0.1, nesterov=1), TypeError, "nesterov"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(lr=-0.1), ValueError, "lr"),
+        (dict(lr=0.1, momentum=-0.5), ValueError, "momentum"),
+        (dict(lr=0.1, weight_decay=-1.0), ValueError, "weight_decay"),
+        (dict(lr=0.1, nesterov=True), ValueError, "nesterov"),
+        (dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True), ValueError, "nesterov"),
+        (dict(lr="0.1"), TypeError, "lr"),
+        (dict(lr=float("nan")), ValueError, "lr"),
+        (dict(lr=0.1, nesterov=1), TypeError, "nesterov"),
+    ],
+)
 def test_bad_hyper_parameters(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         SGD([Parameter(np.ones(1))], **kwargs)

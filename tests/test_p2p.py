@@ -1,4 +1,5 @@
 """Point-to-point on numpy arrays."""
+
 from __future__ import annotations
 
 import re
@@ -59,16 +60,25 @@ def test_recv_from_any_source_returns_sender(dist, world):
 
 # A message of another size never touches the buffer (issue 14, item 6): (what rank 0 sends,
 # how rank 1's error describes it) for a receive into a float64 array of shape (2, 2).
-BAD = [(np.arange(3.0), "3 elements of float64"), (np.arange(5.0), "5 elements of float64"),
-       (np.arange(40.0), "40 elements of float64"),
-       (np.arange(12, dtype=np.uint8), r"12 bytes \(not a whole number of float64 elements\)")]
+BAD = [
+    (np.arange(3.0), "3 elements of float64"),
+    (np.arange(5.0), "5 elements of float64"),
+    (np.arange(40.0), "40 elements of float64"),
+    (np.arange(12, dtype=np.uint8), r"12 bytes \(not a whole number of float64 elements\)"),
+]
 
 
 def mismatch(op: str, size: int, what: str, in_place: bool = False) -> str:
-    state = (r"the tensor's contents are undefined \(the irecv was posted before the message came, so it was "
-             r"received in place\)" if in_place else "the tensor left unchanged")
-    return (rf"^\[rank 1/{size}\] {op}: received {what} from rank 0, expected 4 \(tensor shape \(2, 2\)\); the "
-            rf"message was consumed and {state}; sender and receiver must use the same shape and dtype$")
+    state = (
+        r"the tensor's contents are undefined \(the irecv was posted before the message came, so it was "
+        r"received in place\)"
+        if in_place
+        else "the tensor left unchanged"
+    )
+    return (
+        rf"^\[rank 1/{size}\] {op}: received {what} from rank 0, expected 4 \(tensor shape \(2, 2\)\); the "
+        rf"message was consumed and {state}; sender and receiver must use the same shape and dtype$"
+    )
 
 
 def raises_untouched(buf: np.ndarray, pattern: str, call, *args) -> None:
@@ -128,8 +138,11 @@ def test_irecv_of_another_size_raises_before_writing(dist, world):
             larger = i in (1, 2)  # MPI truncates a larger message
             with pytest.raises(ValueError) as err:
                 w.wait()
-            pattern = (r"irecv: the incoming message is larger than the receive buffer" if larger
-                       else mismatch("irecv", size, what, in_place=True))
+            pattern = (
+                r"irecv: the incoming message is larger than the receive buffer"
+                if larger
+                else mismatch("irecv", size, what, in_place=True)
+            )
             assert re.search(pattern, str(err.value)), (pattern, str(err.value))
             buf[...] = -1.0
         w = dist.irecv(buf, 0, tag=30)

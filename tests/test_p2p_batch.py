@@ -1,4 +1,5 @@
 """P2POp and batch_isend_irecv."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,7 +48,7 @@ def test_batch_all_to_all_with_tags_and_dtypes(dist, world, n):
     assert len(works) == len(ops)
     for w in works:
         w.wait()
-    for (p, t), a in ins.items():
+    for (p, _t), a in ins.items():
         np.testing.assert_array_equal(a, payload(p, rank, n, a.dtype))
 
 
@@ -83,8 +84,11 @@ def test_bad_ops_rejected(dist, world):
     rank, size = world
     p = rf"\[rank {rank}/{size}\]"
     x = np.ones(3)
-    with pytest.raises(ValueError, match=rf"{p} batch_isend_irecv: p2p_op_list must be a non-empty list of "
-                                         rf"P2POp, got \[\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{p} batch_isend_irecv: p2p_op_list must be a non-empty list of "
+        rf"P2POp, got \[\]",
+    ):
         batch_isend_irecv([])
     with pytest.raises(ValueError, match=rf"{p} batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp"):
         batch_isend_irecv(P2POp(dist.isend, x, 0))
@@ -107,15 +111,21 @@ def test_bad_op_in_batch_posts_nothing(dist, world):
     right = (rank + 1) % size
     x = np.full(2, 5.0)
     good = P2POp(dist.isend, x, right, tag=31)
-    with pytest.raises(ValueError, match=rf"batch_isend_irecv: p2p_op_list\[1\].peer={size}: global rank "
-                                         rf"{size} is not part"):
+    with pytest.raises(
+        ValueError,
+        match=rf"batch_isend_irecv: p2p_op_list\[1\].peer={size}: global rank "
+        rf"{size} is not part",
+    ):
         batch_isend_irecv([good, P2POp(dist.irecv, x, size)])
     with pytest.raises(ValueError, match=r"batch_isend_irecv: p2p_op_list\[2\].tag must be in \[0, \d+\]"):
         batch_isend_irecv([good, good, P2POp(dist.isend, x, right, tag=-5)])
     with pytest.raises(TypeError, match=r"batch_isend_irecv: p2p_op_list\[0\].tag must be an int, got float"):
         batch_isend_irecv([P2POp(dist.isend, x, right, tag=1.0)])
-    with pytest.raises(ValueError, match=rf"batch_isend_irecv: p2p_op_list\[1\].peer={rank} is the calling "
-                                         rf"rank itself"):
+    with pytest.raises(
+        ValueError,
+        match=rf"batch_isend_irecv: p2p_op_list\[1\].peer={rank} is the calling "
+        rf"rank itself",
+    ):
         batch_isend_irecv([good, P2POp(dist.isend, x, rank)])
     dist.barrier()
     # nothing from the rejected batches reached anyone

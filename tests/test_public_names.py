@@ -1,4 +1,5 @@
 """Public names that torch.distributed has and mpidist's internal modules must not shadow."""
+
 from __future__ import annotations
 
 import types

@@ -1,4 +1,5 @@
 """mpidist._public_op: each public op's entry (group, device detour, body), compiled once."""
+
 import inspect
 
 import numpy as np
@@ -12,8 +13,12 @@ def test_the_body_must_take_the_stubs_parameters():
     def all_reduce(tensor, g):  # misses op, async_op
         return None
 
-    with pytest.raises(TypeError, match=r"public_op entry: body .*all_reduce must take \['tensor', 'op', 'g', "
-                                        r"'async_op'\], got \['tensor', 'g'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"public_op entry: body .*all_reduce must take \['tensor', 'op', 'g', "
+        r"'async_op'\], got \['tensor', 'g'\]",
+    ):
+
         @public_op(all_reduce)
         def entry(tensor, op=None, group=None, async_op=False):
             """A stub."""
@@ -24,6 +29,7 @@ def test_the_stub_holds_no_code():
         return None
 
     with pytest.raises(TypeError, match=r"public_op entry: the stub must hold only its signature and docstring"):
+
         @public_op(all_reduce)
         def entry(tensor, group=None):
             """A stub with a body that would never run."""
@@ -36,16 +42,17 @@ def _entry_over(calls: list):
         return "body ran"
 
     @public_op(all_reduce)
-    def entry(tensor: np.ndarray, op: str = "sum", group=None, async_op: bool = False, *,
-              algorithm: str = "x") -> str:
+    def entry(tensor: np.ndarray, op: str = "sum", group=None, async_op: bool = False, *, algorithm: str = "x") -> str:
         """The stub's docstring."""
+
     return entry
 
 
 def test_the_entry_keeps_the_stubs_signature_and_docstring():
     entry = _entry_over([])
-    assert str(inspect.signature(entry)) == ("(tensor: numpy.ndarray, op: str = 'sum', group=None, "
-                                             "async_op: bool = False, *, algorithm: str = 'x') -> str")
+    assert str(inspect.signature(entry)) == (
+        "(tensor: numpy.ndarray, op: str = 'sum', group=None, async_op: bool = False, *, algorithm: str = 'x') -> str"
+    )
     assert entry.__doc__ == "The stub's docstring."
     assert entry.__name__ == "entry" and entry.__module__ == __name__
 

@@ -1,18 +1,18 @@
 """The flight recorder: what each op records, sequence numbers that agree across members,
 dumps, and ``python -m mpidist.tools.trace`` lining the ranks up."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
 
-from conftest import launcher_free_env
 from mpidist import _recorder
 from mpidist.tools import trace
 
@@ -42,11 +42,19 @@ def test_collectives_are_recorded_and_numbered_alike_on_every_member(dist, any_g
     work.wait()
     got = recent(key, 5)
     assert [(e["op"], e["seq"], e["state"]) for e in got] == [
-        ("all_reduce", first, "completed"), ("broadcast", first + 1, "completed"), ("barrier", first + 2, "completed"),
-        ("all_gather_into_tensor", first + 3, "completed"), ("all_reduce", first + 4, "completed")]
+        ("all_reduce", first, "completed"),
+        ("broadcast", first + 1, "completed"),
+        ("barrier", first + 2, "completed"),
+        ("all_gather_into_tensor", first + 3, "completed"),
+        ("all_reduce", first + 4, "completed"),
+    ]
     assert [(e["shapes"], e["dtype"], e["root"]) for e in got] == [
-        ([4], "float64", -1), ([4], "float64", members[-1]), (None, None, -1), ([4], "float64", -1),
-        ([4], "float32", -1)]
+        ([4], "float64", -1),
+        ([4], "float64", members[-1]),
+        (None, None, -1),
+        ([4], "float64", -1),
+        ([4], "float32", -1),
+    ]
     assert all(e["issued"] <= e["started"] <= e["ended"] and e["duration_s"] >= 0 for e in got)
     assert all(e["group_ranks"] == members and not e["p2p"] for e in got)
     # every member holds the same key and numbers for this group
@@ -63,14 +71,15 @@ def test_point_to_point_is_recorded_with_its_peer(dist, world):
         dist.isend(np.ones(2, np.int32), 1, tag=5).wait()
         got = recent("world", 2)
         assert [(e["op"], e["peer"], e["shapes"], e["dtype"], e["p2p"], e["state"]) for e in got] == [
-            ("send", 1, [3], "float64", True, "completed"), ("isend", 1, [2], "int32", True, "completed")]
+            ("send", 1, [3], "float64", True, "completed"),
+            ("isend", 1, [2], "int32", True, "completed"),
+        ]
     elif rank == 1:
         dist.recv(np.zeros(3), None)
         w = dist.irecv(np.zeros(2, np.int32), 0, tag=5)
         w.wait()
         got = recent("world", 2)
-        assert [(e["op"], e["peer"], e["state"]) for e in got] == [("recv", -1, "completed"),
-                                                                  ("irecv", 0, "completed")]
+        assert [(e["op"], e["peer"], e["state"]) for e in got] == [("recv", -1, "completed"), ("irecv", 0, "completed")]
     assert g.engine.p2p_seq >= (2 if rank < 2 else 0)
     dist.barrier()
 
@@ -96,70 +105,132 @@ def test_dump_writes_every_rank_and_trace_lines_them_up(dist, world, monkeypatch
     if rank == 0:
         docs = trace.load(directory)
         assert sorted(docs) == list(range(size))
-        only = {r: {**d, "entries": [e for e in d["entries"] if e["group_key"] == key],
-                    "groups": [x for x in d["groups"] if x["key"] == key]} for r, d in docs.items()}
+        only = {
+            r: {
+                **d,
+                "entries": [e for e in d["entries"] if e["group_key"] == key],
+                "groups": [x for x in d["groups"] if x["key"] == key],
+            }
+            for r, d in docs.items()
+        }
         assert trace.analyse(only) == []
         report = trace.render(only, [])
         assert f"  3     broadcast(int64, root {size - 1}) (5,) completed" in report
-        assert report.endswith("verdict: no divergence found: every rank issued the same collectives in the "
-                               "same order")
+        assert report.endswith("verdict: no divergence found: every rank issued the same collectives in the same order")
     dist.barrier()
     dist.destroy_process_group(g)
 
 
 # -- the trace tool on hand-made dumps ---------------------------------------------------------
 
-def entry(seq: int, op: str = "all_reduce", state: str = "completed", root: int = -1, dtype: str = "float32",
-          key: str = "world", group: str = "default_pg", ranks=(0, 1, 2)) -> dict:
-    return {"seq": seq, "op": op, "p2p": False, "group": group, "group_key": key, "group_ranks": list(ranks),
-            "shapes": [4], "dtype": dtype, "root": root, "issued": 1.0, "started": 1.0,
-            "ended": None if state == "started" else 2.0, "duration_s": None, "state": state,
-            "timeout_s": 1800.0, "info": None}
+
+def entry(
+    seq: int,
+    op: str = "all_reduce",
+    state: str = "completed",
+    root: int = -1,
+    dtype: str = "float32",
+    key: str = "world",
+    group: str = "default_pg",
+    ranks=(0, 1, 2),
+) -> dict:
+    return {
+        "seq": seq,
+        "op": op,
+        "p2p": False,
+        "group": group,
+        "group_key": key,
+        "group_ranks": list(ranks),
+        "shapes": [4],
+        "dtype": dtype,
+        "root": root,
+        "issued": 1.0,
+        "started": 1.0,
+        "ended": None if state == "started" else 2.0,
+        "duration_s": None,
+        "state": state,
+        "timeout_s": 1800.0,
+        "info": None,
+    }
 
 
 def write_dumps(directory, per_rank: dict) -> None:
     for rank, entries in per_rank.items():
         issued = max([e["seq"] + 1 for e in entries if e["group_key"] == "world"], default=0)
-        doc = {"rank": rank, "world_size": len(per_rank), "pid": 100 + rank, "host": "h", "reason": "timeout",
-               "time": 0.0, "timeout_s": 1800.0, "buffer": 2048, "entries": entries,
-               "groups": [{"key": "world", "name": "default_pg", "ranks": [0, 1, 2], "issued": issued,
-                           "current": None}]}
+        doc = {
+            "rank": rank,
+            "world_size": len(per_rank),
+            "pid": 100 + rank,
+            "host": "h",
+            "reason": "timeout",
+            "time": 0.0,
+            "timeout_s": 1800.0,
+            "buffer": 2048,
+            "entries": entries,
+            "groups": [{"key": "world", "name": "default_pg", "ranks": [0, 1, 2], "issued": issued, "current": None}],
+        }
         (directory / f"rank{rank}.json").write_text(json.dumps(doc))
 
 
 def run_trace(directory) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpidist.tools.trace", str(directory)], capture_output=True,
-                          text=True, timeout=60, env=launcher_free_env())
+    return subprocess.run(
+        [sys.executable, "-m", "mpidist.tools.trace", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(),
+    )
 
 
 def test_trace_finds_the_rank_that_never_arrived(tmp_path):
     done = [entry(0), entry(1, "broadcast", root=0)]
-    write_dumps(tmp_path, {0: done + [entry(2, state="started")], 1: done,
-                           2: done + [entry(2, state="started")]})
+    write_dumps(tmp_path, {0: done + [entry(2, state="started")], 1: done, 2: done + [entry(2, state="started")]})
     out = run_trace(tmp_path)
     assert out.returncode == 1, out.stderr
     lines = out.stdout.splitlines()
     row = next(line for line in lines if line.endswith("<== diverges here"))
-    assert row.split() == ["2", "all_reduce(float32)", "(4,)", "started", "-", "all_reduce(float32)", "(4,)",
-                           "started", "<==", "diverges", "here"]
-    assert lines[-2] == ("  group 'default_pg' (ranks [0, 1, 2]) sequence number 2: rank(s) [1] had not arrived "
-                         "(rank 1 issued 2 collectives on this group, latest op: broadcast #1 on group "
-                         "'default_pg' (completed)); the others called all_reduce(float32)")
-    assert lines[-1] == ("verdict: rank(s) [1] diverged first, on group 'default_pg' at sequence number 2 "
-                         "(not arrived)")
+    assert row.split() == [
+        "2",
+        "all_reduce(float32)",
+        "(4,)",
+        "started",
+        "-",
+        "all_reduce(float32)",
+        "(4,)",
+        "started",
+        "<==",
+        "diverges",
+        "here",
+    ]
+    assert lines[-2] == (
+        "  group 'default_pg' (ranks [0, 1, 2]) sequence number 2: rank(s) [1] had not arrived "
+        "(rank 1 issued 2 collectives on this group, latest op: broadcast #1 on group "
+        "'default_pg' (completed)); the others called all_reduce(float32)"
+    )
+    assert lines[-1] == (
+        "verdict: rank(s) [1] diverged first, on group 'default_pg' at sequence number 2 (not arrived)"
+    )
 
 
 def test_trace_finds_mismatched_ops_dtypes_and_roots(tmp_path):
-    cases = [(entry(1), entry(1, "broadcast", root=0), "all_reduce(float32)", "broadcast(float32, root 0)"),
-             (entry(1), entry(1, dtype="float64"), "all_reduce(float32)", "all_reduce(float64)"),
-             (entry(1, "broadcast", root=0), entry(1, "broadcast", root=2), "broadcast(float32, root 0)",
-              "broadcast(float32, root 2)")]
+    cases = [
+        (entry(1), entry(1, "broadcast", root=0), "all_reduce(float32)", "broadcast(float32, root 0)"),
+        (entry(1), entry(1, dtype="float64"), "all_reduce(float32)", "all_reduce(float64)"),
+        (
+            entry(1, "broadcast", root=0),
+            entry(1, "broadcast", root=2),
+            "broadcast(float32, root 0)",
+            "broadcast(float32, root 2)",
+        ),
+    ]
     for right, wrong, right_text, wrong_text in cases:
         write_dumps(tmp_path, {0: [entry(0), right], 1: [entry(0), right], 2: [entry(0), wrong]})
         found = trace.analyse(trace.load(str(tmp_path)))
         assert [(f["kind"], f["ranks"], f["seq"]) for f in found] == [("mismatch", [2], 1)]
-        assert found[0]["text"] == (f"group 'default_pg' (ranks [0, 1, 2]) sequence number 1: mismatched "
-                                    f"collectives: rank(s) [0, 1] called {right_text}; rank(s) [2] called {wrong_text}")
+        assert found[0]["text"] == (
+            f"group 'default_pg' (ranks [0, 1, 2]) sequence number 1: mismatched "
+            f"collectives: rank(s) [0, 1] called {right_text}; rank(s) [2] called {wrong_text}"
+        )
 
 
 def test_trace_without_divergence_and_without_dumps(tmp_path):
@@ -195,8 +266,15 @@ def test_the_all_reduce_latency_path_records_what_launch_records(dist, world):
 
 
 def test_zero_length_buffer_keeps_no_history():
-    code = ("import numpy as np, mpidist\nmpidist.init_process_group()\nmpidist.all_reduce(np.ones(2))\n"
-            "print(len(mpidist._recorder.snapshot()), mpidist._runtime.state().world.engine.seq)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=launcher_free_env(MPIDIST_TRACE_BUFFER="0"))
+    code = (
+        "import numpy as np, mpidist\nmpidist.init_process_group()\nmpidist.all_reduce(np.ones(2))\n"
+        "print(len(mpidist._recorder.snapshot()), mpidist._runtime.state().world.engine.seq)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(MPIDIST_TRACE_BUFFER="0"),
+    )
     assert out.stdout == "0 1\n", out.stderr

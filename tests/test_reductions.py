@@ -1,6 +1,7 @@
 """reduce, reduce_scatter, reduce_scatter_tensor, all_reduce_multigpu, reduce_multigpu:
 every op (PREMUL_SUM included) x dtypes x groups, against numpy on inputs every rank can
 regenerate; async forms; bad input."""
+
 from __future__ import annotations
 
 import functools
@@ -17,9 +18,16 @@ PREFIX = r"\[rank \d+/\d+\] "
 SHAPE = (2, 3)
 #: op name -> op; the premul sums are made fresh per use of the table below.
 OPS = {
-    "SUM": ReduceOp.SUM, "AVG": ReduceOp.AVG, "PRODUCT": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN,
-    "MAX": ReduceOp.MAX, "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR, "BXOR": ReduceOp.BXOR,
-    "PREMUL2": make_premul_sum(2), "PREMUL_HALF": make_premul_sum(np.array(0.5)),
+    "SUM": ReduceOp.SUM,
+    "AVG": ReduceOp.AVG,
+    "PRODUCT": ReduceOp.PRODUCT,
+    "MIN": ReduceOp.MIN,
+    "MAX": ReduceOp.MAX,
+    "BAND": ReduceOp.BAND,
+    "BOR": ReduceOp.BOR,
+    "BXOR": ReduceOp.BXOR,
+    "PREMUL2": make_premul_sum(2),
+    "PREMUL_HALF": make_premul_sum(np.array(0.5)),
 }
 DTYPES = [np.float32, np.int32, np.float16, np.uint8, np.complex64, np.bool_]
 # Which ops each kind of dtype supports (torch's rules; independent of mpidist's tables).
@@ -30,11 +38,27 @@ SUPPORTED = {
     "f": {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL2", "PREMUL_HALF"},
     "c": {"SUM", "AVG", "PRODUCT", "PREMUL2", "PREMUL_HALF"},
 }
-_UFUNC = {"SUM": np.add, "AVG": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
-          "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor,
-          "PREMUL2": np.add, "PREMUL_HALF": np.add}
-_BOOL_UFUNC = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or, "PRODUCT": np.logical_and,
-               "MIN": np.logical_and, "BAND": np.logical_and, "BXOR": np.logical_xor}
+_UFUNC = {
+    "SUM": np.add,
+    "AVG": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
+    "PREMUL2": np.add,
+    "PREMUL_HALF": np.add,
+}
+_BOOL_UFUNC = {
+    "SUM": np.logical_or,
+    "MAX": np.logical_or,
+    "BOR": np.logical_or,
+    "PRODUCT": np.logical_and,
+    "MIN": np.logical_and,
+    "BAND": np.logical_and,
+    "BXOR": np.logical_xor,
+}
 _FACTOR = {"PREMUL2": 2, "PREMUL_HALF": 0.5}
 
 
@@ -206,8 +230,7 @@ def test_reduce_multigpu_every_op_dtype_and_group(dist, any_group, name):
             assert dist.reduce_multigpu(arrays, dst, op=OPS[name], group=g, dst_tensor=dst_tensor) is None
             for i, (x, y) in enumerate(zip(arrays, before)):
                 if rank == dst and i == dst_tensor:
-                    want = reference(name, [rank_input(r, name, dtype, k=j) for r in members
-                                            for j in range(LISTLEN)])
+                    want = reference(name, [rank_input(r, name, dtype, k=j) for r in members for j in range(LISTLEN)])
                     np.testing.assert_array_equal(x, want, err_msg=f"{name} {np.dtype(dtype)}")
                 else:
                     np.testing.assert_array_equal(x, y)
@@ -261,47 +284,80 @@ def test_premul_sum_factor_is_read_when_the_op_runs(dist, world):
 def test_bad_lists_rejected(dist, world):
     _, size = world
     out = np.zeros(3)
-    with pytest.raises(ValueError, match=PREFIX + rf"reduce_scatter: input_list must hold one array per "
-                                              rf"group rank: expected {size}, got {size + 1}"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + rf"reduce_scatter: input_list must hold one array per "
+        rf"group rank: expected {size}, got {size + 1}",
+    ):
         dist.reduce_scatter(out, [np.ones(3)] * (size + 1))
-    with pytest.raises(TypeError, match=PREFIX + r"reduce_scatter: input_list must be a list of numpy "
-                                              r"arrays, got ndarray"):
+    with pytest.raises(
+        TypeError,
+        match=PREFIX + r"reduce_scatter: input_list must be a list of numpy "
+        r"arrays, got ndarray",
+    ):
         dist.reduce_scatter(out, np.ones((size, 3)))
     bad = [np.ones(3) for _ in range(size)]
     bad[-1] = np.ones(3, dtype=np.float32)
-    with pytest.raises(TypeError, match=PREFIX + rf"reduce_scatter: input_list\[{size - 1}\] dtype float32 "
-                                              r"does not match output dtype float64"):
+    with pytest.raises(
+        TypeError,
+        match=PREFIX + rf"reduce_scatter: input_list\[{size - 1}\] dtype float32 "
+        r"does not match output dtype float64",
+    ):
         dist.reduce_scatter(out, bad)
     bad[-1] = np.ones(4)
-    with pytest.raises(ValueError, match=PREFIX + rf"reduce_scatter: input_list\[{size - 1}\] has shape "
-                                              r"\(4,\), expected the shape of output \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + rf"reduce_scatter: input_list\[{size - 1}\] has shape "
+        r"\(4,\), expected the shape of output \(3,\)",
+    ):
         dist.reduce_scatter(out, bad)
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce_multigpu: tensor_list must hold at least "
-                                              r"one array, got an empty list"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce_multigpu: tensor_list must hold at least "
+        r"one array, got an empty list",
+    ):
         dist.all_reduce_multigpu([])
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce_multigpu: tensor_list\[1\] has shape "
-                                              r"\(2,\), expected the shape of tensor_list\[0\] \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce_multigpu: tensor_list\[1\] has shape "
+        r"\(2,\), expected the shape of tensor_list\[0\] \(3,\)",
+    ):
         dist.all_reduce_multigpu([np.ones(3), np.ones(2)])
-    with pytest.raises(TypeError, match=PREFIX + r"reduce_multigpu: tensor_list\[1\] dtype int64 does "
-                                              r"not match tensor_list\[0\] dtype float64"):
+    with pytest.raises(
+        TypeError,
+        match=PREFIX + r"reduce_multigpu: tensor_list\[1\] dtype int64 does "
+        r"not match tensor_list\[0\] dtype float64",
+    ):
         dist.reduce_multigpu([np.ones(3), np.ones(3, dtype=np.int64)], 0)
     a = np.ones(3)
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce_multigpu: tensor_list holds the same array "
-                                              r"more than once"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce_multigpu: tensor_list holds the same array "
+        r"more than once",
+    ):
         dist.all_reduce_multigpu([a, a])
-    with pytest.raises(ValueError, match=PREFIX + r"reduce_multigpu: dst_tensor=2 is out of range for "
-                                              r"tensor_list of length 2"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"reduce_multigpu: dst_tensor=2 is out of range for "
+        r"tensor_list of length 2",
+    ):
         dist.reduce_multigpu([np.ones(3), np.ones(3)], 0, dst_tensor=2)
 
 
 def test_bad_sizes_and_ranks_rejected(dist, world):
     rank, size = world
-    with pytest.raises(ValueError, match=PREFIX + rf"reduce_scatter_tensor: input must hold world_size \* "
-                                              rf"output.size = {size} \* 3 = {3 * size} elements, got "
-                                              rf"{3 * size + 1} \(shape \({3 * size + 1},\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + rf"reduce_scatter_tensor: input must hold world_size \* "
+        rf"output.size = {size} \* 3 = {3 * size} elements, got "
+        rf"{3 * size + 1} \(shape \({3 * size + 1},\)\)",
+    ):
         dist.reduce_scatter_tensor(np.zeros(3), np.ones(3 * size + 1))
-    with pytest.raises(TypeError, match=PREFIX + r"reduce_scatter_tensor: input dtype int32 does not match "
-                                              r"output dtype float64"):
+    with pytest.raises(
+        TypeError,
+        match=PREFIX + r"reduce_scatter_tensor: input dtype int32 does not match "
+        r"output dtype float64",
+    ):
         dist.reduce_scatter_tensor(np.zeros(3), np.ones(3 * size, dtype=np.int32))
     with pytest.raises(ValueError, match=PREFIX + rf"reduce: dst={size}: global rank {size} is not part"):
         dist.reduce(np.ones(2), size)
@@ -316,23 +372,41 @@ def test_bad_sizes_and_ranks_rejected(dist, world):
 
 
 def test_bad_ops_rejected(dist, world):
-    with pytest.raises(ValueError, match=PREFIX + r"reduce: ReduceOp.PREMUL_SUM needs a factor: pass "
-                                              r"mpidist.make_premul_sum\(factor\)"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"reduce: ReduceOp.PREMUL_SUM needs a factor: pass "
+        r"mpidist.make_premul_sum\(factor\)",
+    ):
         dist.reduce(np.ones(2), 0, op=ReduceOp.PREMUL_SUM)
-    with pytest.raises(ValueError, match=PREFIX + r"reduce_scatter_tensor: make_premul_sum\(0.5\) on integer "
-                                              r"dtype int32 needs an integral factor, got 0.5"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"reduce_scatter_tensor: make_premul_sum\(0.5\) on integer "
+        r"dtype int32 needs an integral factor, got 0.5",
+    ):
         dist.reduce_scatter_tensor(np.zeros(1, np.int32), np.ones(world[1], np.int32), op=make_premul_sum(0.5))
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce: make_premul_sum\(2\) needs a numeric dtype, "
-                                              r"got bool"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce: make_premul_sum\(2\) needs a numeric dtype, "
+        r"got bool",
+    ):
         dist.all_reduce(np.ones(2, bool), op=make_premul_sum(2))
-    with pytest.raises(ValueError, match=PREFIX + r"all_reduce_multigpu: make_premul_sum\(1j\) on real "
-                                              r"dtype float64 needs a real factor, got 1j"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"all_reduce_multigpu: make_premul_sum\(1j\) on real "
+        r"dtype float64 needs a real factor, got 1j",
+    ):
         dist.all_reduce_multigpu([np.ones(2)], op=make_premul_sum(1j))
-    with pytest.raises(ValueError, match=PREFIX + r"reduce_multigpu: ReduceOp.BXOR needs an integer or bool "
-                                              r"dtype, got float32"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"reduce_multigpu: ReduceOp.BXOR needs an integer or bool "
+        r"dtype, got float32",
+    ):
         dist.reduce_multigpu([np.ones(2, np.float32)], 0, op=ReduceOp.BXOR)
-    with pytest.raises(ValueError, match=PREFIX + r"reduce: ReduceOp.AVG needs a floating or complex dtype, "
-                                              r"got bool"):
+    with pytest.raises(
+        ValueError,
+        match=PREFIX + r"reduce: ReduceOp.AVG needs a floating or complex dtype, "
+        r"got bool",
+    ):
         dist.reduce(np.ones(2, bool), 0, op=ReduceOp.AVG)
     with pytest.raises(TypeError, match=PREFIX + r"reduce_scatter: op must be a mpidist.ReduceOp, got 'max'"):
         dist.reduce_scatter(np.zeros(1), [np.ones(1)] * world[1], op="max")
@@ -349,9 +423,13 @@ def test_non_members_return_none_untouched(dist, world):
     g = dist.new_group([size - 1])
     x = np.full(3, 7.0)
     lst = [np.full(3, 7.0), np.full(3, 8.0)]
-    results = [dist.reduce(x, size - 1, group=g), dist.reduce_scatter(x, [x.copy()], group=g),
-               dist.reduce_scatter_tensor(x, x.copy(), group=g), dist.all_reduce_multigpu(lst, group=g),
-               dist.reduce_multigpu(lst, size - 1, group=g, dst_tensor=1)]
+    results = [
+        dist.reduce(x, size - 1, group=g),
+        dist.reduce_scatter(x, [x.copy()], group=g),
+        dist.reduce_scatter_tensor(x, x.copy(), group=g),
+        dist.all_reduce_multigpu(lst, group=g),
+        dist.reduce_multigpu(lst, size - 1, group=g, dst_tensor=1),
+    ]
     assert results == [None] * 5
     np.testing.assert_array_equal(x, np.full(3, 7.0))  # one-rank group: every op leaves 7
     np.testing.assert_array_equal(lst[0], np.full(3, 15.0) if rank == size - 1 else np.full(3, 7.0))

@@ -4,6 +4,7 @@ across ranks.
 Run under ``mpiexec -n N python -m pytest --with-mpi --only-mpi tests/test_ring.py``
 (any N), or as a singleton with ``python -m pytest --with-mpi tests/test_ring.py``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,27 +13,42 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist.algorithms import ring_all_reduce, ring_chunk_bounds
 from mpidist._reduce_op import ReduceOp, to_mpi_op
+from mpidist.algorithms import ring_all_reduce, ring_chunk_bounds
 
 DTYPES = ["float32", "float64", "int32", "int64", "uint8", "bool"]
 OPS = [op for op in ReduceOp if op is not ReduceOp.PREMUL_SUM]
 # element-wise references, written out independently of mpidist._reduce_op
 REF = {
-    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
-    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-    ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
 REF_BOOL = {
-    ReduceOp.SUM: np.logical_or, ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
-    ReduceOp.PRODUCT: np.logical_and, ReduceOp.MIN: np.logical_and,
-    ReduceOp.BAND: np.logical_and, ReduceOp.BXOR: np.logical_xor,
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.PRODUCT: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.BAND: np.logical_and,
+    ReduceOp.BXOR: np.logical_xor,
 }
 # shapes as functions of the world size n
 SHAPES = {
-    "0": lambda n: (0,), "1": lambda n: (1,), "n-1": lambda n: (max(n - 1, 0),),
-    "n": lambda n: (n,), "n+1": lambda n: (n + 1,), "2n+3": lambda n: (2 * n + 3,),
-    "3x5x7": lambda n: (3, 5, 7), "2x0x3": lambda n: (2, 0, 3), "n+1x4": lambda n: (n + 1, 4),
+    "0": lambda n: (0,),
+    "1": lambda n: (1,),
+    "n-1": lambda n: (max(n - 1, 0),),
+    "n": lambda n: (n,),
+    "n+1": lambda n: (n + 1,),
+    "2n+3": lambda n: (2 * n + 3,),
+    "3x5x7": lambda n: (3, 5, 7),
+    "2x0x3": lambda n: (2, 0, 3),
+    "n+1x4": lambda n: (n + 1, 4),
 }
 
 
@@ -52,8 +68,7 @@ def comm():
     c.Free()
 
 
-def make_input(seed: int, rank: int, shape: tuple, dtype: str, op: ReduceOp,
-               exact: bool = True) -> np.ndarray:
+def make_input(seed: int, rank: int, shape: tuple, dtype: str, op: ReduceOp, exact: bool = True) -> np.ndarray:
     """Rank ``rank``'s input; any rank can regenerate any other rank's.
 
     ``exact`` floats are small integers, so every reduction order gives the same bits.
@@ -99,9 +114,9 @@ def run_case(comm, shape, dtype, op, seed):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("op,dtype", [
-    pytest.param(op, dt, id=f"{op.name}-{dt}") for op in OPS for dt in DTYPES if supported(op, dt)
-])
+@pytest.mark.parametrize(
+    "op,dtype", [pytest.param(op, dt, id=f"{op.name}-{dt}") for op in OPS for dt in DTYPES if supported(op, dt)]
+)
 def test_all_ops_dtypes_shapes(comm, op, dtype):
     n = comm.Get_size()
     for i, shape_of in enumerate(SHAPES.values()):
@@ -109,10 +124,16 @@ def test_all_ops_dtypes_shapes(comm, op, dtype):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype,op", [
-    ("float32", ReduceOp.SUM), ("float64", ReduceOp.MAX), ("int64", ReduceOp.SUM),
-    ("uint8", ReduceOp.BXOR), ("bool", ReduceOp.BOR),
-])
+@pytest.mark.parametrize(
+    "dtype,op",
+    [
+        ("float32", ReduceOp.SUM),
+        ("float64", ReduceOp.MAX),
+        ("int64", ReduceOp.SUM),
+        ("uint8", ReduceOp.BXOR),
+        ("bool", ReduceOp.BOR),
+    ],
+)
 def test_large_odd_length(comm, dtype, op):
     run_case(comm, (1000003,), dtype, op, seed=7)
 

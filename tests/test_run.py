@@ -1,5 +1,6 @@
 """``python -m mpidist``: runs a script, module or code string as __main__, and turns an
 unhandled exception or a non-zero exit into a [rank r]-prefixed traceback and MPI_Abort."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -17,8 +17,9 @@ RUN = [sys.executable, "-m", "mpidist"]
 
 def run(*args: str, cwd=None, n: int = 0, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     cmd = ([MPIEXEC, "-n", str(n)] if n else []) + RUN + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=launcher_free_env(OMP_NUM_THREADS="1", **env))
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=launcher_free_env(OMP_NUM_THREADS="1", **env)
+    )
 
 
 def test_script_runs_as_main_with_its_arguments(tmp_path):
@@ -76,8 +77,10 @@ def test_usage_errors():
 def test_nonzero_exit_on_one_rank_aborts_the_job(tmp_path):
     """Rank 1 exits with 4 while rank 0 waits in a collective: the job ends, with code 4."""
     script = tmp_path / "exit.py"
-    script.write_text("import sys, numpy as np, mpidist\nmpidist.init_process_group()\n"
-                      "if mpidist.get_rank() == 1:\n    sys.exit(4)\nmpidist.all_reduce(np.ones(2))\n")
+    script.write_text(
+        "import sys, numpy as np, mpidist\nmpidist.init_process_group()\n"
+        "if mpidist.get_rank() == 1:\n    sys.exit(4)\nmpidist.all_reduce(np.ones(2))\n"
+    )
     start = time.monotonic()
     out = run(str(script), n=2, timeout=60, TMPDIR=str(tmp_path))  # (its flight recorder goes there)
     assert out.returncode == 4, out.stderr
@@ -88,8 +91,10 @@ def test_nonzero_exit_on_one_rank_aborts_the_job(tmp_path):
 @pytest.mark.parametrize("n", [2, 3])
 def test_clean_job_exits_0(tmp_path, n):
     script = tmp_path / "ok.py"
-    script.write_text("import numpy as np, mpidist\nmpidist.init_process_group()\nx = np.ones(2)\n"
-                      "mpidist.all_reduce(x)\nassert x[0] == mpidist.get_world_size()\nprint('ok')\n")
+    script.write_text(
+        "import numpy as np, mpidist\nmpidist.init_process_group()\nx = np.ones(2)\n"
+        "mpidist.all_reduce(x)\nassert x[0] == mpidist.get_world_size()\nprint('ok')\n"
+    )
     out = run(str(script), n=n)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("ok") == n  # (the ranks' lines may interleave)

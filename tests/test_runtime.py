@@ -1,4 +1,5 @@
 """Bootstrap from MPI: ranks, local ranks, env export, init/destroy lifecycle."""
+
 from __future__ import annotations
 
 import os
@@ -6,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
 
 import mpidist
-from conftest import launcher_free_env
 
 
 @pytest.mark.mpi
@@ -60,24 +61,30 @@ def test_destroy_then_use_raises_then_reinit(dist):
 
 
 def test_use_before_init_raises_in_fresh_process():
-    code = ("import mpidist, numpy\n"
-            "for f in (mpidist.get_rank, mpidist.get_world_size, lambda: mpidist.broadcast(numpy.ones(2), 0)):\n"
-            "    try: f()\n"
-            "    except ValueError as e: assert 'init_process_group' in str(e), e\n"
-            "    else: raise SystemExit('no error')\n"
-            "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=launcher_free_env())
+    code = (
+        "import mpidist, numpy\n"
+        "for f in (mpidist.get_rank, mpidist.get_world_size, lambda: mpidist.broadcast(numpy.ones(2), 0)):\n"
+        "    try: f()\n"
+        "    except ValueError as e: assert 'init_process_group' in str(e), e\n"
+        "    else: raise SystemExit('no error')\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=launcher_free_env()
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
 
 def test_plain_python_is_world_of_one():
-    code = ("import os, mpidist\n"
-            "mpidist.init_process_group()\n"
-            "print(mpidist.get_rank(), mpidist.get_world_size(), mpidist.get_node_local_rank(),"
-            " os.environ['WORLD_SIZE'])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=launcher_free_env())
+    code = (
+        "import os, mpidist\n"
+        "mpidist.init_process_group()\n"
+        "print(mpidist.get_rank(), mpidist.get_world_size(), mpidist.get_node_local_rank(),"
+        " os.environ['WORLD_SIZE'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=launcher_free_env()
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "1", "0", "1"]

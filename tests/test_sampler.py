@@ -1,4 +1,5 @@
 """DistributedSampler: torch.utils.data.distributed.DistributedSampler semantics."""
+
 from __future__ import annotations
 
 import math

@@ -16,6 +16,7 @@ become ``save_checkpoint``/``load_checkpoint``; ``loss.backward()`` becomes
 ``model.backward(loss_fn.backward())``. Remaining differences: docs/ddp.md, "The model
 toolkit, coming from torch".
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,17 @@ from threadpoolctl import threadpool_limits
 import mpidist as dist
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import load_digits_split
-from mpidist.nn import (Dropout, Linear, LogSoftmax, Module, MSELoss, NLLLoss, ReLU,
-                        consume_prefix_in_state_dict_if_present, manual_seed)
+from mpidist.nn import (
+    Dropout,
+    Linear,
+    LogSoftmax,
+    Module,
+    MSELoss,
+    NLLLoss,
+    ReLU,
+    consume_prefix_in_state_dict_if_present,
+    manual_seed,
+)
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel as DDP
 
@@ -46,7 +56,7 @@ def same_on_every_rank(model) -> bool:
 
 # -- seed 001: distributed synchronous SGD by hand ------------------------------------------------
 class Partition:
-    """ Dataset partitioning helper """
+    """Dataset partitioning helper"""
 
     def __init__(self, data, index):
         self.data = data
@@ -61,7 +71,6 @@ class Partition:
 
 
 class DataPartitioner:
-
     def __init__(self, data, sizes=(0.7, 0.2, 0.1), seed=1234):
         self.data = data
         self.partitions = []
@@ -88,7 +97,7 @@ class Net(Module):
         super().__init__()
         self.fc1 = Linear(64, 50)
         self.relu = ReLU()
-        self.drop = Dropout()          # F.dropout(x, training=self.training)
+        self.drop = Dropout()  # F.dropout(x, training=self.training)
         self.fc2 = Linear(50, 10)
         self.log_softmax = LogSoftmax(dim=1)
 
@@ -104,22 +113,22 @@ def partition_dataset(generator):
     x_train, y_train, _, _ = load_digits_split(seed=0)
     dataset = list(zip(x_train, y_train))
     size = dist.get_world_size()
-    bsz = int(128 / float(size))       # the tutorial passes the float to DataLoader
+    bsz = int(128 / float(size))  # the tutorial passes the float to DataLoader
     partition_sizes = [1.0 / size for _ in range(size)]
     partition = DataPartitioner(dataset, partition_sizes)
     partition = partition.use(dist.get_rank())
 
-    def train_set():                   # DataLoader(partition, batch_size=bsz, shuffle=True)
+    def train_set():  # DataLoader(partition, batch_size=bsz, shuffle=True)
         order = generator.permutation(len(partition))
         for b in range(0, len(order), bsz):
-            xs, ys = zip(*(partition[i] for i in order[b:b + bsz]))
+            xs, ys = zip(*(partition[i] for i in order[b : b + bsz]))
             yield np.stack(xs), np.array(ys)
 
     return train_set, len(partition), bsz
 
 
 def average_gradients(model):
-    """ Gradient averaging. """
+    """Gradient averaging."""
     size = float(dist.get_world_size())
     for param in model.parameters():
         dist.all_reduce(param.grad.data, op=dist.ReduceOp.SUM)
@@ -127,22 +136,22 @@ def average_gradients(model):
 
 
 def run_001(epochs):
-    """ Distributed Synchronous SGD Example """
-    generator = manual_seed(1234)      # torch.manual_seed(1234): init, dropout and shuffling
+    """Distributed Synchronous SGD Example"""
+    generator = manual_seed(1234)  # torch.manual_seed(1234): init, dropout and shuffling
     train_set, n, bsz = partition_dataset(generator)
     model = Net()
-    optimizer = SGD(model.parameters(), lr=0.01 * 50, momentum=0.5)   # 50x: a few epochs suffice
-    loss_fn = NLLLoss()                # F.nll_loss
+    optimizer = SGD(model.parameters(), lr=0.01 * 50, momentum=0.5)  # 50x: a few epochs suffice
+    loss_fn = NLLLoss()  # F.nll_loss
     num_batches = ceil(n / float(bsz))
     losses = []
-    for epoch in range(epochs):
+    for _epoch in range(epochs):
         epoch_loss = 0.0
         for data, target in train_set():
             optimizer.zero_grad()
             output = model(data)
             loss = loss_fn(output, target)
             epoch_loss += loss.item()
-            model.backward(loss_fn.backward())   # loss.backward()
+            model.backward(loss_fn.backward())  # loss.backward()
             average_gradients(model)
             optimizer.step()
         losses.append(epoch_loss / num_batches)
@@ -152,13 +161,13 @@ def run_001(epochs):
 def test_seed_001_distributed_sgd_tutorial(dist, world):
     with threadpool_limits(limits=1):
         model, losses = run_001(epochs=8)
-        assert same_on_every_rank(model)             # same seed, averaged gradients
+        assert same_on_every_rank(model)  # same seed, averaged gradients
         assert losses[-1] < 0.3 * losses[0], losses
         _, _, x_test, y_test = load_digits_split(seed=0)
-        model.eval()                                 # dropout off
+        model.eval()  # dropout off
         accuracy = float((model(x_test).argmax(axis=1) == y_test).mean())
         assert accuracy > 0.85, accuracy
-        again, again_losses = run_001(epochs=8)      # manual_seed: the same run again, bitwise
+        again, again_losses = run_001(epochs=8)  # manual_seed: the same run again, bitwise
     assert again_losses == losses
     assert all(np.array_equal(p.data, q.data) for p, q in zip(model.parameters(), again.parameters()))
 
@@ -179,7 +188,7 @@ def test_all_reduce_of_param_grad_updates_it_in_place_on_every_rank(dist, world)
 # -- seed 003: the DDP tutorial ----------------------------------------------------------------------
 class ToyModel(Module):
     def __init__(self):
-        super(ToyModel, self).__init__()
+        super().__init__()
         self.net1 = Linear(10, 10)
         self.relu = ReLU()
         self.net2 = Linear(10, 5)
@@ -196,8 +205,8 @@ def randn(rng, *shape):
 
 
 def demo_basic(rank, world_size):
-    model = ToyModel()                 # .to(rank): host arrays
-    ddp_model = DDP(model)             # device_ids=[rank]: host arrays have no device
+    model = ToyModel()  # .to(rank): host arrays
+    ddp_model = DDP(model)  # device_ids=[rank]: host arrays have no device
 
     loss_fn = MSELoss()
     optimizer = SGD(ddp_model.parameters(), lr=0.001)
@@ -207,16 +216,16 @@ def demo_basic(rank, world_size):
     outputs = ddp_model(randn(rng, 20, 10))
     labels = randn(rng, 20, 5)
     loss_fn(outputs, labels)
-    ddp_model.backward(loss_fn.backward())   # loss_fn(outputs, labels).backward()
+    ddp_model.backward(loss_fn.backward())  # loss_fn(outputs, labels).backward()
     optimizer.step()
     return model
 
 
 def test_seed_003_demo_basic(dist, world):
     rank, size = world
-    manual_seed(rank)                  # different initial weights: DDP broadcasts rank 0's
+    manual_seed(rank)  # different initial weights: DDP broadcasts rank 0's
     manual_seed(0)
-    ref = ToyModel()                   # rank 0's initial model, rebuilt on every rank
+    ref = ToyModel()  # rank 0's initial model, rebuilt on every rank
     manual_seed(rank)
     model = demo_basic(rank, size)
     assert same_on_every_rank(model)
@@ -267,7 +276,7 @@ def demo_checkpoint(rank, world_size, checkpoint_path):
     # as the AllReduce ops in the backward pass of DDP already served as
     # a synchronization.
     saved = load_checkpoint(checkpoint_path)
-    dist.barrier()                     # (here it is: the other ranks read it once more above)
+    dist.barrier()  # (here it is: the other ranks read it once more above)
     if rank == 0:
         os.remove(checkpoint_path)
     return model, saved
@@ -276,19 +285,19 @@ def demo_checkpoint(rank, world_size, checkpoint_path):
 def test_seed_003_demo_checkpoint(dist, world):
     rank, size = world
     root = [tempfile.mkdtemp(prefix="mpidist-seed003-") if rank == 0 else None]
-    dist.broadcast_object_list(root, src=0)          # one directory for every rank (one node)
+    dist.broadcast_object_list(root, src=0)  # one directory for every rank (one node)
     checkpoint_path = os.path.join(root[0], "model.checkpoint")
     manual_seed(10 + rank)
     model, saved = demo_checkpoint(rank, size, checkpoint_path)
     assert same_on_every_rank(model)
     assert sorted(saved) == ["module.net1.bias", "module.net1.weight", "module.net2.bias", "module.net2.weight"]
-    bare = ToyModel()                                # torch: model.load_state_dict needs the prefix gone
+    bare = ToyModel()  # torch: model.load_state_dict needs the prefix gone
     with pytest.raises(ValueError, match=r"unexpected \['module.net1.weight'"):
         bare.load_state_dict(saved)
     consume_prefix_in_state_dict_if_present(saved, "module.")
     bare.load_state_dict(saved)
     manual_seed(10)
-    np.testing.assert_array_equal(bare.net1.weight.data, ToyModel().net1.weight.data)   # rank 0's initial model
+    np.testing.assert_array_equal(bare.net1.weight.data, ToyModel().net1.weight.data)  # rank 0's initial model
     dist.barrier()
     if rank == 0:
         assert not os.path.exists(checkpoint_path)

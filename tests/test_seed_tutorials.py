@@ -4,6 +4,7 @@ averaging; the all_reduce_multigpu example of seeds/002), ported line by line: `
 mpidist as dist``, numpy arrays for tensors, and nothing else changed but what the
 comments at each line say (the porting rules of docs/api.md). Run by mpiexec -n 2, as
 the tutorial runs them on two processes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -148,8 +149,11 @@ def test_tutorial_programs_run_ported_line_by_line(tmp_path, backend):
     script.write_text(PROGRAM)
     out = job(2, script, str(tmp_path), backend, timeout=120)
     assert out.returncode == 0, out.stderr
-    warning = ("For MPI backend, world_size (0) and rank (0) are ignored" if backend == "mpi"
-               else "runs the 'gloo' backend over MPI")
+    warning = (
+        "For MPI backend, world_size (0) and rank (0) are ignored"
+        if backend == "mpi"
+        else "runs the 'gloo' backend over MPI"
+    )
     assert warning in out.stderr, out.stderr
     for rank in (0, 1):
         lines = set((tmp_path / f"rank{rank}.txt").read_text().splitlines())
@@ -165,7 +169,10 @@ def test_tutorial_programs_run_ported_line_by_line(tmp_path, backend):
 def test_a_tensor_data_left_in_a_port_is_named(dist):
     """torch's ``t.data`` is a tensor; a plain numpy array's ``.data`` is the raw buffer: the
     error says to pass the array itself (mpidist.nn's ``param.grad.data`` is the array: above)."""
-    with pytest.raises(TypeError, match=r"all_reduce: tensor must be a numpy.ndarray, got memoryview; a numpy "
-                                        r"array's .data is its raw buffer, not an array as torch's tensor.data: "
-                                        r"pass the array itself"):
+    with pytest.raises(
+        TypeError,
+        match=r"all_reduce: tensor must be a numpy.ndarray, got memoryview; a numpy "
+        r"array's .data is its raw buffer, not an array as torch's tensor.data: "
+        r"pass the array itself",
+    ):
         dist.all_reduce(np.ones(3).data)

@@ -5,6 +5,7 @@ Every rank regenerates every rank's input from a seed, so each rank checks the w
 result itself. Both algorithms are covered: 2 ranks (pairwise) and 3-4 ranks (reduce-
 scatter + all-gather); small slots force many chunks and short last chunks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,9 +16,8 @@ from mpi4py import MPI
 
 from mpidist import _runtime
 from mpidist._buffers import mpi_reducible
-from mpidist.algorithms import ShmAllReduce, shm_all_reduce, shm_applicable, shm_release
-from mpidist.algorithms import shm as shm_module
 from mpidist._reduce_op import ReduceOp, make_premul_sum, to_mpi_op
+from mpidist.algorithms import ShmAllReduce, shm as shm_module, shm_all_reduce, shm_applicable, shm_release
 
 try:
     import ml_dtypes
@@ -26,25 +26,41 @@ except ImportError:  # the test extra installs it; without it bfloat16 cases are
 
 pytestmark = pytest.mark.mpi
 
-DTYPES = ["float32", "float64", "float16", "complex64", "int8", "int32", "int64", "uint8", "uint64", "bool",
-          ">f8"] + (["bfloat16"] if ml_dtypes is not None else [])
+DTYPES = ["float32", "float64", "float16", "complex64", "int8", "int32", "int64", "uint8", "uint64", "bool", ">f8"] + (
+    ["bfloat16"] if ml_dtypes is not None else []
+)
 OPS = [op for op in ReduceOp if op is not ReduceOp.PREMUL_SUM]
 # element-wise references, written out independently of mpidist._reduce_op
 REF = {
-    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
-    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-    ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
 REF_BOOL = {
-    ReduceOp.SUM: np.logical_or, ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
-    ReduceOp.PRODUCT: np.logical_and, ReduceOp.MIN: np.logical_and, ReduceOp.BAND: np.logical_and,
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.PRODUCT: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.BAND: np.logical_and,
     ReduceOp.BXOR: np.logical_xor,
 }
 # shapes as functions of the world size n; "chunks" spans several chunks of a 1 KiB slot
 SHAPES = {
-    "0": lambda n: (0,), "1": lambda n: (1,), "n-1": lambda n: (max(n - 1, 0),), "n": lambda n: (n,),
-    "n+1": lambda n: (n + 1,), "2n+3": lambda n: (2 * n + 3,), "3x5x7": lambda n: (3, 5, 7),
-    "2x0x3": lambda n: (2, 0, 3), "chunks": lambda n: (1000 * n + 7,),
+    "0": lambda n: (0,),
+    "1": lambda n: (1,),
+    "n-1": lambda n: (max(n - 1, 0),),
+    "n": lambda n: (n,),
+    "n+1": lambda n: (n + 1,),
+    "2n+3": lambda n: (2 * n + 3,),
+    "3x5x7": lambda n: (3, 5, 7),
+    "2x0x3": lambda n: (2, 0, 3),
+    "chunks": lambda n: (1000 * n + 7,),
 }
 SMALL_SLOT = 1024
 
@@ -131,17 +147,18 @@ def run_case(s: ShmAllReduce, comm: MPI.Comm, shape: tuple, name: str, op: Reduc
         np.testing.assert_array_equal(buf, mpi, strict=True)
 
 
-@pytest.mark.parametrize("op,name", [
-    pytest.param(op, dt, id=f"{op.name}-{dt}") for op in OPS for dt in DTYPES if supported(op, dt)
-])
+@pytest.mark.parametrize(
+    "op,name", [pytest.param(op, dt, id=f"{op.name}-{dt}") for op in OPS for dt in DTYPES if supported(op, dt)]
+)
 def test_ops_dtypes_shapes(small, comm, op, name):
     n = comm.Get_size()
     for i, shape_of in enumerate(SHAPES.values()):
         run_case(small, comm, shape_of(n), name, op, seed=1000 * i + OPS.index(op))
 
 
-@pytest.mark.parametrize("name,op", [("float32", ReduceOp.SUM), ("int64", ReduceOp.BXOR), ("bool", ReduceOp.MIN),
-                                     ("float64", ReduceOp.MAX)])
+@pytest.mark.parametrize(
+    "name,op", [("float32", ReduceOp.SUM), ("int64", ReduceOp.BXOR), ("bool", ReduceOp.MIN), ("float64", ReduceOp.MAX)]
+)
 def test_large_default_slot(comm, name, op):
     """Several chunks of the default 2 MiB slot, with a short last one."""
     with ShmAllReduce(comm) as s:
@@ -186,8 +203,17 @@ def test_reuse_across_calls(small, comm):
     """One window serves calls of any size and dtype in turn: no stale data between them."""
     win, mems = small.win, [m.address for m in small._mems]
     n = comm.Get_size()
-    for i, (count, name) in enumerate([(3001, "float32"), (7, "int8"), (4099, "float64"), (0, "int32"),
-                                       (1, "complex64"), (2500, "uint8"), (3001, "float32")]):
+    for i, (count, name) in enumerate(
+        [
+            (3001, "float32"),
+            (7, "int8"),
+            (4099, "float64"),
+            (0, "int32"),
+            (1, "complex64"),
+            (2500, "uint8"),
+            (3001, "float32"),
+        ]
+    ):
         run_case(small, comm, (count,), name, ReduceOp.SUM, seed=100 + i)
     assert small.win is win and [m.address for m in small._mems] == mems
     if n > 1:  # views made once per dtype; it synchronized, every rank as often
@@ -256,8 +282,11 @@ def test_errors(small, comm):
         small(ro, ReduceOp.SUM)
     with pytest.raises(TypeError, match=r"shm_all_reduce: buf must be a numpy.ndarray, got list"):
         small([1.0, 2.0], ReduceOp.SUM)
-    with pytest.raises(TypeError, match=r"shm_all_reduce: op must be a ReduceOp \(apply a PremulSum's factor first\), "
-                                        r"got 'sum'"):
+    with pytest.raises(
+        TypeError,
+        match=r"shm_all_reduce: op must be a ReduceOp \(apply a PremulSum's factor first\), "
+        r"got 'sum'",
+    ):
         small(x, "sum")
     with pytest.raises(TypeError, match=r"shm_all_reduce: op must be a ReduceOp"):
         small(x, make_premul_sum(2.0))
@@ -268,8 +297,9 @@ def test_errors(small, comm):
     with pytest.raises(ValueError, match=r"shm_all_reduce: ReduceOp.BXOR needs an integer or bool dtype, got float64"):
         small(x, ReduceOp.BXOR)
     n = comm.Get_size()
-    with pytest.raises(ValueError,
-                       match=rf"ShmAllReduce: slot_bytes must be >= 128 x the {n} ranks = {128 * n}, got 64$"):
+    with pytest.raises(
+        ValueError, match=rf"ShmAllReduce: slot_bytes must be >= 128 x the {n} ranks = {128 * n}, got 64$"
+    ):
         ShmAllReduce(comm, 64)
     assert not x.any() and not ro.any()
     # every rank raised alike, so the window is still in step: it still reduces correctly

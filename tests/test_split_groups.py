@@ -1,5 +1,6 @@
 """split_group, new_subgroups_by_enumeration (one MPI_Comm_split each), new_group's
 sort_ranks/device_id, and get_pg_count (torch 2.13's counting)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,12 +49,18 @@ def test_new_subgroups_by_enumeration_leaves_ranks_out(dist, world):
 
 def test_new_subgroups_by_enumeration_errors(dist, world):
     rank, size = world
-    with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: ranks_per_subgroup_list must be a "
-                                         r"non-empty list"):
+    with pytest.raises(
+        ValueError,
+        match=r"new_subgroups_by_enumeration: ranks_per_subgroup_list must be a "
+        r"non-empty list",
+    ):
         dist.new_subgroups_by_enumeration([])
-    with pytest.raises(ValueError, match=rf"new_subgroups_by_enumeration: rank 0 appears in both "
-                                         rf"ranks_per_subgroup_list\[0\] \[0\] and ranks_per_subgroup_list\[1\] "
-                                         rf"\[0\]; the groups must not overlap"):
+    with pytest.raises(
+        ValueError,
+        match=r"new_subgroups_by_enumeration: rank 0 appears in both "
+        r"ranks_per_subgroup_list\[0\] \[0\] and ranks_per_subgroup_list\[1\] "
+        r"\[0\]; the groups must not overlap",
+    ):
         dist.new_subgroups_by_enumeration([[0], [0]])
     with pytest.raises(ValueError, match=rf"rank {size} in ranks_per_subgroup_list\[0\] is out of range"):
         dist.new_subgroups_by_enumeration([[size]])
@@ -66,8 +73,11 @@ def test_lists_that_differ_between_ranks_fail_on_every_rank(dist, world):
     """A program whose ranks pass different lists gets a ValueError everywhere, not wrong groups."""
     rank, size = world
     count = dist.get_pg_count()
-    with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: the members of group 'default_pg' passed "
-                                         r"different ranks; every member must pass the same"):
+    with pytest.raises(
+        ValueError,
+        match=r"new_subgroups_by_enumeration: the members of group 'default_pg' passed "
+        r"different ranks; every member must pass the same",
+    ):
         dist.new_subgroups_by_enumeration([[0]] if rank == 0 else [[1]])
     with pytest.raises(ValueError, match=r"split_group: the members of group 'default_pg' passed different ranks"):
         dist.split_group(split_ranks=[[0, 1]] if rank == 0 else [[0], [1]])
@@ -107,11 +117,17 @@ def test_split_group_leaves_ranks_out_and_inherits_backend(dist, world):
 
 def test_split_group_errors(dist, world):
     rank, size = world
-    with pytest.raises(ValueError, match=r"split_group: split_ranks must be a non-empty list of lists of ranks in "
-                                         r"the parent group, got None"):
+    with pytest.raises(
+        ValueError,
+        match=r"split_group: split_ranks must be a non-empty list of lists of ranks in "
+        r"the parent group, got None",
+    ):
         dist.split_group()
-    with pytest.raises(ValueError, match=rf"split_group: rank {size} in split_ranks\[0\] is out of range; expected "
-                                         rf"0 <= rank < parent group size {size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"split_group: rank {size} in split_ranks\[0\] is out of range; expected "
+        rf"0 <= rank < parent group size {size}",
+    ):
         dist.split_group(split_ranks=[[size]])
     with pytest.raises(ValueError, match=r"split_group: split_ranks\[1\] must name at least one rank"):
         dist.split_group(split_ranks=[[0], []])
@@ -119,8 +135,11 @@ def test_split_group_errors(dist, world):
         dist.split_group(split_ranks=[[0, 0]])
     with pytest.raises(ValueError, match=r"split_group: rank 0 appears in both split_ranks\[0\]"):
         dist.split_group(split_ranks=[[0], [0]])
-    with pytest.raises(ValueError, match=r"split_group: backend 'nccl' is not part of the parent group's backend "
-                                         r"'mpi'"):
+    with pytest.raises(
+        ValueError,
+        match=r"split_group: backend 'nccl' is not part of the parent group's backend "
+        r"'mpi'",
+    ):
         dist.split_group(split_ranks=[[0]], backend="nccl")
     single = dist.new_group([size - 1])
     if rank != size - 1:

@@ -1,4 +1,5 @@
 """MPIDIST_TIMELINE: a Chrome-trace JSON per rank of DDP's steps (Horovod's Timeline)."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential
 from mpidist.parallel import DistributedDataParallel
 from mpidist.parallel.comm_hooks import allreduce_hook
@@ -104,7 +105,7 @@ def test_timeline_records_join_shadowing(dist, world, tmp_path, monkeypatch):
 
 def test_timeline_is_flushed_at_process_exit(tmp_path):
     """A forward without backward is only written by the exit flush."""
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import numpy as np, mpidist
         from mpidist.nn import Linear
         from mpidist.parallel import DistributedDataParallel

@@ -3,6 +3,7 @@ blocking collectives, Work.wait and blocking point-to-point. Past it the rank ra
 DistError naming the op, group, sequence number and the ranks that had not arrived, then
 aborts the job (tests/test_faults.py), or with MPIDIST_ABORT_ON_TIMEOUT=0 raises it in the
 caller (here), even though the stuck MPI call never returns."""
+
 from __future__ import annotations
 
 import datetime
@@ -15,17 +16,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist import _recorder
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
 def job(n: int, script: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script), *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env=launcher_free_env(OMP_NUM_THREADS="1", **env))
+    return subprocess.run(
+        [MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=launcher_free_env(OMP_NUM_THREADS="1", **env),
+    )
 
 
 @pytest.mark.mpi
@@ -43,30 +48,38 @@ def test_ops_carry_the_timeout_and_complete(dist, world):
     w = dist.all_reduce(x, async_op=True)
     assert w.wait() is True
     recent = _recorder.snapshot()[-2:]
-    assert [(e["op"], e["state"], e["timeout_s"]) for e in recent] == [("all_reduce", "completed", _recorder.timeout)] * 2
+    assert [(e["op"], e["state"], e["timeout_s"]) for e in recent] == [
+        ("all_reduce", "completed", _recorder.timeout)
+    ] * 2
 
 
 def run_code(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=launcher_free_env(**env))
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=launcher_free_env(**env)
+    )
 
 
 def test_env_overrides_the_argument():
-    code = ("import datetime, mpidist\nmpidist.init_process_group(timeout=datetime.timedelta(minutes=5))\n"
-            "print(mpidist._runtime.state().timeout.total_seconds(), mpidist._recorder.timeout)")
+    code = (
+        "import datetime, mpidist\nmpidist.init_process_group(timeout=datetime.timedelta(minutes=5))\n"
+        "print(mpidist._runtime.state().timeout.total_seconds(), mpidist._recorder.timeout)"
+    )
     out = run_code(code, MPIDIST_TIMEOUT="2.5")
     assert out.stdout == "2.5 2.5\n", out.stderr
     out = run_code(code)
     assert out.stdout == "300.0 300.0\n", out.stderr
 
 
-@pytest.mark.parametrize("var, value, message", [
-    ("MPIDIST_TIMEOUT", "soon", "MPIDIST_TIMEOUT must be a positive number of seconds, got 'soon'"),
-    ("MPIDIST_TIMEOUT", "0", "MPIDIST_TIMEOUT must be a positive number of seconds, got '0'"),
-    ("MPIDIST_ABORT_ON_TIMEOUT", "no", "MPIDIST_ABORT_ON_TIMEOUT must be 0 or 1, got 'no'"),
-    ("MPIDIST_DEBUG", "VERBOSE", "MPIDIST_DEBUG must be one of OFF, INFO, DETAIL, got 'VERBOSE'"),
-    ("MPIDIST_TRACE_BUFFER", "-1", "MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got '-1'"),
-])
+@pytest.mark.parametrize(
+    "var, value, message",
+    [
+        ("MPIDIST_TIMEOUT", "soon", "MPIDIST_TIMEOUT must be a positive number of seconds, got 'soon'"),
+        ("MPIDIST_TIMEOUT", "0", "MPIDIST_TIMEOUT must be a positive number of seconds, got '0'"),
+        ("MPIDIST_ABORT_ON_TIMEOUT", "no", "MPIDIST_ABORT_ON_TIMEOUT must be 0 or 1, got 'no'"),
+        ("MPIDIST_DEBUG", "VERBOSE", "MPIDIST_DEBUG must be one of OFF, INFO, DETAIL, got 'VERBOSE'"),
+        ("MPIDIST_TRACE_BUFFER", "-1", "MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got '-1'"),
+    ],
+)
 def test_bad_settings_fail_init(var, value, message):
     out = run_code("import mpidist; mpidist.init_process_group()", **{var: value})
     assert out.returncode == 1
@@ -128,8 +141,9 @@ def test_no_abort_mode_raises_dist_error_in_the_caller(tmp_path):
     script.write_text(NO_ABORT)
     trace_dir = tmp_path / "trace"
     t0 = time.monotonic()
-    out = job(2, script, str(tmp_path), MPIDIST_TIMEOUT="1", MPIDIST_ABORT_ON_TIMEOUT="0",
-              MPIDIST_TRACE_DIR=str(trace_dir))
+    out = job(
+        2, script, str(tmp_path), MPIDIST_TIMEOUT="1", MPIDIST_ABORT_ON_TIMEOUT="0", MPIDIST_TRACE_DIR=str(trace_dir)
+    )
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - t0 < 40
     lines = (tmp_path / "rank0.txt").read_text().splitlines()
@@ -138,22 +152,32 @@ def test_no_abort_mode_raises_dist_error_in_the_caller(tmp_path):
     assert took["after"] < 0.5, took  # a group that timed out fails at once
     assert all(0.9 <= took[k] < 8 for k in ("sync", "wait", "recv", "irecv")), took  # timeout 1 s, then the probe
     errors = [line.split(" s: ", 1)[1] for line in lines[:5]]
-    where = f"flight recorder written to {trace_dir}/rank0.json (and by every rank that answered); " \
-            f"run `python -m mpidist.tools.trace {trace_dir}`"
+    where = (
+        f"flight recorder written to {trace_dir}/rank0.json (and by every rank that answered); "
+        f"run `python -m mpidist.tools.trace {trace_dir}`"
+    )
     assert errors[0] == (
-        "[rank 0/2] all_reduce: timed out after 1 s, the timeout of group 'default_pg' (ranks [0, 1]) at sequence number 1 "
+        "[rank 0/2] all_reduce: timed out after 1 s, the timeout of group 'default_pg' (ranks [0, "
+        "1]) at sequence number 1 "
         "(shape (3,), dtype float64); ranks that had not arrived: [1] (rank 1 has issued 1 collectives on this "
-        f"group; its latest op: all_reduce #0 on group 'default_pg' (completed)). {where}")
-    assert errors[1] == ("[rank 0/2] broadcast: group 'default_pg' is unusable: all_reduce #1 timed out; destroy "
-                         "the group (or exit)")
-    assert re.fullmatch(r"\[rank 0/2\] all_reduce: timed out after 1 s, the timeout of group 'group1:\[0, 1\]' \(ranks "
-                        r"\[0, 1\]\) at sequence number 0 \(shape \(3,\), dtype float64\); ranks that had not "
-                        r"arrived: \[1\] \(rank 1 has issued 0 collectives on this group; its latest op: .*\)\. "
-                        + re.escape(where), errors[2]), errors[2]
+        f"group; its latest op: all_reduce #0 on group 'default_pg' (completed)). {where}"
+    )
+    assert errors[1] == (
+        "[rank 0/2] broadcast: group 'default_pg' is unusable: all_reduce #1 timed out; destroy the group (or exit)"
+    )
+    assert re.fullmatch(
+        r"\[rank 0/2\] all_reduce: timed out after 1 s, the timeout of group 'group1:\[0, 1\]' \(ranks "
+        r"\[0, 1\]\) at sequence number 0 \(shape \(3,\), dtype float64\); ranks that had not "
+        r"arrived: \[1\] \(rank 1 has issued 0 collectives on this group; its latest op: .*\)\. " + re.escape(where),
+        errors[2],
+    ), errors[2]
     for error, op in zip(errors[3:], ("recv", "irecv")):
-        assert re.fullmatch(rf"\[rank 0/2\] {op}: timed out after 1 s waiting for rank 1 \(point-to-point op #\d "
-                            rf"on group 'default_pg', shape \(2,\), dtype float64\); what the peer is doing: "
-                            rf"rank 1: .*\. " + re.escape(where), error), error
+        assert re.fullmatch(
+            rf"\[rank 0/2\] {op}: timed out after 1 s waiting for rank 1 \(point-to-point op #\d "
+            rf"on group 'default_pg', shape \(2,\), dtype float64\); what the peer is doing: "
+            rf"rank 1: .*\. " + re.escape(where),
+            error,
+        ), error
     assert (tmp_path / "rank1.txt").read_text() == "done\n"
 
 
@@ -176,17 +200,20 @@ def test_work_wait_past_the_timeout_aborts_the_job(tmp_path):
     out = job(2, script, MPIDIST_TIMEOUT="1.5", MPIDIST_TRACE_DIR=str(tmp_path))
     assert out.returncode == 1
     assert time.monotonic() - t0 < 20
-    assert ("[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1.5 s, the timeout of group "
-            "'default_pg' (ranks [0, 1]) at sequence number 0 (shape (4,), dtype float64); ranks that had not "
-            "arrived: [1]") in out.stderr
+    assert (
+        "[rank 0] mpidist.errors.DistError: [rank 0/2] all_reduce: timed out after 1.5 s, the timeout of group "
+        "'default_pg' (ranks [0, 1]) at sequence number 0 (shape (4,), dtype float64); ranks that had not "
+        "arrived: [1]"
+    ) in out.stderr
 
 
 def test_sigterm_handler_is_restored_by_destroy():
-    code = ("import signal, mpidist\nmpidist.init_process_group()\n"
-            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)\nmpidist.destroy_process_group()\n"
-            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.set_wakeup_fd(-1))\n"
-            "h = lambda *a: None\nsignal.signal(signal.SIGTERM, h)\nmpidist.init_process_group()\n"
-            "print(signal.getsignal(signal.SIGTERM) is h)\n")
+    code = (
+        "import signal, mpidist\nmpidist.init_process_group()\n"
+        "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)\nmpidist.destroy_process_group()\n"
+        "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.set_wakeup_fd(-1))\n"
+        "h = lambda *a: None\nsignal.signal(signal.SIGTERM, h)\nmpidist.init_process_group()\n"
+        "print(signal.getsignal(signal.SIGTERM) is h)\n"
+    )
     out = run_code(code)
     assert out.stdout == "False\nTrue -1\nTrue\n", out.stderr
-

@@ -3,6 +3,7 @@ what torch's gloo backend computes (expected values worked out per rank here).
 
 Runs serially (world size 1) and under mpiexec -n 2, 3, 4.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -14,11 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
 
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions  # noqa: E402
+from torch_helpers import TORCH, torch_world  # noqa: E402
+
 import mpidist  # noqa: E402
 from mpidist import _recorder  # noqa: E402
 from mpidist.torch import ProcessGroupMpidist  # noqa: E402
-from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions  # noqa: E402
-from torch_helpers import TORCH, torch_world  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -35,16 +37,20 @@ def _vals(n: int, f) -> list:
 
 # -- all-reduce: every op, PREMUL_SUM, AVG ---------------------------------------------------
 
-@pytest.mark.parametrize("op,dtype,expect", [
-    (tdist.ReduceOp.SUM, torch.float32, lambda xs: sum(xs)),
-    (tdist.ReduceOp.PRODUCT, torch.float64, lambda xs: float(np.prod(xs))),
-    (tdist.ReduceOp.MIN, torch.int32, lambda xs: min(xs)),
-    (tdist.ReduceOp.MAX, torch.int64, lambda xs: max(xs)),
-    (tdist.ReduceOp.BAND, torch.int64, lambda xs: int(np.bitwise_and.reduce(xs))),
-    (tdist.ReduceOp.BOR, torch.uint8, lambda xs: int(np.bitwise_or.reduce(xs))),
-    (tdist.ReduceOp.BXOR, torch.int16, lambda xs: int(np.bitwise_xor.reduce(xs))),
-    (tdist.ReduceOp.AVG, torch.float64, lambda xs: sum(xs) / len(xs)),
-])
+
+@pytest.mark.parametrize(
+    "op,dtype,expect",
+    [
+        (tdist.ReduceOp.SUM, torch.float32, lambda xs: sum(xs)),
+        (tdist.ReduceOp.PRODUCT, torch.float64, lambda xs: float(np.prod(xs))),
+        (tdist.ReduceOp.MIN, torch.int32, lambda xs: min(xs)),
+        (tdist.ReduceOp.MAX, torch.int64, lambda xs: max(xs)),
+        (tdist.ReduceOp.BAND, torch.int64, lambda xs: int(np.bitwise_and.reduce(xs))),
+        (tdist.ReduceOp.BOR, torch.uint8, lambda xs: int(np.bitwise_or.reduce(xs))),
+        (tdist.ReduceOp.BXOR, torch.int16, lambda xs: int(np.bitwise_xor.reduce(xs))),
+        (tdist.ReduceOp.AVG, torch.float64, lambda xs: sum(xs) / len(xs)),
+    ],
+)
 def test_all_reduce_ops(world, op, dtype, expect):
     r, n = world
     value = lambda k: k + 3  # noqa: E731
@@ -125,7 +131,6 @@ def test_async_work_and_future(world):
     assert torch.equal(chained.wait(), torch.full((4,), float(n * sum(range(n)) * 2)))
 
 
-
 def test_sync_op_returns_what_this_torch_waits_on(world):
     """torch >= 2.8 says in the options whether an op is async and takes None back from a sync
     one; before 2.8 its front end calls ``work.wait()`` on whatever comes back (also for
@@ -134,8 +139,10 @@ def test_sync_op_returns_what_this_torch_waits_on(world):
     pg = tdist.group.WORLD
     t = torch.full((2,), float(r))
     gathered = [torch.empty(2) for _ in range(n)]
-    for opts, call in [(AllreduceOptions(), lambda o: pg.allreduce([t], o)),
-                       (AllgatherOptions(), lambda o: pg.allgather([gathered], [t], o))]:
+    for opts, call in [
+        (AllreduceOptions(), lambda o: pg.allreduce([t], o)),
+        (AllgatherOptions(), lambda o: pg.allgather([gathered], [t], o)),
+    ]:
         if hasattr(opts, "asyncOp"):
             opts.asyncOp = False  # a sync call, as torch's front end makes it
         got = call(opts)
@@ -145,6 +152,7 @@ def test_sync_op_returns_what_this_torch_waits_on(world):
             assert isinstance(got, tdist.Work) and got.wait() is True
     assert torch.equal(t, torch.full((2,), float(sum(range(n)))))
     assert all(torch.equal(g, t) for g in gathered)
+
 
 def test_future_callback_issues_collective(world):
     """PowerSGD's pattern: a then-callback issues another all-reduce and waits on it."""
@@ -159,6 +167,7 @@ def test_future_callback_issues_collective(world):
 
 
 # -- data movement -------------------------------------------------------------------------
+
 
 def test_broadcast_reduce_from_every_root(world):
     r, n = world
@@ -189,7 +198,7 @@ def test_all_gather_into_tensor_aliased_input(world):
     """FSDP2's all-gather: the input is this rank's slot of the output (MPI_IN_PLACE)."""
     r, n = world
     out = torch.zeros(3 * n, dtype=torch.float64)
-    mine = out[3 * r:3 * (r + 1)]
+    mine = out[3 * r : 3 * (r + 1)]
     mine.copy_(torch.tensor([r, r + 0.5, r + 0.25], dtype=torch.float64))
     tdist.all_gather_into_tensor(out, mine)
     want = torch.cat([torch.tensor([k, k + 0.5, k + 0.25], dtype=torch.float64) for k in range(n)])
@@ -275,6 +284,7 @@ def test_barrier_and_monitored_barrier_limit(world):
 
 # -- point-to-point ------------------------------------------------------------------------
 
+
 @pytest.mark.mpi(min_size=2)
 def test_p2p_send_recv_anysource_batch(world):
     r, n = world
@@ -341,6 +351,7 @@ def test_object_collectives(world):
 
 # -- groups --------------------------------------------------------------------------------
 
+
 def test_new_group_members_only_and_group_ranks(world):
     r, n = world
     odds = [k for k in range(n) if k % 2 == 1] or [0]
@@ -373,6 +384,7 @@ def test_new_subgroups(world):
 
 
 # -- what mpidist adds ---------------------------------------------------------------------
+
 
 def test_flight_recorder_sees_torch_calls(world):
     t = torch.ones(4, dtype=torch.float16)

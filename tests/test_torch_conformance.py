@@ -14,6 +14,7 @@ torch's gloo or NCCL backend does:
 
 Runs serially (world size 1) and under mpiexec -n 2, 3, 4.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -29,10 +30,11 @@ import pytest
 torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
 
+from torch_helpers import TORCH, all_gather_single, reduce_scatter_single, torch_world  # noqa: E402
+
 import mpidist  # noqa: E402
 from mpidist import _recorder, _runtime  # noqa: E402
 from mpidist.torch import _profile  # noqa: E402
-from torch_helpers import TORCH, all_gather_single, reduce_scatter_single, torch_world  # noqa: E402
 
 # torch warns when a sparse tensor is made without its invariant checks (the sparse tests)
 pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")]
@@ -52,6 +54,7 @@ def _same_dir(tmp_path) -> str:
 
 
 # -- all_gather_coalesced: torch's layout ---------------------------------------------------
+
 
 @pytest.mark.parametrize("async_op", [False, True])
 def test_all_gather_coalesced_fills_one_list_per_rank(world, async_op):
@@ -80,6 +83,7 @@ def test_all_gather_coalesced_wrong_list_count_is_a_clear_error(world):
 
 # -- a group's own timeout --------------------------------------------------------------------
 
+
 def test_new_group_timeout_is_the_groups_own(world):
     r, n = world
     group = tdist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=7))
@@ -104,7 +108,7 @@ def test_new_group_timeout_bad_values(world):
         mpidist.new_group(timeout=datetime.timedelta(0))
 
 
-SUBGROUP_TIMEOUT = r'''
+SUBGROUP_TIMEOUT = r"""
 import re, sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist
@@ -126,7 +130,7 @@ if rank == 1:  # joins the barrier rank 0 gave up on, which is still in MPI (MPI
 dist.barrier()
 dist.destroy_process_group()
 print(f"rank {rank} done", flush=True)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -136,23 +140,42 @@ def test_a_subgroup_barrier_times_out_at_the_groups_timeout(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SUBGROUP_TIMEOUT)
     env = dict(os.environ, MPIDIST_ABORT_ON_TIMEOUT="0", OMP_NUM_THREADS="1")
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMI_FD",
-                 "PMI_PORT", "PMIX_RANK", "HYDRA_CONTROL_FD"):
+    for name in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMI_FD",
+        "PMI_PORT",
+        "PMIX_RANK",
+        "HYDRA_CONTROL_FD",
+    ):
         env.pop(name, None)
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     t0 = time.monotonic()
-    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "mpidist", str(script)], capture_output=True,
-                          text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, "-m", "mpidist", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - t0 < 60
-    found = re.search(r"raised after ([\d.]+) s, torch's pattern matched: True: \[rank 0/2\] barrier: timed out "
-                      r"after 1 s, the timeout of group", proc.stdout)
+    found = re.search(
+        r"raised after ([\d.]+) s, torch's pattern matched: True: \[rank 0/2\] barrier: timed out "
+        r"after 1 s, the timeout of group",
+        proc.stdout,
+    )
     assert found, proc.stdout + proc.stderr
     assert 0.9 <= float(found.group(1)) < 10
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
 
 
 # -- monitored_barrier with a zero timeout ----------------------------------------------------
+
 
 def test_monitored_barrier_zero_timeout_fails_at_once_on_rank_0(world):
     r, n = world
@@ -167,6 +190,7 @@ def test_monitored_barrier_zero_timeout_fails_at_once_on_rank_0(world):
 
 
 # -- sparse all_reduce ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("async_op", [False, True])
 def test_all_reduce_sparse_coo_sums_as_gloo(world, async_op):
@@ -195,6 +219,7 @@ def test_all_reduce_sparse_other_op_is_refused(world):
 
 
 # -- AVG of integer tensors ---------------------------------------------------------------------
+
 
 def _int_avg(values: list, n: int) -> torch.Tensor:
     return torch.tensor(sum(values)).div(n, rounding_mode="trunc")
@@ -234,6 +259,7 @@ def test_lightning_style_sync_dist_mean_of_an_int64_metric(world):
 
 # -- device types, async_save -------------------------------------------------------------------
 
+
 def test_group_reports_cpu_and_async_save_takes_it(world, tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -250,6 +276,7 @@ def test_group_reports_cpu_and_async_save_takes_it(world, tmp_path):
 
 # -- PREMUL_SUM with a one-element tensor ----------------------------------------------------------
 
+
 def test_premul_sum_one_element_tensor_factor(world):
     r, n = world
     t = torch.full((3,), float(r + 1), dtype=torch.float64)
@@ -263,6 +290,7 @@ def test_premul_sum_one_element_tensor_factor(world):
 
 
 # -- no FutureWarning from mpidist's own calls --------------------------------------------------------
+
 
 def test_backend_calls_no_deprecated_mpidist_name(world):
     r, n = world
@@ -278,6 +306,7 @@ def test_backend_calls_no_deprecated_mpidist_name(world):
 
 # -- profiler events -----------------------------------------------------------------------------
 
+
 def _events(prof, name: str) -> list:
     return [e for e in prof.function_events if e.name == name]
 
@@ -287,14 +316,20 @@ def test_profiler_records_each_collective(world, async_op):
     r, n = world
     t, out = torch.ones(10), torch.empty(4 * n)
     with torch.autograd.profiler.profile(record_shapes=True) as prof:
-        works = [tdist.all_reduce(t, async_op=async_op), tdist.broadcast(t, src=0, async_op=async_op),
-                 tdist.all_gather_into_tensor(out, torch.ones(4), async_op=async_op)]
+        works = [
+            tdist.all_reduce(t, async_op=async_op),
+            tdist.broadcast(t, src=0, async_op=async_op),
+            tdist.all_gather_into_tensor(out, torch.ones(4), async_op=async_op),
+        ]
         if async_op:
             for w in works:
                 w.wait()
     assert torch.equal(t, torch.full((10,), float(n)))
-    for name, shapes in [("mpidist:all_reduce", [[10]]), ("mpidist:broadcast", [[10]]),
-                         ("mpidist:all_gather_into_tensor", [[4]])]:
+    for name, shapes in [
+        ("mpidist:all_reduce", [[10]]),
+        ("mpidist:broadcast", [[10]]),
+        ("mpidist:all_gather_into_tensor", [[4]]),
+    ]:
         events = _events(prof, name)
         assert len(events) == 1, [e.name for e in prof.function_events]
         assert events[0].count == 1 and events[0].input_shapes == shapes and events[0].cpu_time >= 0

@@ -12,6 +12,7 @@
 The same calls on a real GPU: tests/gpu/test_torch_gpu.py. Runs serially and under
 mpiexec -n 2, 3, 4.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,11 +25,12 @@ torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
+from torch_helpers import torch_world  # noqa: E402
+
 import mpidist  # noqa: E402
 from mpidist._array import is_device_array  # noqa: E402
 from mpidist.device import detect, staging  # noqa: E402
 from mpidist.torch import _backend, _cuda  # noqa: E402
-from torch_helpers import torch_world  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -121,8 +123,7 @@ def test_fake_cuda_async_work_waits_in_the_stream(world, fake_cuda):
     r, n = world
     _, entered = fake_cuda
     out = torch.empty(2 * n).as_subclass(FakeCudaTensor)
-    work = tdist.all_gather_into_tensor(out, torch.full((2,), float(r)).as_subclass(FakeCudaTensor),
-                                        async_op=True)
+    work = tdist.all_gather_into_tensor(out, torch.full((2,), float(r)).as_subclass(FakeCudaTensor), async_op=True)
     calls = len(entered)
     work.wait()
     assert len(entered) == calls + 1
@@ -135,14 +136,18 @@ def test_host_and_cuda_tensors_mixed_are_refused(world, fake_cuda):
         tdist.all_gather_into_tensor(torch.empty(2 * n), torch.ones(2).as_subclass(FakeCudaTensor))
 
 
-@pytest.mark.parametrize("gpus,version,env,want", [
-    ("enough", 22809, None, "cpu:mpi,cuda:nccl"),  # a GPU per rank: any NCCL
-    ("fewer", 22809, "1", "mpi"),  # ranks share a GPU, NCCL 2.28: it would fail (H200 run)
-    ("fewer", 23000, None, "mpi"),
-    ("fewer", 23000, "1", "cpu:mpi,cuda:nccl"),
-])
+@pytest.mark.parametrize(
+    "gpus,version,env,want",
+    [
+        ("enough", 22809, None, "cpu:mpi,cuda:nccl"),  # a GPU per rank: any NCCL
+        ("fewer", 22809, "1", "mpi"),  # ranks share a GPU, NCCL 2.28: it would fail (H200 run)
+        ("fewer", 23000, None, "mpi"),
+        ("fewer", 23000, "1", "cpu:mpi,cuda:nccl"),
+    ],
+)
 def test_runtime_backend_for_cuda_tensors(monkeypatch, gpus, version, env, want):
     from fake_nccl import FakeShim  # noqa: PLC0415
+
     from mpidist.device import _nccl_shim  # noqa: PLC0415
 
     monkeypatch.setattr(mpidist, "is_nccl_available", lambda: False)

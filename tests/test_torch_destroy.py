@@ -3,6 +3,7 @@ init_process_group works again after it: torch's own suite re-initializes after 
 timeout tests (tests/torch_suite). With MPIDIST_ABORT_ON_TIMEOUT=0 the timed-out call may
 still sit inside MPI, waiting for peers that never come; freeing the group collectively would
 wait for it for ever. Serial pass: launches its own mpiexec job, bounded."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
 
 pytest.importorskip("torch")
@@ -52,14 +52,23 @@ def test_destroy_after_a_timed_out_barrier_returns(tmp_path):
     script = tmp_path / "destroy.py"
     script.write_text(SCRIPT)
     try:
-        out = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, "-m", "mpidist",
-                              str(script)], capture_output=True, text=True, timeout=90,
-                             env=launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_ABORT_ON_TIMEOUT="0"))
+        out = subprocess.run(
+            ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, "-m", "mpidist", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_ABORT_ON_TIMEOUT="0"),
+        )
     except subprocess.TimeoutExpired as e:  # (timeout -k should have ended it first)
         pytest.fail(f"the job hung: {e.stdout!r} {e.stderr!r}")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(out.stdout.splitlines())
     # (rank 1's destroy_process_group first compares the calls: it waits until rank 0's barrier
     # timed out and rank 0 left the group, about 1 s)
-    assert lines == ["rank 0 all_reduce [3.0, 3.0]", "rank 0 destroyed within 5 s: True", "rank 0 raised DistError: True",
-                     "rank 1 all_reduce [3.0, 3.0]", "rank 1 destroyed within 5 s: True"], out.stdout + out.stderr
+    assert lines == [
+        "rank 0 all_reduce [3.0, 3.0]",
+        "rank 0 destroyed within 5 s: True",
+        "rank 0 raised DistError: True",
+        "rank 1 all_reduce [3.0, 3.0]",
+        "rank 1 destroyed within 5 s: True",
+    ], out.stdout + out.stderr

@@ -8,6 +8,7 @@ that never joins (timeout naming the op and the missing rank), a rank that raise
 
 Not MPI-marked: each test launches its own job, once, in the serial pass.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -24,7 +25,7 @@ from conftest import launcher_free_env  # noqa: E402
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 # The listening TCP sockets this process holds (inodes), from /proc.
-LISTENING = '''
+LISTENING = """
 import os
 def listening():
     inodes = set()
@@ -43,9 +44,11 @@ def listening():
         if target.startswith("socket:[") and target[8:-1] in inodes:
             mine.add(target[8:-1])
     return mine
-'''
+"""
 
-FORMS = LISTENING + '''
+FORMS = (
+    LISTENING
+    + """
 import sys
 import torch
 import torch.distributed as dist
@@ -77,9 +80,10 @@ try:
     dist.init_process_group("gloo")  # other backends keep torch's own env:// rendezvous
 except (ValueError, RuntimeError) as exc:
     print("gloo:", str(exc).splitlines()[0], flush=True)
-'''
+"""
+)
 
-SEED_SETUP = '''
+SEED_SETUP = """
 import os
 import torch
 import torch.distributed as dist
@@ -96,9 +100,9 @@ dist.all_gather_object(lines, f"rank {dist.get_rank()} of {dist.get_world_size()
 if rank == 0:
     print(chr(10).join(lines), flush=True)
 dist.destroy_process_group()
-'''
+"""
 
-PLAIN = '''
+PLAIN = """
 import sys
 from datetime import timedelta
 import torch
@@ -109,9 +113,9 @@ kw = {"world_size": int(sys.argv[1])} if len(sys.argv) > 1 else {}
 dist.init_process_group("mpidist", timeout=timedelta(seconds=3), **kw)
 print(f"rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
 dist.destroy_process_group()
-'''
+"""
 
-FAULTS = '''
+FAULTS = """
 import os
 import sys
 import time
@@ -130,7 +134,7 @@ if rank == 1:
         raise RuntimeError("injected fault on rank 1")
     time.sleep(120)  # never joins the next all_reduce
 dist.all_reduce(t)
-'''
+"""
 
 
 def _run(tmp_path: Path, source: str, *args: str, n: int = 2, limit: float = 120, **env: str):
@@ -174,7 +178,7 @@ def test_plain_python_is_a_world_of_one(tmp_path):
     assert out.strip() == "rank 0 of 1"
 
 
-RANKS = '''
+RANKS = """
 import sys
 from datetime import timedelta
 import torch.distributed as dist
@@ -190,7 +194,7 @@ except ValueError as exc:
 else:
     print(f"rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
     dist.destroy_process_group()
-'''
+"""
 
 
 def test_environment_of_a_larger_world_is_refused_on_every_rank(tmp_path):
@@ -213,8 +217,10 @@ def test_rank_and_world_size_follow_torchs_mpi_rule(tmp_path):
     rc, out, err, _ = _run(tmp_path, RANKS, "renumber")
     assert rc == 0, err
     for me in (0, 1):
-        assert (f"rank {me} ValueError: [rank {me}/2] init_process_group: rank= contradicts MPI, which numbers "
-                f"the processes itself") in out, out + err
+        assert (
+            f"rank {me} ValueError: [rank {me}/2] init_process_group: rank= contradicts MPI, which numbers "
+            f"the processes itself"
+        ) in out, out + err
 
 
 def test_rank_that_never_joins_times_out_naming_op_and_rank(tmp_path):

@@ -5,6 +5,7 @@ torch's warnings and refusals) with mpidist's group doing the work.
 In-process tests run serially (world size 1) and under mpiexec -n 2, 3, 4; the launch
 tests (the tutorial's MPI recipe unchanged, a plain run) start their own jobs.
 """
+
 from __future__ import annotations
 
 import os
@@ -82,7 +83,7 @@ def test_profiler_events_take_the_name(world):
     assert [e.name for e in prof.function_events if e.name.endswith(":all_reduce")] == ["mpi:all_reduce"]
 
 
-SEED = '''
+SEED = """
 import os
 import torch
 import torch.distributed as dist
@@ -103,7 +104,7 @@ def init_process(rank, size, fn, backend="gloo"):
 
 
 init_process(0, 0, run, backend="mpi")
-'''
+"""
 
 
 def _launch(tmp_path, n: int, *, barrier: bool = False):

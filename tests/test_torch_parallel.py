@@ -6,6 +6,7 @@ Equivalence (DDP, FSDP2): W ranks with per-rank batch B end with parameters equa
 (float64, rtol 1e-10) to one process trained on the W*B samples, and bitwise equal
 across ranks. Runs serially and under mpiexec -n 2, 3, 4.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,6 @@ tdist = pytest.importorskip("torch.distributed")
 
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
 from torch_helpers import torch_world  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -47,13 +47,15 @@ def _model(seed: int = 0, unused: bool = False) -> nn.Module:
 def _batch(step: int, n: int) -> tuple:
     """The step's W*B samples (the same on every rank)."""
     g = torch.Generator().manual_seed(1000 + step)
-    return (torch.randn(n * B, 6, generator=g, dtype=torch.float64),
-            torch.randn(n * B, 3, generator=g, dtype=torch.float64))
+    return (
+        torch.randn(n * B, 6, generator=g, dtype=torch.float64),
+        torch.randn(n * B, 3, generator=g, dtype=torch.float64),
+    )
 
 
 def _local(step: int, r: int, n: int) -> tuple:
     x, y = _batch(step, n)
-    return x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]
+    return x[r * B : (r + 1) * B], y[r * B : (r + 1) * B]
 
 
 def _reference(n: int, steps: int = STEPS, micro: int = 1) -> list:
@@ -139,8 +141,9 @@ def test_ddp_comm_hooks(world, hook):
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     else:  # compressed from step 2: its hook waits on all-reduces inside future callbacks
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                            start_powerSGD_iter=2, min_compression_rate=0.1)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0.1
+        )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     _train_ddp(ddp, r, n, steps=4)
     ref = _reference(n, steps=4)
@@ -163,6 +166,7 @@ def test_ddp_join_uneven_inputs(world):
 
 
 # -- FSDP2, DeviceMesh, DTensor, functional collectives, DCP ---------------------------------
+
 
 def _fsdp_model(seed: int = 0) -> nn.Module:
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
@@ -197,7 +201,7 @@ def test_device_mesh_and_dtensor(world):
     assert tdist.get_process_group_ranks(mesh.get_group("dp")) == list(range(n))
     full = torch.arange(4.0 * n * 3, dtype=torch.float64).reshape(4 * n, 3)
     d = distribute_tensor(full, mesh, [Shard(0)])
-    assert torch.equal(d.to_local(), full[4 * r:4 * (r + 1)])
+    assert torch.equal(d.to_local(), full[4 * r : 4 * (r + 1)])
     assert torch.equal(d.redistribute(mesh, [Replicate()]).to_local(), full)
     assert torch.equal((d * 2).sum().full_tensor(), full.sum() * 2)  # a reduction through the mesh
 
@@ -215,8 +219,8 @@ def test_device_mesh_2d(world):
     assert tdist.get_process_group_ranks(mesh.get_group("tp")) == [r - r % 2, r - r % 2 + 1]
     full = torch.arange(4.0 * 6, dtype=torch.float64).reshape(4, 6)
     d = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
-    assert torch.equal(d.to_local(), full[2 * (r // 2):2 * (r // 2) + 2, 3 * (r % 2):3 * (r % 2) + 3])
-    assert torch.equal(d.redistribute(mesh, [Replicate(), Shard(0)]).to_local(), full[2 * (r % 2):2 * (r % 2) + 2])
+    assert torch.equal(d.to_local(), full[2 * (r // 2) : 2 * (r // 2) + 2, 3 * (r % 2) : 3 * (r % 2) + 3])
+    assert torch.equal(d.redistribute(mesh, [Replicate(), Shard(0)]).to_local(), full[2 * (r % 2) : 2 * (r % 2) + 2])
     assert torch.equal(d.full_tensor(), full)
 
 

@@ -8,6 +8,7 @@
 
 Runs serially and under mpiexec -n 2, 3, 4.
 """
+
 from __future__ import annotations
 
 import datetime

@@ -5,6 +5,7 @@ world, TORCH_DIST_INIT_BARRIER=1).
 
 Runs serially (world size 1) and under mpiexec -n 2, 3, 4.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,9 @@ torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
 
 from mpi4py import MPI  # noqa: E402
-
-import mpidist  # noqa: E402
-from mpidist.torch import MPIStore  # noqa: E402
 from torch_helpers import torch_world  # noqa: E402
+
+from mpidist.torch import MPIStore  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -76,8 +76,11 @@ def test_compare_set_race_has_one_winner(store):
 
 def test_wait_times_out_naming_the_keys_and_the_store_survives(store):
     t0 = time.monotonic()
-    with pytest.raises(tdist.DistStoreError, match=rf"\[rank {RANK}\] MPIStore.wait: no answer within the timeout "
-                                                   rf"of 0.3 s for keys \['never/a', 'never/b'\]"):
+    with pytest.raises(
+        tdist.DistStoreError,
+        match=rf"\[rank {RANK}\] MPIStore.wait: no answer within the timeout "
+        rf"of 0.3 s for keys \['never/a', 'never/b'\]",
+    ):
         store.wait(["never/a", "never/b"], timedelta(seconds=0.3))
     assert 0.25 <= time.monotonic() - t0 < 5
     store.set(f"after/{RANK}", "ok")  # usable afterwards; a late answer to the wait is discarded
@@ -90,8 +93,11 @@ def test_get_of_a_key_never_set_raises_on_the_caller_only(store):
     if RANK == 0:
         store.set_timeout(timedelta(seconds=0.3))
         try:
-            with pytest.raises(tdist.DistStoreError, match=r"MPIStore.get: .* for keys \['nobody/sets/this'\] "
-                                                           r"\(the keys were never set\)"):
+            with pytest.raises(
+                tdist.DistStoreError,
+                match=r"MPIStore.get: .* for keys \['nobody/sets/this'\] "
+                r"\(the keys were never set\)",
+            ):
                 store.get("nobody/sets/this")
         finally:
             store.set_timeout(timedelta(seconds=30))
@@ -152,7 +158,7 @@ def test_gloo_group_beside_an_mpidist_world():
         tdist.destroy_process_group(gloo)
 
 
-INIT_BARRIER = '''
+INIT_BARRIER = """
 import torch, torch.distributed as dist
 import mpidist.torch
 dist.init_process_group(__BACKEND__)
@@ -160,7 +166,7 @@ t = torch.ones(1)
 dist.all_reduce(t)
 print(f"rank {dist.get_rank()} sum {t.item()} backend {dist.get_backend()}", flush=True)
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -177,8 +183,13 @@ def test_torch_dist_init_barrier(tmp_path, backend):
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    proc = subprocess.run([mpiexec, "-n", "3", sys.executable, "-m", "mpidist", str(script)], capture_output=True,
-                          text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, "-m", "mpidist", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     name = "gloo" if "gloo" in backend else "mpidist"
     for r in range(3):

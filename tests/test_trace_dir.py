@@ -2,6 +2,7 @@
 with an unguessable name, made only when a dump happens; an existing or explicit
 directory used only if it is a real directory of this user that nobody else can write;
 files created without following links (O_EXCL|O_NOFOLLOW, 0600) and renamed into place."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import launcher_free_env
 from mpi4py import MPI
 
-from conftest import launcher_free_env
 from mpidist import _private as P, _recorder as R, _runtime
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -79,8 +80,10 @@ def test_dump_into_an_unsafe_directory_writes_nothing_and_says_why(tmp_path, mon
     monkeypatch.setattr(R, "_dir", str(d))
     assert R.dump("test") is None
     assert os.listdir(d) == []
-    assert R.report(None) == (f"this rank's flight recorder could not be written ({d} is writable by other users (mode "
-                              f"0777); set MPIDIST_TRACE_DIR to a directory of your own)")
+    assert R.report(None) == (
+        f"this rank's flight recorder could not be written ({d} is writable by other users (mode "
+        f"0777); set MPIDIST_TRACE_DIR to a directory of your own)"
+    )
     monkeypatch.setattr(R, "_dir", str(tmp_path / "mine"))
     path = R.dump("test")
     assert path == f"{tmp_path}/mine/rank{MPI.COMM_WORLD.Get_rank()}.json" and R.last_error == ""
@@ -110,17 +113,29 @@ def test_a_clean_job_leaves_nothing_and_a_failed_one_its_dump(tmp_path):
     clean = tmp_path / "clean"
     clean.mkdir()
     code = "import numpy as np, mpidist\nmpidist.init_process_group()\nmpidist.all_reduce(np.ones(2))\n"
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, env=launcher_free_env(TMPDIR=str(clean)))
+    out = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(TMPDIR=str(clean)),
+    )
     assert out.returncode == 0, out.stderr
     assert os.listdir(clean) == []
     failed = tmp_path / "failed"
     failed.mkdir()
-    code = ("import numpy as np, mpidist\nmpidist.init_process_group()\n"
-            "if mpidist.get_rank() == 0:\n    mpidist.all_reduce(np.ones(2))\n"
-            "else:\n    import time; time.sleep(60)\n")
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, env=launcher_free_env(TMPDIR=str(failed), MPIDIST_TIMEOUT="1"))
+    code = (
+        "import numpy as np, mpidist\nmpidist.init_process_group()\n"
+        "if mpidist.get_rank() == 0:\n    mpidist.all_reduce(np.ones(2))\n"
+        "else:\n    import time; time.sleep(60)\n"
+    )
+    out = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(TMPDIR=str(failed), MPIDIST_TIMEOUT="1"),
+    )
     assert out.returncode != 0
     (made,) = os.listdir(failed)
     assert re.fullmatch(r"mpidist-trace-\d{8}-\d{6}-[0-9a-f]{16}", made)
@@ -136,6 +151,8 @@ def test_a_rank_that_cannot_dump_still_names_where_the_others_did(tmp_path, monk
     monkeypatch.setattr(R, "last_error", "OSError: [Errno 27] File too large")
     assert R.report(None) == "this rank's flight recorder could not be written (OSError: [Errno 27] File too large)"
     (tmp_path / "rank1.json").write_text("{}")
-    assert R.report(None) == ("this rank's flight recorder could not be written (OSError: [Errno 27] File too large)"
-                              f"; the ranks that answered wrote theirs to {tmp_path}; "
-                              f"run `python -m mpidist.tools.trace {tmp_path}`")
+    assert R.report(None) == (
+        "this rank's flight recorder could not be written (OSError: [Errno 27] File too large)"
+        f"; the ranks that answered wrote theirs to {tmp_path}; "
+        f"run `python -m mpidist.tools.trace {tmp_path}`"
+    )

@@ -1,4 +1,5 @@
 """The main job end to end, launched the way users launch it: mpiexec -n N python -m ..."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import launcher_free_env
+
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import write_idx
 
@@ -24,8 +25,13 @@ JOB = [*JOB_DEFAULTS, "--no-progress"]
 
 
 def run_job(n: int, *args: str, timeout: float = 300, job: list = JOB) -> subprocess.CompletedProcess:
-    return subprocess.run([MPIEXEC, "-n", str(n), *job, *args], capture_output=True, text=True,
-                          timeout=timeout, env=launcher_free_env(OMP_NUM_THREADS="1"))
+    return subprocess.run(
+        [MPIEXEC, "-n", str(n), *job, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=launcher_free_env(OMP_NUM_THREADS="1"),
+    )
 
 
 @pytest.mark.parametrize("n, algorithm", [(4, "mpi"), (3, "ring")])
@@ -52,7 +58,7 @@ def fake_mnist(root: Path, n_train: int, n_test: int) -> None:
         x = rng.integers(0, 60, size=(len(labels), 28, 28), dtype=np.uint8)
         for i, k in enumerate(labels):
             r, c = 7 * (k // 4), 7 * (k % 4)
-            x[i, r:r + 7, c:c + 7] = 255
+            x[i, r : r + 7, c : c + 7] = 255
         return x
 
     for prefix, n in (("train", n_train), ("t10k", n_test)):
@@ -74,6 +80,7 @@ def test_mnist_idx_job(tmp_path):
 
 
 # --- output through pipes (a batch job's log): no progress bar mixed into the epoch lines ---
+
 
 def test_piped_output_gets_epoch_lines_and_no_progress_bar(tmp_path):
     """mpiexec passes the ranks' output through pipes, as a batch job's log: by default the
@@ -101,6 +108,7 @@ def test_a_forced_progress_bar_shares_stdout_with_the_epoch_lines(tmp_path):
 
 # --- divergence: every rank stops at the first non-finite loss, with a clear message ---
 
+
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_on_every_rank(tmp_path):
     """--lr 1e4 drives the loss to inf/NaN within a few steps. The ranks agree on it in the
     per-step stop all_reduce, stop after the same step, write metrics.json and training.png of
@@ -108,13 +116,16 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_on_every_rank(tmp_pa
     (it used to train on in NaN and end with "checkpoint ... does not match this rank's state")."""
     out = run_job(2, "--out", str(tmp_path), "--lr", "1e4", "--epochs", "3", timeout=120)
     assert out.returncode != 0, out.stdout + out.stderr
-    found = re.search(r"train_digits: loss is not finite at epoch (\d+) step (\d+) \(--lr 10000.0: try a smaller "
-                      r"one\); stopped every rank there", out.stderr)
+    found = re.search(
+        r"train_digits: loss is not finite at epoch (\d+) step (\d+) \(--lr 10000.0: try a smaller "
+        r"one\); stopped every rank there",
+        out.stderr,
+    )
     assert found, out.stdout + out.stderr
     assert "does not match" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     assert "RuntimeWarning" not in out.stderr
     epoch, step = int(found.group(1)), int(found.group(2))
-    history = json.loads((tmp_path / "metrics.json").read_text())   # valid JSON: no NaN
+    history = json.loads((tmp_path / "metrics.json").read_text())  # valid JSON: no NaN
     last = history[-1]
     assert (last["epoch"], last["step"], last["world_size"]) == (epoch, step, 2)
     assert last["diverged"] == f"loss is not finite at epoch {epoch} step {step}"
@@ -124,11 +135,15 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_on_every_rank(tmp_pa
 
 
 def test_bad_flags_fail_fast(tmp_path):
-    out = subprocess.run([*JOB, "--epochs", "0"], capture_output=True, text=True, timeout=60,
-                         env=launcher_free_env())
+    out = subprocess.run([*JOB, "--epochs", "0"], capture_output=True, text=True, timeout=60, env=launcher_free_env())
     assert out.returncode == 2 and "--epochs must be >= 1, got 0" in out.stderr
-    out = subprocess.run([*JOB, "--data", str(tmp_path / "missing"), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    out = subprocess.run(
+        [*JOB, "--data", str(tmp_path / "missing"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(),
+    )
     assert out.returncode != 0 and "FileNotFoundError" in out.stderr
 
 
@@ -142,12 +157,18 @@ EPOCHS = 60
 
 
 def start_job(n: int, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([MPIEXEC, "-n", str(n), *JOB, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=launcher_free_env(OMP_NUM_THREADS="1"))
+    return subprocess.Popen(
+        [MPIEXEC, "-n", str(n), *JOB, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=launcher_free_env(OMP_NUM_THREADS="1"),
+    )
 
 
-def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, signum: int,
-                     timeout: float = 120) -> tuple[str, str]:
+def stop_after_epoch(
+    job: subprocess.Popen, epoch: int, kill, out_dir: Path, signum: int, timeout: float = 120
+) -> tuple[str, str]:
     """Read the job's stdout until epoch ``epoch`` is reported, then send the stop signal
     with ``kill(job)`` while the ranks are paused, and wait for the end.
 
@@ -172,8 +193,9 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, sig
                     while not all(stopped(pid) for pid in pids):
                         assert time.monotonic() < deadline, f"ranks {pids} did not stop in 30 s"
                         time.sleep(0.005)
-                    assert all(signal_in(pid, signum, "SigCgt") for pid in pids), \
+                    assert all(signal_in(pid, signum, "SigCgt") for pid in pids), (
                         f"the ranks ended training before epoch {epoch} was read from mpiexec"
+                    )
                     kill(job)
                     deadline = time.monotonic() + 30
                     while not any(signal_in(pid, signum, "SigPnd", "ShdPnd") for pid in pids):
@@ -194,8 +216,12 @@ def stop_after_epoch(job: subprocess.Popen, epoch: int, kill, out_dir: Path, sig
 def stopped(pid: int) -> bool:
     """True once every thread of process ``pid`` is stopped (state T in /proc/PID/task/*/status)."""
     try:
-        states = [line.split()[1] for task in Path(f"/proc/{pid}/task").iterdir()
-                  for line in (task / "status").read_text().splitlines() if line.startswith("State:")]
+        states = [
+            line.split()[1]
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for line in (task / "status").read_text().splitlines()
+            if line.startswith("State:")
+        ]
     except OSError:
         return False
     return bool(states) and all(state == "T" for state in states)
@@ -230,8 +256,10 @@ def same_run(a: dict, b: dict) -> None:
     assert set(a) == set(b)
     differ = [k for k in a if k != "history" and not (a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]))]
     assert not differ, differ
-    untimed = [[{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(c["history"].tobytes())]
-               for c in (a, b)]
+    untimed = [
+        [{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(c["history"].tobytes())]
+        for c in (a, b)
+    ]
     assert untimed[0] == untimed[1]
 
 
@@ -277,6 +305,7 @@ def test_sigterm_to_mpiexec_checkpoints_and_exits_cleanly(interrupted):
 def test_stop_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     """Only one rank gets the signal (SIGUSR1, the other stop signal): the per-step
     all_reduce(MAX) makes every rank stop after the same step, and the job exits cleanly."""
+
     def kill_one(job):
         pids = rank_pids(tmp_path)
         assert len(pids) == RESUME_N, pids
@@ -293,8 +322,10 @@ def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(interrupted, uninterr
     stopped = load_checkpoint(out / "checkpoint.npz")
     job = run_job(RESUME_N, "--out", str(out), "--epochs", str(EPOCHS), "--resume")
     assert job.returncode == 0, job.stdout + job.stderr
-    assert (f"resumed from {out / 'checkpoint.npz'}: {int(stopped['epoch'])} epochs and "
-            f"{int(stopped['step'])}/{STEPS} steps done") in job.stdout
+    assert (
+        f"resumed from {out / 'checkpoint.npz'}: {int(stopped['epoch'])} epochs and "
+        f"{int(stopped['step'])}/{STEPS} steps done"
+    ) in job.stdout
     assert "final test accuracy" in job.stdout
     resumed = load_checkpoint(out / "checkpoint.npz")
     assert int(resumed["epoch"]) == EPOCHS and int(resumed["step"]) == 0
@@ -307,15 +338,19 @@ def test_resume_refuses_other_settings_or_world_size(interrupted, tmp_path):
     shutil.copytree(interrupted[0], out)
     job = run_job(RESUME_N, "--out", str(out), "--resume", "--seed", "1", "--lr", "0.1")
     assert job.returncode != 0
-    assert "the checkpoint was written with other settings (checkpoint, now): " \
-           "{'seed': (0, 1), 'lr': (0.05, 0.1)}" in job.stderr
+    assert (
+        "the checkpoint was written with other settings (checkpoint, now): "
+        "{'seed': (0, 1), 'lr': (0.05, 0.1)}" in job.stderr
+    )
     ckpt = load_checkpoint(out / "checkpoint.npz")
     ckpt["step"] = np.array(max(1, int(ckpt["step"])))  # mid-epoch, even if the stop fell on a boundary
     save_checkpoint(out / "checkpoint.npz", ckpt)
     job = run_job(2, "--out", str(out), "--resume")
     assert job.returncode != 0
-    assert (f"the checkpoint stopped in the middle of epoch {int(ckpt['epoch']) + 1} on {RESUME_N} ranks; "
-            f"resume it on {RESUME_N} ranks") in job.stderr
+    assert (
+        f"the checkpoint stopped in the middle of epoch {int(ckpt['epoch']) + 1} on {RESUME_N} ranks; "
+        f"resume it on {RESUME_N} ranks"
+    ) in job.stderr
 
 
 def test_resume_without_checkpoint_starts_afresh_but_a_named_one_must_exist(tmp_path):
@@ -323,8 +358,13 @@ def test_resume_without_checkpoint_starts_afresh_but_a_named_one_must_exist(tmp_
     assert job.returncode == 0, job.stdout + job.stderr
     assert "resumed from" not in job.stdout
     assert int(load_checkpoint(tmp_path / "fresh" / "checkpoint.npz")["epoch"]) == 1
-    out = subprocess.run([*JOB, "--out", str(tmp_path), "--resume", str(tmp_path / "nope.npz")],
-                         capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    out = subprocess.run(
+        [*JOB, "--out", str(tmp_path), "--resume", str(tmp_path / "nope.npz")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=launcher_free_env(),
+    )
     assert out.returncode != 0 and f"--resume {tmp_path / 'nope.npz'}: no such checkpoint" in out.stderr
 
 
@@ -332,16 +372,23 @@ def test_a_stop_signal_after_training_does_not_kill_a_rank(tmp_path):
     """A stop signal racing the job's end (a time-limit warning, ``scancel``) must not turn a
     finished job into a failed one: Python resets handled signals to SIG_DFL at shutdown, before
     MPI_Finalize, and SIGUSR1's default action kills. Once training is over the job ignores them."""
-    code = ("import os, signal, sys\n"
-            "from mpidist.examples.train_digits import STOP_SIGNALS, main\n"
-            f"rc = main(['--out', {str(tmp_path)!r}, '--epochs', '1', '--no-progress'])\n"
-            "assert all(signal.getsignal(s) is signal.SIG_IGN for s in STOP_SIGNALS), "
-            "[signal.getsignal(s) for s in STOP_SIGNALS]\n"
-            "for s in STOP_SIGNALS:\n"
-            "    os.kill(os.getpid(), s)\n"
-            "print('survived', flush=True)\n"
-            "sys.exit(rc)\n")
-    job = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=launcher_free_env(OMP_NUM_THREADS="1"))
+    code = (
+        "import os, signal, sys\n"
+        "from mpidist.examples.train_digits import STOP_SIGNALS, main\n"
+        f"rc = main(['--out', {str(tmp_path)!r}, '--epochs', '1', '--no-progress'])\n"
+        "assert all(signal.getsignal(s) is signal.SIG_IGN for s in STOP_SIGNALS), "
+        "[signal.getsignal(s) for s in STOP_SIGNALS]\n"
+        "for s in STOP_SIGNALS:\n"
+        "    os.kill(os.getpid(), s)\n"
+        "print('survived', flush=True)\n"
+        "sys.exit(rc)\n"
+    )
+    job = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=launcher_free_env(OMP_NUM_THREADS="1"),
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     assert "final test accuracy" in job.stdout and "survived" in job.stdout, job.stdout + job.stderr

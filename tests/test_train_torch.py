@@ -1,5 +1,6 @@
 """The torch main job end to end (torch DDP over the "mpidist" backend), launched as users do:
 mpiexec -n N python -m mpidist -m mpidist.examples.train_torch ..."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ import pytest
 pytest.importorskip("torch", reason="the torch job needs torch (pip install -e '.[torch]')")
 
 from conftest import launcher_free_env  # noqa: E402
-from mpidist.checkpoint import load_checkpoint  # noqa: E402
 from test_train_job import fake_mnist, same_run, stop_after_epoch  # noqa: E402  (the numpy job's helpers)
+
+from mpidist.checkpoint import load_checkpoint  # noqa: E402
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 JOB = [sys.executable, "-m", "mpidist", "-m", "mpidist.examples.train_torch", "--no-progress"]
@@ -38,8 +40,9 @@ def job_env() -> dict:
 
 
 def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([MPIEXEC, "-n", str(n), *JOB, *args], capture_output=True, text=True,
-                          timeout=timeout, env=job_env())
+    return subprocess.run(
+        [MPIEXEC, "-n", str(n), *JOB, *args], capture_output=True, text=True, timeout=timeout, env=job_env()
+    )
 
 
 def test_torch_job_reaches_accuracy_and_writes_outputs(tmp_path):
@@ -65,14 +68,20 @@ def test_a_diverging_torch_run_stops_at_the_first_non_finite_loss(tmp_path):
     rank, metrics.json (valid JSON) and the plot of what ran, no checkpoint, exit code 1."""
     out = run_job(2, "--out", str(tmp_path), "--lr", "1e6", "--epochs", "3", timeout=180)
     assert out.returncode != 0, out.stdout + out.stderr
-    found = re.search(r"train_torch: loss is not finite at epoch (\d+) step (\d+) \(--lr 1000000.0: try a "
-                      r"smaller one\); stopped every rank there", out.stderr)
+    found = re.search(
+        r"train_torch: loss is not finite at epoch (\d+) step (\d+) \(--lr 1000000.0: try a "
+        r"smaller one\); stopped every rank there",
+        out.stderr,
+    )
     assert found, out.stdout + out.stderr
     assert "does not match" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     epoch, step = int(found.group(1)), int(found.group(2))
     last = json.loads((tmp_path / "metrics.json").read_text())[-1]
-    assert (last["epoch"], last["step"], last["diverged"]) == (epoch, step, f"loss is not finite at epoch {epoch} "
-                                                                            f"step {step}")
+    assert (last["epoch"], last["step"], last["diverged"]) == (
+        epoch,
+        step,
+        f"loss is not finite at epoch {epoch} step {step}",
+    )
     assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "checkpoint.npz").exists()
 
@@ -102,20 +111,23 @@ def test_mpidist_and_gloo_train_bitwise_the_same_model(tmp_path):
 def check_loads_into_a_torch_model(out: Path) -> None:
     """The checkpoint is plain arrays: a torch model loads them with load_state_dict and scores the
     test set exactly as the job did."""
-    code = ("import sys, json, torch\n"
-            "from mpidist.checkpoint import load_checkpoint\n"
-            "from mpidist.data import load_digits_split\n"
-            "from mpidist.examples.train_torch import Net, as_images\n"
-            "ckpt = load_checkpoint(sys.argv[1] + '/checkpoint.npz')\n"
-            "net = Net(16, 10)\n"
-            "net.load_state_dict({k[6:]: torch.from_numpy(v) for k, v in ckpt.items() if k.startswith('model.')})\n"
-            "_, _, x, y = load_digits_split(seed=0)\n"
-            "with torch.no_grad():\n"
-            "    acc = float((net(as_images(x)).argmax(1) == torch.from_numpy(y)).double().mean())\n"
-            "want = json.load(open(sys.argv[1] + '/metrics.json'))[-1]['test_accuracy']\n"
-            "assert acc == want, (acc, want)\n")
-    check = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
-                           timeout=120, env=job_env())
+    code = (
+        "import sys, json, torch\n"
+        "from mpidist.checkpoint import load_checkpoint\n"
+        "from mpidist.data import load_digits_split\n"
+        "from mpidist.examples.train_torch import Net, as_images\n"
+        "ckpt = load_checkpoint(sys.argv[1] + '/checkpoint.npz')\n"
+        "net = Net(16, 10)\n"
+        "net.load_state_dict({k[6:]: torch.from_numpy(v) for k, v in ckpt.items() if k.startswith('model.')})\n"
+        "_, _, x, y = load_digits_split(seed=0)\n"
+        "with torch.no_grad():\n"
+        "    acc = float((net(as_images(x)).argmax(1) == torch.from_numpy(y)).double().mean())\n"
+        "want = json.load(open(sys.argv[1] + '/metrics.json'))[-1]['test_accuracy']\n"
+        "assert acc == want, (acc, want)\n"
+    )
+    check = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120, env=job_env()
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -131,12 +143,16 @@ def test_mnist_idx_job(tmp_path):
     assert load_checkpoint(tmp_path / "out" / "checkpoint.npz")["model.head.weight"].shape == (10, 512)
 
 
-@pytest.mark.parametrize("flag,value,message", [
-    ("--epochs", "0", "--epochs must be >= 1, got 0"),
-    ("--lr", "-1", "--lr must be > 0, got -1.0"),
-    ("--backend", "ucc", "invalid choice: 'ucc'"),
-    ("--backend", "nccl", "--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)"),
-    ("--device", "tpu", "invalid choice: 'tpu'")])
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--epochs", "0", "--epochs must be >= 1, got 0"),
+        ("--lr", "-1", "--lr must be > 0, got -1.0"),
+        ("--backend", "ucc", "invalid choice: 'ucc'"),
+        ("--backend", "nccl", "--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)"),
+        ("--device", "tpu", "invalid choice: 'tpu'"),
+    ],
+)
 def test_bad_flags_fail_fast(flag, value, message, capsys):
     """The job's own parser (what main() runs first); the command line end to end below."""
     from mpidist.examples.train_torch import parse_args  # noqa: PLC0415
@@ -158,7 +174,9 @@ def test_device_cuda_without_cuda_fails_fast():
 
     if torch.cuda.is_available():
         pytest.skip("this torch sees a CUDA device")
-    out = subprocess.run([*JOB, "--device", "cuda"], capture_output=True, text=True, timeout=60, env=launcher_free_env())
+    out = subprocess.run(
+        [*JOB, "--device", "cuda"], capture_output=True, text=True, timeout=60, env=launcher_free_env()
+    )
     assert out.returncode == 2, out.stderr
     assert "--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False)" in out.stderr
 
@@ -178,8 +196,13 @@ def uninterrupted(tmp_path_factory):
 def interrupted(tmp_path_factory):
     """The same job, given SIGTERM (mpiexec forwards it to every rank) after epoch 3."""
     out = tmp_path_factory.mktemp("interrupted")
-    job = subprocess.Popen([MPIEXEC, "-n", str(RESUME_N), *JOB, "--out", str(out), "--epochs", str(EPOCHS)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env())
+    job = subprocess.Popen(
+        [MPIEXEC, "-n", str(RESUME_N), *JOB, "--out", str(out), "--epochs", str(EPOCHS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=job_env(),
+    )
     stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM), out, signal.SIGTERM)
     return out, job.returncode, stdout, stderr
 
@@ -203,8 +226,10 @@ def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(interrupted, uninterr
     stopped = load_checkpoint(resumed / "checkpoint.npz")
     job = run_job(RESUME_N, "--out", str(resumed), "--epochs", str(EPOCHS), "--resume")
     assert job.returncode == 0, job.stdout + job.stderr
-    assert (f"resumed from {resumed / 'checkpoint.npz'}: {int(stopped['epoch'])} epochs and "
-            f"{int(stopped['step'])}/{STEPS} steps done") in job.stdout
+    assert (
+        f"resumed from {resumed / 'checkpoint.npz'}: {int(stopped['epoch'])} epochs and "
+        f"{int(stopped['step'])}/{STEPS} steps done"
+    ) in job.stdout
     a = load_checkpoint(resumed / "checkpoint.npz")
     assert int(a["epoch"]) == EPOCHS and int(a["step"]) == 0
     same_run(a, uninterrupted)
@@ -213,5 +238,6 @@ def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(interrupted, uninterr
 def test_resume_refuses_other_settings(interrupted):
     job = run_job(RESUME_N, "--out", str(interrupted[0]), "--resume", "--seed", "1", "--channels", "8")
     assert job.returncode != 0
-    assert ("the checkpoint was written with other settings (checkpoint, now): "
-            "{'seed': (0, 1), 'channels': (16, 8)}") in job.stderr, job.stderr
+    assert (
+        "the checkpoint was written with other settings (checkpoint, now): {'seed': (0, 1), 'channels': (16, 8)}"
+    ) in job.stderr, job.stderr

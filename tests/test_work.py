@@ -1,4 +1,5 @@
 """Work: every method on every kind of handle, timeouts, errors, futures and their callbacks."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -53,8 +54,11 @@ def test_async_collective_work(dist, any_group):
         assert isinstance(w, CompletedWork)
     check_done_ok(w, [x])
     np.testing.assert_array_equal(x, np.full(1000, float(sum(members))))
-    with pytest.raises(ValueError, match=rf"\[rank {rank}/\d+\] all_reduce: source_rank\(\) is only defined "
-                                         rf"for receive operations"):
+    with pytest.raises(
+        ValueError,
+        match=rf"\[rank {rank}/\d+\] all_reduce: source_rank\(\) is only defined "
+        rf"for receive operations",
+    ):
         w.source_rank()
 
 
@@ -133,8 +137,11 @@ def test_wait_timeout_on_unmatched_irecv(dist, world):
     if rank == 0:
         buf = np.zeros(3)
         w = dist.irecv(buf, 1, tag=9)
-        with pytest.raises(dist.DistError, match=rf"^\[rank 0/{size}\] irecv: Work.wait timed out after 0.05 s; "
-                                                 rf"the op has not completed$"):
+        with pytest.raises(
+            dist.DistError,
+            match=rf"^\[rank 0/{size}\] irecv: Work.wait timed out after 0.05 s; "
+            rf"the op has not completed$",
+        ):
             w.wait(timeout=0.05)
         with pytest.raises(dist.DistError, match=r"irecv: Work.wait timed out after 0.02 s"):
             w.wait(timeout=datetime.timedelta(milliseconds=20))
@@ -160,8 +167,11 @@ def test_wait_timeout_on_pending_collective(dist, world):
     if rank == 0:
         w = dist.all_reduce(x, async_op=True)
         fut = w.get_future()
-        with pytest.raises(dist.DistError, match=rf"^\[rank 0/{size}\] all_reduce: Work.wait timed out after "
-                                                 rf"0.05 s; the op has not completed$"):
+        with pytest.raises(
+            dist.DistError,
+            match=rf"^\[rank 0/{size}\] all_reduce: Work.wait timed out after "
+            rf"0.05 s; the op has not completed$",
+        ):
             w.wait(timeout=0.05)
         with pytest.raises(concurrent.futures.TimeoutError):
             fut.result(timeout=0.01)
@@ -219,9 +229,14 @@ def test_error_of_irecv_propagates(dist, world):
     elif rank == 1:
         # a message larger than the array: probed if it was there (received 3 elements ...),
         # else MPI truncates the receive in place
-        cases = [(21, r"irecv: (received 3 elements of float64 from rank 0, expected 2|the incoming message is "
-                      r"larger than the receive buffer)"),
-                 (22, r"irecv: received 1 elements of float64 from rank 0, expected 2")]
+        cases = [
+            (
+                21,
+                r"irecv: (received 3 elements of float64 from rank 0, expected 2|the incoming message is "
+                r"larger than the receive buffer)",
+            ),
+            (22, r"irecv: received 1 elements of float64 from rank 0, expected 2"),
+        ]
         for tag, pattern in cases:
             w = dist.irecv(np.empty(2), 0, tag=tag)
             fut = w.get_future()

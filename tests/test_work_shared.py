@@ -1,6 +1,7 @@
 """The machinery the Work kinds share (mpidist.work.Work): the flag-completed future that
 CompletedWork and the NCCL path's NcclWork use, poll_until (the one bounded poll loop), and
 _follow (the derived future of FutureWork and the device paths' DeviceWork)."""
+
 from __future__ import annotations
 
 import concurrent.futures

@@ -5,10 +5,11 @@ cannot run twice) and destroyed at the module's end. It reuses mpidist's runtime
 mpidist's own tests initialized it first (the ``dist`` fixture), and otherwise starts it
 and stops it again, so the two APIs share one process in either order.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as tdist
@@ -49,7 +50,7 @@ def assert_ddp_step_matches_one_process(rank: int, n: int, device: str = "cuda")
     g = torch.Generator().manual_seed(7)
     x = torch.randn(4 * n, 6, generator=g, dtype=torch.float64)
     y = torch.randn(4 * n, 2, generator=g, dtype=torch.float64)
-    for m, xs, ys in ((ref, x, y), (ddp, x[4 * rank:4 * rank + 4].to(device), y[4 * rank:4 * rank + 4].to(device))):
+    for m, xs, ys in ((ref, x, y), (ddp, x[4 * rank : 4 * rank + 4].to(device), y[4 * rank : 4 * rank + 4].to(device))):
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         opt.zero_grad()
         nn.functional.mse_loss(m(xs), ys).backward()

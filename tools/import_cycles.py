@@ -14,6 +14,7 @@ the package. It prints:
     otherwise 1 + the highest layer they import (modules in one cycle share a layer).
 Exit status: 0 when there is no cycle, 1 when there is one (usable in CI), 2 on bad usage.
 """
+
 from __future__ import annotations
 
 import ast

@@ -10,6 +10,7 @@ and no group of modules may import each other in a cycle (tools/import_cycles.py
 imports at any depth of a function body count). docs/architecture.md describes the layers.
 Prints each violation; exit status 0 when there is none, 1 otherwise, 2 on bad usage.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,33 +22,90 @@ from import_cycles import package_graph, package_root, strongly_connected  # noq
 #: (layer, modules), lowest first: a module's name, or a package's name ending in "." for
 #: the modules under it that no layer names.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core: errors, settings, process state, Work and engine, flight recorder, mismatch check",
-     ("mpidist._current", "mpidist._tags", "mpidist._private", "mpidist._environ", "mpidist._abort",
-      "mpidist._launcher_files", "mpidist._mpi_init",
-      "mpidist._array", "mpidist._signature", "mpidist._initcheck", "mpidist.errors", "mpidist._recorder",
-      "mpidist.work", "mpidist._debug", "mpidist._group", "mpidist._watchdog")),
-    ("arrays: buffer and dtype adapters, reduce ops, device runtimes and detection",
-     ("mpidist._buffers", "mpidist._reduce_op", "mpidist.device.runtime", "mpidist.device.arrays",
-      "mpidist.device.detect", "mpidist.device.binding", "mpidist.device._nccl_shim", "mpidist.device._streams",
-      "mpidist.device")),
-    ("runtime: init, groups, backends per group",
-     ("mpidist._runtime", "mpidist._backends")),
-    ("dispatch: group and rank resolution, recording, checking, launching; the backend interface",
-     ("mpidist._dispatch", "mpidist._p2p_op", "mpidist._comm_backend")),
-    ("MPI backend: the ops' bodies on host arrays, the collective algorithms",
-     ("mpidist._mpi", "mpidist._mpi.", "mpidist.algorithms", "mpidist.algorithms.")),
-    ("device backends: MPI on device memory, host staging, NCCL, and the router that picks one",
-     ("mpidist.device.",)),
-    ("public API: the torch.distributed functions on arrays",
-     ("mpidist._public_op", "mpidist.collectives", "mpidist.reductions", "mpidist.gather_scatter", "mpidist.p2p",
-      "mpidist.objects", "mpidist.groups", "mpidist._coalesced", "mpidist._utilities", "mpidist._deprecated",
-      "mpidist.device_mesh")),
-    ("package: the public namespace",
-     ("mpidist",)),
-    ("front ends and tools: torch backend, DDP, model toolkit, data, checkpoint, launcher, examples",
-     ("mpidist.torch", "mpidist.torch.", "mpidist.parallel", "mpidist.parallel.", "mpidist.nn", "mpidist.nn.",
-      "mpidist.optim", "mpidist.data", "mpidist.data.", "mpidist.checkpoint", "mpidist.run", "mpidist.__main__",
-      "mpidist.tools", "mpidist.tools.", "mpidist.examples", "mpidist.examples.", "mpidist.info")),
+    (
+        "core: errors, settings, process state, Work and engine, flight recorder, mismatch check",
+        (
+            "mpidist._current",
+            "mpidist._tags",
+            "mpidist._private",
+            "mpidist._environ",
+            "mpidist._abort",
+            "mpidist._launcher_files",
+            "mpidist._mpi_init",
+            "mpidist._array",
+            "mpidist._signature",
+            "mpidist._initcheck",
+            "mpidist.errors",
+            "mpidist._recorder",
+            "mpidist.work",
+            "mpidist._debug",
+            "mpidist._group",
+            "mpidist._watchdog",
+        ),
+    ),
+    (
+        "arrays: buffer and dtype adapters, reduce ops, device runtimes and detection",
+        (
+            "mpidist._buffers",
+            "mpidist._reduce_op",
+            "mpidist.device.runtime",
+            "mpidist.device.arrays",
+            "mpidist.device.detect",
+            "mpidist.device.binding",
+            "mpidist.device._nccl_shim",
+            "mpidist.device._streams",
+            "mpidist.device",
+        ),
+    ),
+    ("runtime: init, groups, backends per group", ("mpidist._runtime", "mpidist._backends")),
+    (
+        "dispatch: group and rank resolution, recording, checking, launching; the backend interface",
+        ("mpidist._dispatch", "mpidist._p2p_op", "mpidist._comm_backend"),
+    ),
+    (
+        "MPI backend: the ops' bodies on host arrays, the collective algorithms",
+        ("mpidist._mpi", "mpidist._mpi.", "mpidist.algorithms", "mpidist.algorithms."),
+    ),
+    ("device backends: MPI on device memory, host staging, NCCL, and the router that picks one", ("mpidist.device.",)),
+    (
+        "public API: the torch.distributed functions on arrays",
+        (
+            "mpidist._public_op",
+            "mpidist.collectives",
+            "mpidist.reductions",
+            "mpidist.gather_scatter",
+            "mpidist.p2p",
+            "mpidist.objects",
+            "mpidist.groups",
+            "mpidist._coalesced",
+            "mpidist._utilities",
+            "mpidist._deprecated",
+            "mpidist.device_mesh",
+        ),
+    ),
+    ("package: the public namespace", ("mpidist",)),
+    (
+        "front ends and tools: torch backend, DDP, model toolkit, data, checkpoint, launcher, examples",
+        (
+            "mpidist.torch",
+            "mpidist.torch.",
+            "mpidist.parallel",
+            "mpidist.parallel.",
+            "mpidist.nn",
+            "mpidist.nn.",
+            "mpidist.optim",
+            "mpidist.data",
+            "mpidist.data.",
+            "mpidist.checkpoint",
+            "mpidist.run",
+            "mpidist.__main__",
+            "mpidist.tools",
+            "mpidist.tools.",
+            "mpidist.examples",
+            "mpidist.examples.",
+            "mpidist.info",
+        ),
+    ),
 ]
 
 
@@ -82,14 +140,17 @@ def violations(root: Path) -> list[str]:
             except ValueError:  # reported as that module's own line
                 continue
             if theirs > mine:
-                out.append(f"{m} (layer {mine}, {LAYERS[mine][0].split(':')[0]}) imports {w} "
-                           f"(layer {theirs}, {LAYERS[theirs][0].split(':')[0]}): a layer may only import "
-                           f"its own and lower ones")
+                out.append(
+                    f"{m} (layer {mine}, {LAYERS[mine][0].split(':')[0]}) imports {w} "
+                    f"(layer {theirs}, {LAYERS[theirs][0].split(':')[0]}): a layer may only import "
+                    f"its own and lower ones"
+                )
     for comp in strongly_connected(graph):
         if len(comp) > 1:
             members = set(comp)
-            edges = "; ".join(f"{v} -> {', '.join(sorted(w for w in graph[v] if w in members))}" for v in comp
-                              if graph[v] & members)
+            edges = "; ".join(
+                f"{v} -> {', '.join(sorted(w for w in graph[v] if w in members))}" for v in comp if graph[v] & members
+            )
             out.append(f"import cycle of {len(comp)} modules: {edges}")
     return out
 

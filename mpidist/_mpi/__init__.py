@@ -3,6 +3,7 @@ the group, the launch on the group's communicator, inline or on its engine) and
 all_reduce's algorithms. :data:`OPS` maps each op routed by device to its body; :data:`MPI`
 is the backend (:class:`mpidist._comm_backend.CommBackend`) the device backends end in.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,12 @@ from mpidist._mpi import coalesced, collectives, gather_scatter, p2p, reductions
 __all__ = ["MPI", "MpiBackend", "OPS"]
 
 #: op name -> the MPI backend's body (every op a device array may reach)
-OPS = {name: getattr(m, name) for m in (collectives, reductions, gather_scatter, p2p, coalesced)
-       for name in m.__all__ if callable(getattr(m, name))}
+OPS = {
+    name: getattr(m, name)
+    for m in (collectives, reductions, gather_scatter, p2p, coalesced)
+    for name in m.__all__
+    if callable(getattr(m, name))
+}
 
 _P2P = frozenset(p2p.__all__)
 

@@ -9,6 +9,7 @@ returns None) or hands it to the group's engine thread and returns a :class:`Wor
 A rank that is not a member of ``group`` returns None and leaves its buffers alone.
 src/dst are global ranks, as in torch.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,12 +25,12 @@ from mpi4py import MPI
 from mpidist import _debug, _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
 from mpidist._dispatch import launch, root_rank
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
 from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
 from mpidist.errors import DistError, from_mpi, prefix
-from mpidist._group import ProcessGroup
-from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
 from mpidist.work import Work
 
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
@@ -63,8 +64,10 @@ def _shm(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     """``algorithm="shm"``: the group's shared-memory window (made on first use)."""
     run = _group_shm(g).run if len(g.ranks) > 1 else None
     if run is None and len(g.ranks) > 1:
-        raise ValueError(f"{prefix('all_reduce')} algorithm='shm' needs every rank of group {g.group_name!r} "
-                         f"on one node with MPI-3 shared memory; use 'mpi', 'ring' or None")
+        raise ValueError(
+            f"{prefix('all_reduce')} algorithm='shm' needs every rank of group {g.group_name!r} "
+            f"on one node with MPI-3 shared memory; use 'mpi', 'ring' or None"
+        )
     op, _ = scaled(op, arr, arr)
     if run is not None:
         try:
@@ -83,8 +86,7 @@ def all_reduce_body(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     _auto_choice(g, arr)(g, arr, op)
 
 
-def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
-               algorithm: Optional[str]) -> Optional[Work]:
+def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algorithm: Optional[str]) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce` (``algorithm`` may come by position here)."""
     global _last
     if type(tensor) is _ndarray and not async_op:
@@ -121,8 +123,20 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
                 seq = eng.seq
                 eng.seq = seq + 1
                 t = _now()
-                rec = [seq, "all_reduce", g, tensor.shape, tensor.dtype, -1, t, t, 0.0, _STARTED, g.timeout_s or R.timeout,
-                       None]
+                rec = [
+                    seq,
+                    "all_reduce",
+                    g,
+                    tensor.shape,
+                    tensor.dtype,
+                    -1,
+                    t,
+                    t,
+                    0.0,
+                    _STARTED,
+                    g.timeout_s or R.timeout,
+                    None,
+                ]
                 R._append(rec)
                 eng.current = rec
                 st = ok[3]
@@ -152,8 +166,18 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool,
     else:
         check_op_dtype(op, arr.dtype, prefix("all_reduce"))
         body = _choose(arr.dtype, algorithm)
-    return launch(g, "all_reduce", body, (g, arr, op), async_op, (tensor,), shapes=arr.shape, dtype=arr.dtype,
-                  count=arr.size, redop=op)
+    return launch(
+        g,
+        "all_reduce",
+        body,
+        (g, arr, op),
+        async_op,
+        (tensor,),
+        shapes=arr.shape,
+        dtype=arr.dtype,
+        count=arr.size,
+        redop=op,
+    )
 
 
 # (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op, inline below): checked
@@ -196,8 +220,10 @@ def _choose(dtype: np.dtype, algorithm: Optional[str]):
         return all_reduce_body
     if algorithm == "mpi":
         if not mpi_reducible(dtype):
-            raise TypeError(f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {dtype}; "
-                            f"use algorithm='ring', 'shm' or None")
+            raise TypeError(
+                f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {dtype}; "
+                f"use algorithm='ring', 'shm' or None"
+            )
         return _mpi_all_reduce
     if algorithm == "ring":
         return _ring
@@ -248,8 +274,7 @@ def _env_min_bytes() -> Optional[int]:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     digits, unit = (text[:-1], units[text[-1].upper()]) if text[-1].upper() in units else (text, 1)
     if not digits.isdigit():
-        raise ValueError(f"{prefix('all_reduce')} {_ENV} must be a byte count (65536, 64K, 1M), 0 or off, "
-                         f"got {text!r}")
+        raise ValueError(f"{prefix('all_reduce')} {_ENV} must be a byte count (65536, 64K, 1M), 0 or off, got {text!r}")
     return int(digits) * unit or _NEVER
 
 
@@ -259,8 +284,13 @@ def _shm_floor(vs_mpi: bool) -> int:
     global _settings
     if _settings is None:
         env = _env_min_bytes()
-        _settings = (env, *(min(lo for t in table.values() for lo, _ in t.values()) if env is None else env
-                             for table in (SHM_OVER_MPI, SHM_OVER_RING)))
+        _settings = (
+            env,
+            *(
+                min(lo for t in table.values() for lo, _ in t.values()) if env is None else env
+                for table in (SHM_OVER_MPI, SHM_OVER_RING)
+            ),
+        )
     return _settings[1] if vs_mpi else _settings[2]
 
 
@@ -328,17 +358,29 @@ def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
     return _mpi_all_reduce if mpi else _ring
 
 
-def broadcast(tensor: np.ndarray, src: Optional[int], g: ProcessGroup, async_op: bool,
-              group_src: Optional[int] = None) -> Optional[Work]:
+def broadcast(
+    tensor: np.ndarray, src: Optional[int], g: ProcessGroup, async_op: bool, group_src: Optional[int] = None
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.broadcast`."""
     arr = host_array(tensor, "broadcast", "tensor", writable=True)
     root = root_rank(g, src, group_src, "broadcast", "src", "group_src")
-    return launch(g, "broadcast", g.comm.Bcast, ([arr, mpi_datatype(arr.dtype)], root), async_op, (tensor,),
-                  shapes=arr.shape, dtype=arr.dtype, root=g.ranks[root], count=arr.size)
+    return launch(
+        g,
+        "broadcast",
+        g.comm.Bcast,
+        ([arr, mpi_datatype(arr.dtype)], root),
+        async_op,
+        (tensor,),
+        shapes=arr.shape,
+        dtype=arr.dtype,
+        root=g.ranks[root],
+        count=arr.size,
+    )
 
 
-def barrier(g: ProcessGroup, async_op: bool, device_ids: Optional[list],
-            timeout: Optional[datetime.timedelta]) -> Optional[Work]:
+def barrier(
+    g: ProcessGroup, async_op: bool, device_ids: Optional[list], timeout: Optional[datetime.timedelta]
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.barrier`."""
     limit = None if timeout is None else _seconds(timeout, "barrier")
     return launch(g, "barrier", g.comm.Barrier, (), async_op, limit=limit)
@@ -349,7 +391,7 @@ def barrier(g: ProcessGroup, async_op: bool, device_ids: Optional[list],
 # call k of a group uses monitored_barrier_tag(k), so a message that a failed call left
 # behind never matches a later call. Messages a failed call could not complete stay
 # posted in _mb_orphans (with their buffers) and are drained by later calls.
-_mb_calls: "weakref.WeakKeyDictionary[ProcessGroup, int]" = weakref.WeakKeyDictionary()
+_mb_calls: weakref.WeakKeyDictionary[ProcessGroup, int] = weakref.WeakKeyDictionary()
 _mb_orphans: list = []
 _mb_lock = threading.Lock()
 
@@ -378,8 +420,9 @@ def _seconds(timeout: Any, op: str, g: Optional[ProcessGroup] = None) -> float:
     elif isinstance(timeout, (int, float, np.integer, np.floating)) and not isinstance(timeout, bool):
         secs = float(timeout)
     else:
-        raise TypeError(f"{prefix(op)} timeout must be a datetime.timedelta, seconds, or None, got "
-                        f"{type(timeout).__name__}")
+        raise TypeError(
+            f"{prefix(op)} timeout must be a datetime.timedelta, seconds, or None, got {type(timeout).__name__}"
+        )
     if not secs > 0:
         raise ValueError(f"{prefix(op)} timeout must be positive, got {secs} s")
     return secs
@@ -411,32 +454,37 @@ def _mb_root(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) ->
     deadline = time.monotonic() + secs
     n = g.size()
     tokens = np.zeros(n, np.int8)
-    arrived = _wait_until([(g.comm.Irecv(tokens[r:r + 1], r, tag), tokens) for r in range(1, n)], deadline)
+    arrived = _wait_until([(g.comm.Irecv(tokens[r : r + 1], r, tag), tokens) for r in range(1, n)], deadline)
     verdict = np.array([1] + arrived, np.int8)
     _wait_until([(g.comm.Isend(verdict, r, tag), verdict) for r in range(1, n)], time.monotonic())
     missing = [g.ranks[r] for r in range(1, n) if not verdict[r]]
     if missing:
-        raise DistError(f"{prefix(op)} rank(s) {_missing_text(missing, wait_all)} did not reach the "
-                        f"barrier within {secs} s")
+        raise DistError(
+            f"{prefix(op)} rank(s) {_missing_text(missing, wait_all)} did not reach the barrier within {secs} s"
+        )
 
 
 def _mb_other(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) -> None:
     """Any other member: check in with group rank 0, then wait for its verdict."""
     limit = secs + min(secs, 5.0)  # grace: rank 0 may have entered a little later
     token, verdict = np.ones(1, np.int8), np.zeros(g.size(), np.int8)
-    _, got = _wait_until([(g.comm.Isend(token, 0, tag), token), (g.comm.Irecv(verdict, 0, tag), verdict)],
-                         time.monotonic() + limit)
+    _, got = _wait_until(
+        [(g.comm.Isend(token, 0, tag), token), (g.comm.Irecv(verdict, 0, tag), verdict)], time.monotonic() + limit
+    )
     if not got:
-        raise DistError(f"{prefix(op)} no word from rank {g.ranks[0]} (group rank 0) within {limit} s: "
-                        f"it has not reached the barrier")
+        raise DistError(
+            f"{prefix(op)} no word from rank {g.ranks[0]} (group rank 0) within {limit} s: "
+            f"it has not reached the barrier"
+        )
     missing = [g.ranks[r] for r in range(1, g.size()) if not verdict[r]]
     if missing:
-        raise DistError(f"{prefix(op)} rank {g.ranks[0]} reports that rank(s) "
-                        f"{_missing_text(missing, wait_all)} did not reach the barrier within {secs} s")
+        raise DistError(
+            f"{prefix(op)} rank {g.ranks[0]} reports that rank(s) "
+            f"{_missing_text(missing, wait_all)} did not reach the barrier within {secs} s"
+        )
 
 
-def monitored_barrier(g: ProcessGroup, timeout: Union[datetime.timedelta, float, None],
-                      wait_all_ranks: bool) -> None:
+def monitored_barrier(g: ProcessGroup, timeout: Union[datetime.timedelta, float, None], wait_all_ranks: bool) -> None:
     """The MPI backend's :func:`mpidist.monitored_barrier`."""
     op = "monitored_barrier"
     secs = _seconds(timeout, op, g)
@@ -445,5 +493,4 @@ def monitored_barrier(g: ProcessGroup, timeout: Union[datetime.timedelta, float,
         return None
     body = _mb_root if g.rank() == 0 else _mb_other
     # its own timeout, plus the grace of _mb_other, bounds it: the watchdog stays out of its way
-    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0,
-                  checked=False)
+    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0, checked=False)

@@ -10,7 +10,8 @@ when every rank's count is the same: its output list gives every rank's count, t
 same on every member, so all members choose the same collective. gather, scatter and
 the all-to-alls stay on the v-forms, because there a rank sees only its own counts
 (a non-root in gather or scatter, or one row of the all-to-all matrix) and cannot
-know that the others chose the plain form too (mixing the two would hang). When the arrays of a list already lie back to back in memory, in
+know that the others chose the plain form too (mixing the two would hang). When the arrays of a list already
+lie back to back in memory, in
 list order (e.g. ``list(out)`` for a stacked ``out``), MPI reads or writes them in
 place (:func:`_block`); otherwise mpidist packs them into, or unpacks them from, one
 contiguous staging buffer. Where a rank's own input lies in its own output slot MPI
@@ -19,12 +20,14 @@ by sending a copy of the input.
 
 The shared rules (global src/dst, non-members, Work results, sizes): :mod:`mpidist.gather_scatter`.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import accumulate
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -32,15 +35,24 @@ from mpi4py import MPI
 from mpidist import _recorder as R
 from mpidist._buffers import array_list, group_blocks, host_array, mpi_datatype, same_dtype, split_sizes
 from mpidist._dispatch import _guarded, launch, root_list, root_rank, signature
-from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
+from mpidist.errors import prefix
 from mpidist.work import Work
 
-__all__ = ["all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
-           "broadcast_multigpu", "all_gather_multigpu"]
+__all__ = [
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast_multigpu",
+    "all_gather_multigpu",
+]
 
 
 # -- buffer layout --------------------------------------------------------------------------
+
 
 @lru_cache(maxsize=256)
 def _layout(counts: tuple[int, ...]) -> tuple[list[int], int, bool]:
@@ -79,8 +91,13 @@ def _block(arrays: Sequence[np.ndarray], writable: bool) -> Optional[np.ndarray]
     if end == start:
         return np.empty(0, first.dtype)
     base = first.base
-    if (type(base) is np.ndarray and base.nbytes == end - start and base.dtype == first.dtype
-            and base.flags.c_contiguous and _address(base) == start):
+    if (
+        type(base) is np.ndarray
+        and base.nbytes == end - start
+        and base.dtype == first.dtype
+        and base.flags.c_contiguous
+        and _address(base) == start
+    ):
         # e.g. list(out.reshape(n, k)): the rows' common base is the block (a writable
         # view's base is writable too)
         return base.reshape(-1)
@@ -123,19 +140,31 @@ def _send_part(inp: np.ndarray, buf: np.ndarray, displ: int, dt: MPI.Datatype) -
     return MPI.IN_PLACE if slot else [inp.copy(), dt]
 
 
-def _communicate(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[np.ndarray],
-                 displs: Sequence[int], copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> None:
+def _communicate(
+    call: Any,
+    args: tuple,
+    staging: Optional[np.ndarray],
+    outs: Sequence[np.ndarray],
+    displs: Sequence[int],
+    copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+) -> None:
     """Run the MPI ``call``; then unpack ``staging`` into ``outs`` and make the ``copies`` (dst, src)."""
     call(*args)
     if staging is not None:
         for out, d in zip(outs, displs):
-            out.reshape(-1)[...] = staging[d:d + out.size]
+            out.reshape(-1)[...] = staging[d : d + out.size]
     for dst, src in copies:
         dst.reshape(-1)[...] = src.reshape(-1)
 
 
-def _body(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[np.ndarray],
-          displs: Sequence[int], copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> tuple[Callable, tuple]:
+def _body(
+    call: Any,
+    args: tuple,
+    staging: Optional[np.ndarray],
+    outs: Sequence[np.ndarray],
+    displs: Sequence[int],
+    copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+) -> tuple[Callable, tuple]:
     """(fn, args) running the MPI ``call`` as :func:`_communicate` does; the bare call when
     there is nothing to unpack or copy afterwards (one Python frame less per op)."""
     if staging is None and not copies:
@@ -143,32 +172,66 @@ def _body(call: Any, args: tuple, staging: Optional[np.ndarray], outs: Sequence[
     return _communicate, (call, args, staging, outs, displs, copies)
 
 
-def _run(g: ProcessGroup, op: str, fn: Callable[..., Any], args: tuple, async_op: bool, outputs: tuple,
-         shapes: Any, dtype: Any, root: int = -1, count: int = -1, layout: Optional[tuple] = None,
-         parts: Optional[tuple] = None) -> Optional[Work]:
+def _run(
+    g: ProcessGroup,
+    op: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    async_op: bool,
+    outputs: tuple,
+    shapes: Any,
+    dtype: Any,
+    root: int = -1,
+    count: int = -1,
+    layout: Optional[tuple] = None,
+    parts: Optional[tuple] = None,
+) -> Optional[Work]:
     """:func:`mpidist._dispatch.launch`, with the sync latency path of ``all_reduce``: when the
     group's engine is idle (nothing queued, not DETAIL, no bounded wait) ``fn`` runs here
     at once, recorded and checked as launch records and checks it (sequence number, flight
     recorder, watchdog, the members' agreement on the call: ``layout``, ``parts`` as there)."""
     eng = g.engine
     if async_op or not eng.inline or eng.pending or eng.broken is not None:  # (as all_reduce's latency path)
-        return launch(g, op, fn, args, async_op, outputs, shapes=shapes, dtype=dtype, root=root, count=count,
-                      layout=layout, parts=parts)
-    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), signature(g, op, count, dtype, root, None, layout),
-             parts)(*args)
+        return launch(
+            g,
+            op,
+            fn,
+            args,
+            async_op,
+            outputs,
+            shapes=shapes,
+            dtype=dtype,
+            root=root,
+            count=count,
+            layout=layout,
+            parts=parts,
+        )
+    _guarded(g, op, fn, R.begin(g, op, shapes, dtype, root), signature(g, op, count, dtype, root, None, layout), parts)(
+        *args
+    )
     return None
 
 
 # -- argument checks ------------------------------------------------------------------------
 
+
 def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str, why: str = "") -> None:
     if a.shape != ref.shape:
-        raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, "
-                         f"got {a.shape}")
+        raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, got {a.shape}")
 
 
-def _root_list(xs: Any, g: ProcessGroup, rank: Any, group_rank: Any, tensor: np.ndarray, op: str, arg: str,
-               root_arg: str, writable: bool, why: str) -> tuple[int, Optional[list[np.ndarray]]]:
+def _root_list(
+    xs: Any,
+    g: ProcessGroup,
+    rank: Any,
+    group_rank: Any,
+    tensor: np.ndarray,
+    op: str,
+    arg: str,
+    root_arg: str,
+    writable: bool,
+    why: str,
+) -> tuple[int, Optional[list[np.ndarray]]]:
     """gather's/scatter's root (:func:`root_rank`: ``root_arg`` or group_``root_arg``, default 0)
     and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype (:func:`~mpidist._buffers.array_list`),
     entry root of its shape; elsewhere None. ValueError when missing on the root or given elsewhere
@@ -185,10 +248,18 @@ def _root_list(xs: Any, g: ProcessGroup, rank: Any, group_rank: Any, tensor: np.
 
 # -- all-gather -----------------------------------------------------------------------------
 
-def _all_gatherv(g: ProcessGroup, op: str, inp: np.ndarray, outs: Sequence[np.ndarray],
-                 rank_counts: tuple[int, ...], async_op: bool, results: tuple,
-                 copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
-                 slot_sizes: Optional[tuple[int, ...]] = None) -> Optional[Work]:
+
+def _all_gatherv(
+    g: ProcessGroup,
+    op: str,
+    inp: np.ndarray,
+    outs: Sequence[np.ndarray],
+    rank_counts: tuple[int, ...],
+    async_op: bool,
+    results: tuple,
+    copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+    slot_sizes: Optional[tuple[int, ...]] = None,
+) -> Optional[Work]:
     """MPI_Allgatherv of each rank's flat ``inp`` (rank k sends ``rank_counts[k]`` elements) into
     the slots ``outs`` (in rank order; several consecutive slots, of ``slot_sizes`` elements,
     may belong to one rank; default: one slot per rank).
@@ -217,16 +288,16 @@ def all_gather(tensor_list: list[np.ndarray], tensor: np.ndarray, g: ProcessGrou
     """The MPI backend's :func:`mpidist.all_gather`."""
     op = "all_gather"
     inp = host_array(tensor, op, "tensor", writable=False)
-    outs = array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size",
-                       dtype_of=(inp, "tensor"))
+    outs = array_list(tensor_list, op, "tensor_list", g.size(), True, "the group size", dtype_of=(inp, "tensor"))
     me = g.rank()
     if outs[me].shape != inp.shape:  # (checked first: the argument's name is formatted only on error)
         _same_shape(outs[me], inp, op, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
     return _all_gatherv(g, op, inp, outs, tuple([o.size for o in outs]), async_op, tuple(tensor_list))
 
 
-def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray, g: ProcessGroup,
-                           async_op: bool) -> Optional[Work]:
+def all_gather_into_tensor(
+    output_tensor: np.ndarray, input_tensor: np.ndarray, g: ProcessGroup, async_op: bool
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_into_tensor`."""
     op = "all_gather_into_tensor"
     out = host_array(output_tensor, op, "output_tensor", writable=True)
@@ -234,18 +305,28 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray, 
     group_blocks(out, inp, g.size(), op, "output_tensor", "input_tensor", gather=True)
     dt = mpi_datatype(inp.dtype)
     send = _send_part(inp, out, g.rank() * inp.size, dt)
-    return _run(g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype,
-                count=out.size)
+    return _run(
+        g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype, count=out.size
+    )
 
 
-def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray],
-                        g: ProcessGroup, async_op: bool) -> Optional[Work]:
+def all_gather_multigpu(
+    output_tensor_lists: list[list[np.ndarray]], input_tensor_list: list[np.ndarray], g: ProcessGroup, async_op: bool
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_gather_multigpu`."""
     op = "all_gather_multigpu"
     inps = array_list(input_tensor_list, op, "input_tensor_list", None, False)
     n_dev = len(inps)
-    lists = output_lists(output_tensor_lists, op, inps, n_dev, "len(input_tensor_list)", g.size() * n_dev,
-                         "group size * len(input_tensor_list)", (0, g.rank() * n_dev))
+    lists = output_lists(
+        output_tensor_lists,
+        op,
+        inps,
+        n_dev,
+        "len(input_tensor_list)",
+        g.size() * n_dev,
+        "group size * len(input_tensor_list)",
+        (0, g.rank() * n_dev),
+    )
     first = lists[0]
     for i, lst in enumerate(lists[1:], 1):
         for s, (a, ref) in enumerate(zip(lst, first)):
@@ -255,72 +336,126 @@ def all_gather_multigpu(output_tensor_lists: list[list[np.ndarray]], input_tenso
     return gather_slots(g, op, inps, first, async_op, results, copies)
 
 
-def output_lists(xss: Any, op: str, inps: list, n: int, expected: str, row_n: int, row_expected: str,
-                 own: tuple[int, int]) -> list[list[np.ndarray]]:
+def output_lists(
+    xss: Any, op: str, inps: list, n: int, expected: str, row_n: int, row_expected: str, own: tuple[int, int]
+) -> list[list[np.ndarray]]:
     """``output_tensor_lists``: ``n`` lists (``expected`` says why) of ``row_n`` writable arrays of
     the inputs' dtype (:func:`~mpidist._buffers.array_list`), list ``own[0]`` having input j's shape at ``own[1] + j``.
     TypeError for a non-list, ValueError for a wrong length or shape."""
     if not isinstance(xss, (list, tuple)):
-        raise TypeError(f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, "
-                        f"got {type(xss).__name__}")
+        raise TypeError(
+            f"{prefix(op)} output_tensor_lists must be a list of lists of numpy arrays, got {type(xss).__name__}"
+        )
     if len(xss) != n:
         raise ValueError(f"{prefix(op)} output_tensor_lists must hold {expected} = {n} lists, got {len(xss)}")
-    rows = [array_list(lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected,
-                        dtype_of=(inps[0], "input_tensor_list[0]")) for i, lst in enumerate(xss)]
+    rows = [
+        array_list(
+            lst, op, f"output_tensor_lists[{i}]", row_n, True, row_expected, dtype_of=(inps[0], "input_tensor_list[0]")
+        )
+        for i, lst in enumerate(xss)
+    ]
     i, start = own
     for j, inp in enumerate(inps):
         if rows[i][start + j].shape != inp.shape:
-            _same_shape(rows[i][start + j], inp, op, f"output_tensor_lists[{i}][{start + j}]",
-                        f"input_tensor_list[{j}]", " (it receives that input)")
+            _same_shape(
+                rows[i][start + j],
+                inp,
+                op,
+                f"output_tensor_lists[{i}][{start + j}]",
+                f"input_tensor_list[{j}]",
+                " (it receives that input)",
+            )
     return rows
 
 
-def gather_slots(g: ProcessGroup, op: str, inps: Sequence[np.ndarray], slots: Sequence[np.ndarray],
-                 async_op: bool, results: tuple, copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()
-                 ) -> Optional[Work]:
+def gather_slots(
+    g: ProcessGroup,
+    op: str,
+    inps: Sequence[np.ndarray],
+    slots: Sequence[np.ndarray],
+    async_op: bool,
+    results: tuple,
+    copies: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+) -> Optional[Work]:
     """All-gather of ``L = len(inps)`` arrays per rank: input ``j`` of group rank ``k`` lands
     in ``slots[k * L + j]``, by one MPI_Allgather(v) of each rank's packed inputs; then the
     ``copies`` (dst, src). Validated arrays only. Not public (not in ``__all__``): the body
     of all_gather_multigpu and all_gather_coalesced."""
     n = len(inps)
     sizes = tuple([a.size for a in slots])
-    rank_counts = tuple([sum(sizes[k * n:(k + 1) * n]) for k in range(g.size())])
+    rank_counts = tuple([sum(sizes[k * n : (k + 1) * n]) for k in range(g.size())])
     return _all_gatherv(g, op, _pack(inps), slots, rank_counts, async_op, results, copies, sizes)
 
 
 # -- gather, scatter ------------------------------------------------------------------------
 
-def gather(tensor: np.ndarray, gather_list: Optional[list[np.ndarray]], dst: Optional[int], g: ProcessGroup,
-           async_op: bool, group_dst: Optional[int] = None) -> Optional[Work]:
+
+def gather(
+    tensor: np.ndarray,
+    gather_list: Optional[list[np.ndarray]],
+    dst: Optional[int],
+    g: ProcessGroup,
+    async_op: bool,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.gather`."""
     op = "gather"
     inp = host_array(tensor, op, "tensor", writable=False)
-    root, outs = _root_list(gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True,
-                            " (it receives dst's own tensor)")
+    root, outs = _root_list(
+        gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True, " (it receives dst's own tensor)"
+    )
     dst, dt = g.ranks[root], mpi_datatype(inp.dtype)
     if outs is None:
-        return _run(g, op, g.comm.Gatherv, ([inp, dt], None, root), async_op, (), inp.shape, inp.dtype, dst,
-                    parts=("gather", inp.size, None))
+        return _run(
+            g,
+            op,
+            g.comm.Gatherv,
+            ([inp, dt], None, root),
+            async_op,
+            (),
+            inp.shape,
+            inp.dtype,
+            dst,
+            parts=("gather", inp.size, None),
+        )
     counts = tuple([o.size for o in outs])
     displs, total, _ = _layout(counts)
     buf, staged = _recv_buffer(outs, total)
     args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
     fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)
-    return _run(g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst,
-                parts=("gather", inp.size, counts))
+    return _run(
+        g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst, parts=("gather", inp.size, counts)
+    )
 
 
-def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]], src: Optional[int], g: ProcessGroup,
-            async_op: bool, group_src: Optional[int] = None) -> Optional[Work]:
+def scatter(
+    tensor: np.ndarray,
+    scatter_list: Optional[list[np.ndarray]],
+    src: Optional[int],
+    g: ProcessGroup,
+    async_op: bool,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.scatter`."""
     op = "scatter"
     out = host_array(tensor, op, "tensor", writable=True)
-    root, inps = _root_list(scatter_list, g, src, group_src, out, op, "scatter_list", "src", False,
-                            " (it is src's own part)")
+    root, inps = _root_list(
+        scatter_list, g, src, group_src, out, op, "scatter_list", "src", False, " (it is src's own part)"
+    )
     src, dt = g.ranks[root], mpi_datatype(out.dtype)
     if inps is None:
-        return _run(g, op, g.comm.Scatterv, (None, [out, dt], root), async_op, (tensor,), out.shape, out.dtype,
-                    src, parts=("scatter", out.size, None))
+        return _run(
+            g,
+            op,
+            g.comm.Scatterv,
+            (None, [out, dt], root),
+            async_op,
+            (tensor,),
+            out.shape,
+            out.dtype,
+            src,
+            parts=("scatter", out.size, None),
+        )
     counts = tuple([a.size for a in inps])
     displs = _layout(counts)[0]
     send = _pack(inps)
@@ -328,15 +463,33 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[list[np.ndarray]], src: O
     if slot is False:
         send = np.concatenate([a.reshape(-1) for a in inps])
     recv = MPI.IN_PLACE if slot else [out, dt]
-    return _run(g, op, g.comm.Scatterv, ([send, counts, displs, dt], recv, root), async_op, (tensor,),
-                out.shape, out.dtype, src, parts=("scatter", out.size, counts))
+    return _run(
+        g,
+        op,
+        g.comm.Scatterv,
+        ([send, counts, displs, dt], recv, root),
+        async_op,
+        (tensor,),
+        out.shape,
+        out.dtype,
+        src,
+        parts=("scatter", out.size, counts),
+    )
 
 
 # -- all-to-all -----------------------------------------------------------------------------
 
-def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[int, ...],
-                 outs: Sequence[np.ndarray], recv_counts: tuple[int, ...], async_op: bool,
-                 results: tuple) -> Optional[Work]:
+
+def _all_to_allv(
+    g: ProcessGroup,
+    op: str,
+    send: np.ndarray,
+    send_counts: tuple[int, ...],
+    outs: Sequence[np.ndarray],
+    recv_counts: tuple[int, ...],
+    async_op: bool,
+    results: tuple,
+) -> Optional[Work]:
     """MPI_Alltoallv from the flat ``send`` (``send_counts`` per rank) into ``outs`` (one array
     holding every rank's part, or one array per rank, ``recv_counts`` elements each).
 
@@ -345,9 +498,11 @@ def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[
     """
     me = g.rank()
     if send_counts[me] != recv_counts[me]:
-        raise ValueError(f"{prefix(op)} this rank sends itself {send_counts[me]} elements but expects "
-                         f"{recv_counts[me]} from itself; the part for rank {me} of the input and of "
-                         f"the output must have the same size")
+        raise ValueError(
+            f"{prefix(op)} this rank sends itself {send_counts[me]} elements but expects "
+            f"{recv_counts[me]} from itself; the part for rank {me} of the input and of "
+            f"the output must have the same size"
+        )
     send_displs = _layout(send_counts)[0]
     recv_displs, total, _ = _layout(recv_counts)
     buf, staged = (outs[0], False) if len(outs) == 1 else _recv_buffer(outs, total)
@@ -356,23 +511,44 @@ def _all_to_allv(g: ProcessGroup, op: str, send: np.ndarray, send_counts: tuple[
     dt = mpi_datatype(buf.dtype)
     args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
     fn, fn_args = _body(g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs)
-    return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype,
-                parts=("pairs", send_counts, recv_counts))
+    return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype, parts=("pairs", send_counts, recv_counts))
 
 
-def all_to_all(output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray], g: ProcessGroup,
-               async_op: bool) -> Optional[Work]:
+def all_to_all(
+    output_tensor_list: list[np.ndarray], input_tensor_list: list[np.ndarray], g: ProcessGroup, async_op: bool
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_to_all`."""
     op = "all_to_all"
     inps = array_list(input_tensor_list, op, "input_tensor_list", g.size(), False, "the group size")
-    outs = array_list(output_tensor_list, op, "output_tensor_list", g.size(), True, "the group size",
-                       dtype_of=(inps[0], "input_tensor_list[0]"))
-    return _all_to_allv(g, op, _pack(inps), tuple([a.size for a in inps]), outs, tuple([o.size for o in outs]),
-                        async_op, tuple(output_tensor_list))
+    outs = array_list(
+        output_tensor_list,
+        op,
+        "output_tensor_list",
+        g.size(),
+        True,
+        "the group size",
+        dtype_of=(inps[0], "input_tensor_list[0]"),
+    )
+    return _all_to_allv(
+        g,
+        op,
+        _pack(inps),
+        tuple([a.size for a in inps]),
+        outs,
+        tuple([o.size for o in outs]),
+        async_op,
+        tuple(output_tensor_list),
+    )
 
 
-def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes: Optional[list[int]],
-                      input_split_sizes: Optional[list[int]], g: ProcessGroup, async_op: bool) -> Optional[Work]:
+def all_to_all_single(
+    output: np.ndarray,
+    input: np.ndarray,
+    output_split_sizes: Optional[list[int]],
+    input_split_sizes: Optional[list[int]],
+    g: ProcessGroup,
+    async_op: bool,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_to_all_single`."""
     op = "all_to_all_single"
     out = host_array(output, op, "output", writable=True)
@@ -382,14 +558,29 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray, output_split_sizes:
     out_rows = split_sizes(output_split_sizes, out, op, "output_split_sizes", "output", n)
     in_rows = split_sizes(input_split_sizes, inp, op, "input_split_sizes", "input", n)
     out_row, in_row = math.prod(out.shape[1:]), math.prod(inp.shape[1:])
-    return _all_to_allv(g, op, inp.reshape(-1), tuple([r * in_row for r in in_rows]), (out,),
-                        tuple([r * out_row for r in out_rows]), async_op, (output,))
+    return _all_to_allv(
+        g,
+        op,
+        inp.reshape(-1),
+        tuple([r * in_row for r in in_rows]),
+        (out,),
+        tuple([r * out_row for r in out_rows]),
+        async_op,
+        (output,),
+    )
 
 
 # -- broadcast, several "devices" per process -----------------------------------------------
 
-def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int], g: ProcessGroup, async_op: bool,
-                       src_tensor: int, group_src: Optional[int] = None) -> Optional[Work]:
+
+def broadcast_multigpu(
+    tensor_list: list[np.ndarray],
+    src: Optional[int],
+    g: ProcessGroup,
+    async_op: bool,
+    src_tensor: int,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.broadcast_multigpu`."""
     op = "broadcast_multigpu"
     arrs = array_list(tensor_list, op, "tensor_list", None, True)
@@ -398,14 +589,14 @@ def broadcast_multigpu(tensor_list: list[np.ndarray], src: Optional[int], g: Pro
     if not isinstance(src_tensor, (int, np.integer)) or isinstance(src_tensor, bool):
         raise TypeError(f"{prefix(op)} src_tensor must be an int, got {type(src_tensor).__name__}")
     if not 0 <= src_tensor < len(arrs):
-        raise ValueError(f"{prefix(op)} src_tensor must index tensor_list, in [0, {len(arrs)}), "
-                         f"got {src_tensor}")
+        raise ValueError(f"{prefix(op)} src_tensor must index tensor_list, in [0, {len(arrs)}), got {src_tensor}")
     for i, a in enumerate(arrs):
         if a.size != arrs[0].size:
-            raise ValueError(f"{prefix(op)} tensor_list[{i}] must have as many elements as "
-                             f"tensor_list[0], {arrs[0].size}, got {a.size} (shape {a.shape})")
+            raise ValueError(
+                f"{prefix(op)} tensor_list[{i}] must have as many elements as "
+                f"tensor_list[0], {arrs[0].size}, got {a.size} (shape {a.shape})"
+            )
     lead = arrs[src_tensor] if g.rank() == root else arrs[0]
     copies = [(a, lead) for a in arrs if a is not lead]
     fn, fn_args = _body(g.comm.Bcast, ([lead, mpi_datatype(lead.dtype)], root), None, (), (), copies)
-    return _run(g, op, fn, fn_args, async_op, tuple(tensor_list), [a.shape for a in arrs], lead.dtype, src,
-                lead.size)
+    return _run(g, op, fn, fn_args, async_op, tuple(tensor_list), [a.shape for a in arrs], lead.dtype, src, lead.size)

@@ -6,9 +6,11 @@ Tags: array messages take tags 0 .. ``mpidist._tags.USER_TAG_MAX``; the tags abo
 reserved for mpidist's own messages on the group's communicator (object point-to-point,
 monitored_barrier), so they never match a user's (see :mod:`mpidist._tags`).
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -16,11 +18,11 @@ from mpi4py import MPI
 from mpidist import _runtime, work
 from mpidist._buffers import host_array, mpi_datatype
 from mpidist._dispatch import check_tag, p2p_call, peer_rank, unusable
+from mpidist._group import ProcessGroup
+from mpidist._p2p_op import P2POp, is_receive
 from mpidist._recorder import begin_p2p, fail
 from mpidist.errors import DistBackendError, from_mpi, prefix
-from mpidist._group import ProcessGroup
 from mpidist.work import CompletedWork, RequestWork, Work
-from mpidist._p2p_op import P2POp, is_receive
 
 __all__ = ["send", "recv", "isend", "irecv", "batch_isend_irecv"]
 
@@ -41,19 +43,30 @@ __all__ = ["send", "recv", "isend", "irecv", "batch_isend_irecv"]
 # ``recv`` under MPIDIST_ABORT_ON_TIMEOUT=0, which runs as an irecv, keeps its promise with a
 # scratch buffer copied over on completion (``strict``).
 
-def _mismatch(g: ProcessGroup, arr: Any, op: str, status: MPI.Status, datatype: MPI.Datatype,
-              written: bool = False) -> ValueError:
+
+def _mismatch(
+    g: ProcessGroup, arr: Any, op: str, status: MPI.Status, datatype: MPI.Datatype, written: bool = False
+) -> ValueError:
     """The error for a message (already consumed) whose size differs from ``arr``'s;
     ``written``: it was received into ``arr`` itself (an irecv posted before it arrived)."""
     nbytes = status.Get_count(MPI.BYTE)
     got = status.Get_count(datatype)
-    what = (f"{got} elements of {arr.dtype}" if got != MPI.UNDEFINED
-            else f"{nbytes} bytes (not a whole number of {arr.dtype} elements)")
-    state = ("the tensor's contents are undefined (the irecv was posted before the message came, so it "
-             "was received in place)" if written else "the tensor left unchanged")
-    return ValueError(f"{prefix(op)} received {what} from rank {g.ranks[status.Get_source()]}, expected "
-                      f"{arr.size} (tensor shape {arr.shape}); the message was consumed and {state}; "
-                      f"sender and receiver must use the same shape and dtype")
+    what = (
+        f"{got} elements of {arr.dtype}"
+        if got != MPI.UNDEFINED
+        else f"{nbytes} bytes (not a whole number of {arr.dtype} elements)"
+    )
+    state = (
+        "the tensor's contents are undefined (the irecv was posted before the message came, so it "
+        "was received in place)"
+        if written
+        else "the tensor left unchanged"
+    )
+    return ValueError(
+        f"{prefix(op)} received {what} from rank {g.ranks[status.Get_source()]}, expected "
+        f"{arr.size} (tensor shape {arr.shape}); the message was consumed and {state}; "
+        f"sender and receiver must use the same shape and dtype"
+    )
 
 
 def _drop(message: MPI.Message, status: MPI.Status) -> None:
@@ -78,8 +91,9 @@ def _finisher(g: ProcessGroup, arr: Any, op: str, scratch: Optional[np.ndarray] 
         if status.Get_count(datatype) != arr.size:
             raise _mismatch(g, arr, op, status, datatype, in_place)
         if scratch is not None:
-            arr.reshape(-1).view(np.uint8)[...] = scratch[:arr.nbytes]
+            arr.reshape(-1).view(np.uint8)[...] = scratch[: arr.nbytes]
         return g.ranks[status.Get_source()]
+
     return finish
 
 
@@ -98,8 +112,16 @@ class mpi_errors:  # noqa: N801  (used as a context manager: ``with mpi_errors(o
         return False
 
 
-def _prepare(op: str, tensor: Any, peer: Any, group: Optional[ProcessGroup], tag: Any, receive: bool,
-             group_peer: Any = None, where: str = ""):
+def _prepare(
+    op: str,
+    tensor: Any,
+    peer: Any,
+    group: Optional[ProcessGroup],
+    tag: Any,
+    receive: bool,
+    group_peer: Any = None,
+    where: str = "",
+):
     """Validate one p2p op: ``(group, array, peer's group rank, tag)``, or None on a non-member.
 
     ``peer`` (global) or ``group_peer`` (in ``group``) names the other side; neither on a
@@ -134,8 +156,7 @@ def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
     return RequestWork(op, prefix(op), req, rec=rec)
 
 
-def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "irecv",
-                strict: bool = False) -> Work:
+def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "irecv", strict: bool = False) -> Work:
     """Post a receive into ``arr``: one that never writes a message of another size there if
     the message is already there, or if ``strict``; else one that receives in place (see the
     comment above :func:`_mismatch`)."""
@@ -164,22 +185,37 @@ def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
     return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op, scratch, in_place), rec=rec)
 
 
-def isend(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
-          group_dst: Optional[int] = None) -> Optional[Work]:
+def isend(
+    tensor: np.ndarray,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.isend`."""
     args = _prepare("isend", tensor, dst, group, tag, False, group_dst)
     return None if args is None else _post_isend(*args)
 
 
-def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-          tag: int = 0, group_src: Optional[int] = None) -> Optional[Work]:
+def irecv(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.irecv`."""
     args = _prepare("irecv", tensor, src, group, tag, True, group_src)
     return None if args is None else _post_irecv(*args)
 
 
-def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0,
-         group_dst: Optional[int] = None) -> None:
+def send(
+    tensor: np.ndarray,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> None:
     """The MPI backend's :func:`mpidist.send`."""
     args = _prepare("send", tensor, dst, group, tag, False, group_dst)
     if args is None:
@@ -193,8 +229,13 @@ def send(tensor: np.ndarray, dst: Optional[int] = None, group: Optional[ProcessG
     return None
 
 
-def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-         tag: int = 0, group_src: Optional[int] = None) -> int:
+def recv(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> int:
     """The MPI backend's :func:`mpidist.recv`."""
     args = _prepare("recv", tensor, src, group, tag, True, group_src)
     if args is None:

@@ -14,41 +14,54 @@ AVG is a SUM followed by one division by the number of contributions on the rank
 that receive the result. ``make_premul_sum(factor)`` (PREMUL_SUM) multiplies each
 input by ``factor`` on its own rank, then sums.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from mpidist._buffers import array_list, group_blocks, host_array, mpi_datatype
 from mpidist._dispatch import launch, root_rank
-from mpidist._mpi.collectives import Op, all_reduce_body
-from mpidist.errors import prefix
 from mpidist._group import ProcessGroup
+from mpidist._mpi.collectives import Op, all_reduce_body
 from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce, scaled, to_mpi_op
+from mpidist.errors import prefix
 from mpidist.work import Work
 
 __all__ = ["reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_multigpu", "reduce_multigpu"]
 
 
-def _array_list(arrays: Any, op: str, arg: str, *, writable: bool, length: Optional[int] = None,
-                ref: Optional[np.ndarray] = None, ref_arg: str = "", distinct: bool = False) -> list:
+def _array_list(
+    arrays: Any,
+    op: str,
+    arg: str,
+    *,
+    writable: bool,
+    length: Optional[int] = None,
+    ref: Optional[np.ndarray] = None,
+    ref_arg: str = "",
+    distinct: bool = False,
+) -> list:
     """:func:`~mpidist._buffers.array_list` (of ``length`` if given, each with the dtype of
     ``ref``, default its first entry), plus: each with ``ref``'s shape, and with ``distinct``
     no array twice (the multi-array forms write each entry as its own "device")."""
     if isinstance(arrays, (list, tuple)) and length is not None and len(arrays) != length:
-        raise ValueError(f"{prefix(op)} {arg} must hold one array per group rank: expected {length}, "
-                         f"got {len(arrays)}")
+        raise ValueError(f"{prefix(op)} {arg} must hold one array per group rank: expected {length}, got {len(arrays)}")
     out = array_list(arrays, op, arg, None, writable, dtype_of=None if ref is None else (ref, ref_arg))
     if ref is None:
         ref, ref_arg = out[0], f"{arg}[0]"
     for i, x in enumerate(out):
         if x.shape != ref.shape:
-            raise ValueError(f"{prefix(op)} {arg}[{i}] has shape {x.shape}, expected the shape of {ref_arg} {ref.shape}")
+            raise ValueError(
+                f"{prefix(op)} {arg}[{i}] has shape {x.shape}, expected the shape of {ref_arg} {ref.shape}"
+            )
     if distinct and len({id(x) for x in out}) != len(out):
-        raise ValueError(f"{prefix(op)} {arg} holds the same array more than once; expected distinct "
-                         f"arrays (one per device)")
+        raise ValueError(
+            f"{prefix(op)} {arg} holds the same array more than once; expected distinct arrays (one per device)"
+        )
     return out
 
 
@@ -70,15 +83,27 @@ def _reduce(g: ProcessGroup, arr: np.ndarray, op: Op, root: int, contributions: 
         g.comm.Reduce([send, dt], None, to_mpi_op(op, arr.dtype), root)
 
 
-def reduce(tensor: np.ndarray, dst: Optional[int], op: Op, g: ProcessGroup, async_op: bool,
-           group_dst: Optional[int] = None) -> Optional[Work]:
+def reduce(
+    tensor: np.ndarray, dst: Optional[int], op: Op, g: ProcessGroup, async_op: bool, group_dst: Optional[int] = None
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce`."""
     name = "reduce"
     root = root_rank(g, dst, group_dst, name, "dst", "group_dst")
     arr = host_array(tensor, name, "tensor", writable=g.rank() == root)
     op = check_op_dtype(op, arr.dtype, prefix(name))
-    return launch(g, name, _reduce, (g, arr, op, root, g.size()), async_op, (tensor,), shapes=arr.shape,
-                  dtype=arr.dtype, root=g.ranks[root], count=arr.size, redop=op)
+    return launch(
+        g,
+        name,
+        _reduce,
+        (g, arr, op, root, g.size()),
+        async_op,
+        (tensor,),
+        shapes=arr.shape,
+        dtype=arr.dtype,
+        root=g.ranks[root],
+        count=arr.size,
+        redop=op,
+    )
 
 
 # -- reduce_scatter ----------------------------------------------------------------------------
@@ -109,28 +134,53 @@ def _reduce_scatter_tensor(g: ProcessGroup, out: np.ndarray, inp: np.ndarray, op
     _reduce_scatter_block(g, send, out, base)
 
 
-def reduce_scatter(output: np.ndarray, input_list: Sequence[np.ndarray], op: Op, g: ProcessGroup,
-                   async_op: bool) -> Optional[Work]:
+def reduce_scatter(
+    output: np.ndarray, input_list: Sequence[np.ndarray], op: Op, g: ProcessGroup, async_op: bool
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce_scatter`."""
     name = "reduce_scatter"
     out = host_array(output, name, "output", writable=True)
-    inputs = _array_list(input_list, name, "input_list", writable=False, length=g.size(), ref=out,
-                         ref_arg="output")
+    inputs = _array_list(input_list, name, "input_list", writable=False, length=g.size(), ref=out, ref_arg="output")
     op = check_op_dtype(op, out.dtype, prefix(name))
-    return launch(g, name, _reduce_scatter_list, (g, out, inputs, op), async_op, (output,), shapes=out.shape,
-                  dtype=out.dtype, count=out.size, redop=op)
+    return launch(
+        g,
+        name,
+        _reduce_scatter_list,
+        (g, out, inputs, op),
+        async_op,
+        (output,),
+        shapes=out.shape,
+        dtype=out.dtype,
+        count=out.size,
+        redop=op,
+    )
 
 
-def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray, op: Op, g: ProcessGroup,  # noqa: A002
-                          async_op: bool) -> Optional[Work]:
+def reduce_scatter_tensor(
+    output: np.ndarray,
+    input: np.ndarray,
+    op: Op,
+    g: ProcessGroup,  # noqa: A002
+    async_op: bool,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce_scatter_tensor`."""
     name = "reduce_scatter_tensor"
     out = host_array(output, name, "output", writable=True)
     inp = host_array(input, name, "input", writable=False)
     group_blocks(out, inp, g.size(), name, "output", "input", gather=False)
     op = check_op_dtype(op, out.dtype, prefix(name))
-    return launch(g, name, _reduce_scatter_tensor, (g, out, inp, op), async_op, (output,), shapes=inp.shape,
-                  dtype=out.dtype, count=out.size, redop=op)
+    return launch(
+        g,
+        name,
+        _reduce_scatter_tensor,
+        (g, out, inp, op),
+        async_op,
+        (output,),
+        shapes=inp.shape,
+        dtype=out.dtype,
+        count=out.size,
+        redop=op,
+    )
 
 
 # -- the seeds' multi-array ("multigpu") forms ------------------------------------------------
@@ -162,7 +212,7 @@ def _all_reduce_multi(g: ProcessGroup, arrays: list, op: Op) -> None:
 def _reduce_multi(g: ProcessGroup, arrays: list, op: Op, root: int, dst_tensor: int) -> None:
     if g.rank() == root:
         acc = arrays[dst_tensor]
-        others = arrays[:dst_tensor] + arrays[dst_tensor + 1:]
+        others = arrays[:dst_tensor] + arrays[dst_tensor + 1 :]
     elif len(arrays) == 1:
         acc, others = arrays[0], []  # _reduce leaves a non-root's array unchanged
     else:
@@ -176,13 +226,30 @@ def all_reduce_multigpu(tensor_list: Sequence[np.ndarray], op: Op, g: ProcessGro
     name = "all_reduce_multigpu"
     arrays = _array_list(tensor_list, name, "tensor_list", writable=True, distinct=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
-    return launch(g, name, _all_reduce_multi, (g, arrays, op), async_op, tuple(tensor_list),
-                  shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, count=arrays[0].size, redop=op,
-                  layout=(len(arrays),))
+    return launch(
+        g,
+        name,
+        _all_reduce_multi,
+        (g, arrays, op),
+        async_op,
+        tuple(tensor_list),
+        shapes=[a.shape for a in arrays],
+        dtype=arrays[0].dtype,
+        count=arrays[0].size,
+        redop=op,
+        layout=(len(arrays),),
+    )
 
 
-def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int], op: Op, g: ProcessGroup, async_op: bool,
-                    dst_tensor: int, group_dst: Optional[int] = None) -> Optional[Work]:
+def reduce_multigpu(
+    tensor_list: Sequence[np.ndarray],
+    dst: Optional[int],
+    op: Op,
+    g: ProcessGroup,
+    async_op: bool,
+    dst_tensor: int,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.reduce_multigpu`."""
     name = "reduce_multigpu"
     root = root_rank(g, dst, group_dst, name, "dst", "group_dst")
@@ -190,11 +257,23 @@ def reduce_multigpu(tensor_list: Sequence[np.ndarray], dst: Optional[int], op: O
     if not isinstance(dst_tensor, (int, np.integer)) or isinstance(dst_tensor, bool):
         raise TypeError(f"{prefix(name)} dst_tensor must be an int, got {type(dst_tensor).__name__}")
     if not 0 <= dst_tensor < len(arrays):
-        raise ValueError(f"{prefix(name)} dst_tensor={dst_tensor} is out of range for tensor_list of "
-                         f"length {len(arrays)}")
+        raise ValueError(
+            f"{prefix(name)} dst_tensor={dst_tensor} is out of range for tensor_list of length {len(arrays)}"
+        )
     if g.rank() == root:
         host_array(arrays[dst_tensor], name, f"tensor_list[{dst_tensor}]", writable=True)
     op = check_op_dtype(op, arrays[0].dtype, prefix(name))
-    return launch(g, name, _reduce_multi, (g, arrays, op, root, int(dst_tensor)), async_op,
-                  tuple(tensor_list), shapes=[a.shape for a in arrays], dtype=arrays[0].dtype, root=g.ranks[root],
-                  count=arrays[0].size, redop=op, layout=(len(arrays),))
+    return launch(
+        g,
+        name,
+        _reduce_multi,
+        (g, arrays, op, root, int(dst_tensor)),
+        async_op,
+        tuple(tensor_list),
+        shapes=[a.shape for a in arrays],
+        dtype=arrays[0].dtype,
+        root=g.ranks[root],
+        count=arrays[0].size,
+        redop=op,
+        layout=(len(arrays),),
+    )

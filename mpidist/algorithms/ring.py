@@ -5,6 +5,7 @@ The classic two-phase ring (reduce-scatter, then all-gather) of Patarasuk & Yuan
 J. Parallel Distrib. Comput. 69(2), 2009 -- the algorithm popularised for deep
 learning by Baidu's allreduce and Horovod.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -15,8 +16,8 @@ from mpi4py import MPI
 
 from mpidist._array import array_module, is_device_array
 from mpidist._buffers import mpi_datatype
-from mpidist.device import detect
 from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce
+from mpidist.device import detect
 
 __all__ = ["ring_all_reduce", "ring_chunk_bounds"]
 
@@ -86,15 +87,19 @@ def ring_all_reduce(comm: MPI.Comm, buf: Any, op: ReduceOp) -> None:
         raise TypeError(f"ring_all_reduce: op must be a ReduceOp (apply a PremulSum's factor first), got {op!r}")
     xp = array_module(buf)
     if xp is np and is_device_array(buf):
-        raise TypeError(f"ring_all_reduce: buf is a device array of type {type(buf).__name__}, which mpidist "
-                        f"cannot reduce on the device (only cupy arrays); copy it to the host first")
+        raise TypeError(
+            f"ring_all_reduce: buf is a device array of type {type(buf).__name__}, which mpidist "
+            f"cannot reduce on the device (only cupy arrays); copy it to the host first"
+        )
     if xp is not np:
         aware = detect.detection()
         if not aware.aware:
-            raise TypeError(f"ring_all_reduce: buf is a device array ({type(buf).__name__}) and MPI is not "
-                            f"CUDA-aware ({aware.source}): MPI would dereference a device pointer and crash. "
-                            f"Use mpidist.all_reduce(buf, algorithm='ring'), which stages it through host "
-                            f"memory, or set MPIDIST_CUDA_AWARE=1 if this MPI is CUDA-aware")
+            raise TypeError(
+                f"ring_all_reduce: buf is a device array ({type(buf).__name__}) and MPI is not "
+                f"CUDA-aware ({aware.source}): MPI would dereference a device pointer and crash. "
+                f"Use mpidist.all_reduce(buf, algorithm='ring'), which stages it through host "
+                f"memory, or set MPIDIST_CUDA_AWARE=1 if this MPI is CUDA-aware"
+            )
     check_op_dtype(op, buf.dtype, "ring_all_reduce")
     if not buf.flags.c_contiguous or not getattr(buf.flags, "writeable", True):
         raise ValueError("ring_all_reduce needs a writeable C-contiguous buffer")

@@ -34,6 +34,7 @@ per peer, in cache lines the barrier moves anyway.
 crossover size up on groups confined to one node (one window per group, made on first
 use and freed with the group: docs/architecture.md, "Choosing the all-reduce algorithm").
 """
+
 from __future__ import annotations
 
 import os
@@ -46,9 +47,9 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist._buffers import host_array
+from mpidist._reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
 from mpidist._signature import dtype_text
 from mpidist.errors import prefix
-from mpidist._reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
 
 __all__ = ["ShmAllReduce", "ShmMismatch", "shm_all_reduce", "shm_applicable", "shm_release", "DEFAULT_SLOT_BYTES"]
 
@@ -59,14 +60,14 @@ __all__ = ["ShmAllReduce", "ShmMismatch", "shm_all_reduce", "shm_applicable", "s
 #: and numpy calls per chunk cost little (measured: benchmarks/results/shm_np2.md).
 DEFAULT_SLOT_BYTES = 2 << 20
 
-_LINE = 64           # cache line: slices start on one, so two writers never share a line
-_HEADER = 4096       # each rank's counter sits alone on the first page of its segment
-_CALL = (8, 24)      # offsets of the two call headers (2 int64 each; by barrier parity): in the counter's
-                     # cache line, which the peers fetch anyway when they see the counter move
-_SPINS = 1000        # counter checks (about 50 us) before yielding the core between checks
-_YIELDS = 100        # sched_yield calls (about 100 us) before sleeping between checks
-_SLEEP_MAX = 2e-4    # longest sleep between checks (s); sleeps double from 10 us. Was 1 ms: a peer
-                     # descheduled briefly then cost up to 1 ms per 1 MiB chunk (slow 16 MiB spells)
+_LINE = 64  # cache line: slices start on one, so two writers never share a line
+_HEADER = 4096  # each rank's counter sits alone on the first page of its segment
+_CALL = (8, 24)  # offsets of the two call headers (2 int64 each; by barrier parity): in the counter's
+# cache line, which the peers fetch anyway when they see the counter move
+_SPINS = 1000  # counter checks (about 50 us) before yielding the core between checks
+_YIELDS = 100  # sched_yield calls (about 100 us) before sleeping between checks
+_SLEEP_MAX = 2e-4  # longest sleep between checks (s); sleeps double from 10 us. Was 1 ms: a peer
+# descheduled briefly then cost up to 1 ms per 1 MiB chunk (slow 16 MiB spells)
 
 
 class ShmMismatch(ValueError):
@@ -108,8 +109,9 @@ class _Views:
     def __init__(self, mems: list, parts: int, part_bytes: int, dtype: np.dtype) -> None:
         self.q = part_bytes // dtype.itemsize
         self.align = max(1, _LINE // dtype.itemsize)
-        self.slots = [[np.frombuffer(m, dtype, count=self.q, offset=_HEADER + j * part_bytes)
-                       for j in range(parts)] for m in mems]
+        self.slots = [
+            [np.frombuffer(m, dtype, count=self.q, offset=_HEADER + j * part_bytes) for j in range(parts)] for m in mems
+        ]
 
 
 class ShmAllReduce:
@@ -161,14 +163,18 @@ class ShmAllReduce:
     def __init__(self, comm: MPI.Comm, slot_bytes: int = DEFAULT_SLOT_BYTES) -> None:
         n = comm.Get_size()
         if slot_bytes < 2 * _LINE * n:
-            raise ValueError(f"{prefix('ShmAllReduce')} slot_bytes must be >= 128 x the {n} ranks = "
-                             f"{2 * _LINE * n}, got {slot_bytes}")
+            raise ValueError(
+                f"{prefix('ShmAllReduce')} slot_bytes must be >= 128 x the {n} ranks = "
+                f"{2 * _LINE * n}, got {slot_bytes}"
+            )
         if not shm_applicable(comm):
-            raise ValueError(f"{prefix('ShmAllReduce')} the ranks of comm do not all share memory (more than "
-                             f"one node); use another all-reduce algorithm")
+            raise ValueError(
+                f"{prefix('ShmAllReduce')} the ranks of comm do not all share memory (more than "
+                f"one node); use another all-reduce algorithm"
+            )
         self.comm = comm.Dup()
         self.size, self.rank = n, self.comm.Get_rank()
-        self.parts = 2 if n == 2 else n    # regions per slot: halves, or one per slice
+        self.parts = 2 if n == 2 else n  # regions per slot: halves, or one per slice
         self.part_bytes = slot_bytes // self.parts // _LINE * _LINE
         self.slot_bytes = self.part_bytes * self.parts
         info = MPI.Info.Create()
@@ -179,12 +185,12 @@ class ShmAllReduce:
             info.Free()
         self._mems = [self.win.Shared_query(k)[0] for k in range(n)]
         self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]
-        self._calls = [[memoryview(m)[at:at + 16].cast("q") for at in _CALL] for m in self._mems]
+        self._calls = [[memoryview(m)[at : at + 16].cast("q") for at in _CALL] for m in self._mems]
         self._peer_calls = [heads for k, heads in enumerate(self._calls) if k != self.rank]
         self._views: dict = {}
-        self._checked: dict = {}             # (dtype, op) pairs validated already -> their header code
+        self._checked: dict = {}  # (dtype, op) pairs validated already -> their header code
         self._epoch = 0
-        self._half = 0                       # n == 2: the half-slot the next chunk uses
+        self._half = 0  # n == 2: the half-slot the next chunk uses
         self._spins = 0 if n > (os.cpu_count() or 1) else _SPINS
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self._flags[self.rank][0] = 0
@@ -280,8 +286,9 @@ class ShmAllReduce:
         """Validate ``op`` on ``dtype``; their code in call headers: one int64, the same in every
         process (the dtype's text, hashed), kept in ``_checked``."""
         if not isinstance(op, ReduceOp):
-            raise TypeError(f"{prefix('shm_all_reduce')} op must be a ReduceOp (apply a PremulSum's factor "
-                            f"first), got {op!r}")
+            raise TypeError(
+                f"{prefix('shm_all_reduce')} op must be a ReduceOp (apply a PremulSum's factor first), got {op!r}"
+            )
         check_op_dtype(op, dtype, prefix("shm_all_reduce"))
         code = self._checked[(dtype, op)] = (zlib.crc32(dtype_text(dtype).encode()) << 8) | list(ReduceOp).index(op)
         return code
@@ -299,7 +306,7 @@ class ShmAllReduce:
         mine, peer, first = views.slots[self.rank], views.slots[1 - self.rank], self.rank == 0
         half = self._half
         for start in range(0, flat.size, views.q):
-            chunk = flat[start:start + views.q]
+            chunk = flat[start : start + views.q]
             m = chunk.size
             np.copyto(mine[half][:m], chunk)
             self._barrier(flat.size, code)
@@ -319,7 +326,7 @@ class ShmAllReduce:
         full = [(j * views.q, (j + 1) * views.q) for j in range(n)]
         pending = None
         for start in range(0, flat.size, n * views.q):
-            chunk = flat[start:start + n * views.q]
+            chunk = flat[start : start + n * views.q]
             bounds = full if chunk.size == n * views.q else self._tail_bounds(chunk.size, views.align)
             if pending is not None:
                 self._gather(views, *pending)
@@ -344,7 +351,7 @@ class ShmAllReduce:
         mine, r = views.slots[self.rank], self.rank
         for j, (a, b) in enumerate(bounds):
             if j != r and b > a:
-                np.copyto(mine[j][:b - a], chunk[a:b])
+                np.copyto(mine[j][: b - a], chunk[a:b])
 
     def _fold(self, views: _Views, chunk: np.ndarray, bounds: list, ufunc: np.ufunc) -> None:
         """Step 2: fold this rank's slice over ranks 0..n-1 into its own slot."""
@@ -352,8 +359,8 @@ class ShmAllReduce:
         a, b = bounds[r]
         if b == a:
             return
-        xs = [chunk[a:b] if k == r else views.slots[k][r][:b - a] for k in range(self.size)]
-        out = views.slots[r][r][:b - a]
+        xs = [chunk[a:b] if k == r else views.slots[k][r][: b - a] for k in range(self.size)]
+        out = views.slots[r][r][: b - a]
         ufunc(xs[0], xs[1], out=out)
         for x in xs[2:]:
             ufunc(out, x, out=out)
@@ -363,7 +370,7 @@ class ShmAllReduce:
         """Step 3: copy every folded slice of ``chunk`` from its owner's slot."""
         for j, (a, b) in enumerate(bounds):
             if b > a:
-                np.copyto(chunk[a:b], views.slots[j][j][:b - a])
+                np.copyto(chunk[a:b], views.slots[j][j][: b - a])
 
     # -- lifetime ---------------------------------------------------------------------------
     def free(self) -> None:
@@ -379,7 +386,7 @@ class ShmAllReduce:
         self.win = None
         self.comm.Free()
 
-    def __enter__(self) -> "ShmAllReduce":
+    def __enter__(self) -> ShmAllReduce:
         return self
 
     def __exit__(self, *exc: Any) -> None:

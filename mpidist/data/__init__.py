@@ -1,4 +1,5 @@
 """Data utilities: a distributed sampler and small datasets for the examples."""
+
 from __future__ import annotations
 
 from mpidist.data.datasets import load_digits_split, load_mnist, read_idx, write_idx

@@ -3,6 +3,7 @@
 :func:`load_digits_split` needs scikit-learn (``pip install mpidist[examples]``);
 the IDX reader and writer need only numpy. Nothing here downloads anything.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -57,15 +58,11 @@ def load_digits_split(test_size: float = 0.2, seed: int = 0, dtype: DTypeLike = 
         from sklearn.datasets import load_digits  # noqa: PLC0415  (optional)
         from sklearn.model_selection import train_test_split  # noqa: PLC0415
     except ImportError as exc:
-        raise ImportError(
-            "load_digits_split needs scikit-learn: pip install mpidist[examples]"
-        ) from exc
+        raise ImportError("load_digits_split needs scikit-learn: pip install mpidist[examples]") from exc
     digits = load_digits()
     x = (digits.data / 16.0).astype(dtype)
     y = digits.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=test_size, stratify=y, random_state=seed
-    )
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_size, stratify=y, random_state=seed)
     return x_train, y_train, x_test, y_test
 
 
@@ -114,8 +111,7 @@ def read_idx(path: PathLike) -> np.ndarray:
     if len(data) != expected:
         what = "truncated data" if len(data) < expected else "trailing data"
         raise ValueError(
-            f"IDX file {path}: {what}: expected {expected} bytes for shape {shape} "
-            f"of {dtype.name}, got {len(data)}"
+            f"IDX file {path}: {what}: expected {expected} bytes for shape {shape} of {dtype.name}, got {len(data)}"
         )
     return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
@@ -164,9 +160,7 @@ def _mnist_pair(root: Path, images: str, labels: str, dtype: DTypeLike) -> tuple
             f"dimension, got shapes {x.shape} and {y.shape}"
         )
     if len(x) != len(y):
-        raise ValueError(
-            f"MNIST files {x_path}, {y_path}: {len(x)} images but {len(y)} labels"
-        )
+        raise ValueError(f"MNIST files {x_path}, {y_path}: {len(x)} images but {len(y)} labels")
     images = x.reshape(len(x), -1).astype(dtype)
     images /= 255
     return images, y.astype(np.int64)

@@ -7,6 +7,7 @@ One difference: the shuffle uses ``numpy.random.default_rng(seed + epoch)``
 instead of ``torch.randperm``, so the order of the indices differs from
 torch's for the same seed, while every other property is the same.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,9 +70,7 @@ class DistributedSampler:
         if num_replicas < 1:
             raise ValueError(f"Invalid num_replicas {num_replicas}, it should be at least 1")
         if rank >= num_replicas or rank < 0:
-            raise ValueError(
-                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
-            )
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank

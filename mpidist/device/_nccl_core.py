@@ -16,13 +16,15 @@ futures, and keeps the arrays an op uses (the caller's and its temporaries) aliv
 the op is done. While an op is in flight its entry is in ``_recorder.watched``, so
 mpidist's timeout watchdog names it if it does not complete within the group's timeout.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -30,14 +32,28 @@ from mpi4py import MPI
 from mpidist import _recorder as R
 from mpidist._array import is_device_array
 from mpidist._buffers import value_kind
-from mpidist.device import _nccl_shim
-from mpidist.errors import DistBackendError, DistError, prefix
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype
+from mpidist.device import _nccl_shim
+from mpidist.errors import DistBackendError, DistError, prefix
 from mpidist.work import Work, _seconds, poll_until
 
-__all__ = ["Dev", "device_array", "Plan", "reduction", "mover", "NcclComm", "NcclGroupState", "state",
-           "overlaps", "nccl_failure", "AVG_MIN_VERSION", "NcclWork", "REAPER", "launch"]
+__all__ = [
+    "Dev",
+    "device_array",
+    "Plan",
+    "reduction",
+    "mover",
+    "NcclComm",
+    "NcclGroupState",
+    "state",
+    "overlaps",
+    "nccl_failure",
+    "AVG_MIN_VERSION",
+    "NcclWork",
+    "REAPER",
+    "launch",
+]
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); stable ABI constants.
 _INT8, _UINT8, _INT32, _UINT32, _INT64, _UINT64, _FLOAT16, _FLOAT32, _FLOAT64, _BFLOAT16 = range(10)
@@ -48,20 +64,29 @@ AVG_MIN_VERSION = 21000
 # dtype name -> (ncclDataType_t, NCCL elements per array element). bool travels as uint8 and
 # complex as pairs of reals (torch: view_as_real), so SUM/AVG/PREMUL_SUM work part by part.
 _TYPES = {
-    "int8": (_INT8, 1), "uint8": (_UINT8, 1), "int32": (_INT32, 1), "uint32": (_UINT32, 1),
-    "int64": (_INT64, 1), "uint64": (_UINT64, 1), "float16": (_FLOAT16, 1), "float32": (_FLOAT32, 1),
-    "float64": (_FLOAT64, 1), "bfloat16": (_BFLOAT16, 1), "bool": (_UINT8, 1),
-    "complex64": (_FLOAT32, 2), "complex128": (_FLOAT64, 2),
+    "int8": (_INT8, 1),
+    "uint8": (_UINT8, 1),
+    "int32": (_INT32, 1),
+    "uint32": (_UINT32, 1),
+    "int64": (_INT64, 1),
+    "uint64": (_UINT64, 1),
+    "float16": (_FLOAT16, 1),
+    "float32": (_FLOAT32, 1),
+    "float64": (_FLOAT64, 1),
+    "bfloat16": (_BFLOAT16, 1),
+    "bool": (_UINT8, 1),
+    "complex64": (_FLOAT32, 2),
+    "complex128": (_FLOAT64, 2),
 }
 _REDUCIBLE = ", ".join(_TYPES)
-_OPS = {ReduceOp.SUM: _SUM, ReduceOp.PRODUCT: _PROD, ReduceOp.MAX: _MAX, ReduceOp.MIN: _MIN,
-        ReduceOp.AVG: _AVG}
+_OPS = {ReduceOp.SUM: _SUM, ReduceOp.PRODUCT: _PROD, ReduceOp.MAX: _MAX, ReduceOp.MIN: _MIN, ReduceOp.AVG: _AVG}
 # torch maps bool reductions so that uint8 gives logical results: SUM -> MAX, PRODUCT -> MIN.
 _BOOL_OPS = {ReduceOp.SUM: _MAX, ReduceOp.PRODUCT: _MIN, ReduceOp.MAX: _MAX, ReduceOp.MIN: _MIN}
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
 # -- device arrays ------------------------------------------------------------------------------
+
 
 class Dev:
     """What the NCCL path needs of one device array: pointer, shape, dtype, sizes, device,
@@ -74,8 +99,9 @@ class Dev:
 
     __slots__ = ("obj", "ptr", "shape", "dtype", "size", "nbytes", "device", "stream")
 
-    def __init__(self, obj: Any, ptr: int, shape: tuple, dtype: np.dtype, device: int,
-                 stream: Optional[int] = None) -> None:
+    def __init__(
+        self, obj: Any, ptr: int, shape: tuple, dtype: np.dtype, device: int, stream: Optional[int] = None
+    ) -> None:
         self.obj, self.ptr, self.shape, self.dtype, self.device = obj, ptr, shape, dtype, device
         self.stream = stream
         self.size = math.prod(shape)
@@ -115,9 +141,11 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
         x = shim.from_dlpack(x)
         cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
-        raise TypeError(f"{prefix(op)} {arg} must be a device (GPU) array (cupy, or any object with "
-                        f"__cuda_array_interface__ or a CUDA __dlpack_device__) on the NCCL path, "
-                        f"got {type(x).__name__}")
+        raise TypeError(
+            f"{prefix(op)} {arg} must be a device (GPU) array (cupy, or any object with "
+            f"__cuda_array_interface__ or a CUDA __dlpack_device__) on the NCCL path, "
+            f"got {type(x).__name__}"
+        )
     shape = tuple(cai["shape"])
     try:  # the array's own dtype where it has one: bfloat16 reads as "<V2" in the interface
         dtype = np.dtype(x.dtype)
@@ -126,13 +154,16 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
     ptr, readonly = cai["data"]
     strides = cai.get("strides")
     if not _c_contiguous(shape, strides, dtype.itemsize):
-        raise ValueError(f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of shape "
-                         f"{shape} and strides {tuple(strides)}")
+        raise ValueError(
+            f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of shape "
+            f"{shape} and strides {tuple(strides)}"
+        )
     if writable and readonly:
         raise ValueError(f"{prefix(op)} {arg} must be writable, got a read-only array")
     if dtype.kind not in "biufc" and value_kind(dtype) not in "biufc":
-        raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}, which cannot be communicated; "
-                        f"expected a numeric or bool dtype")
+        raise TypeError(
+            f"{prefix(op)} {arg} has dtype {dtype}, which cannot be communicated; expected a numeric or bool dtype"
+        )
     stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
     return Dev(x, int(ptr or 0), shape, dtype, shim.device_of(x, ptr), None if stream is None else int(stream))
 
@@ -143,6 +174,7 @@ def overlaps(a: Dev, b: Dev) -> bool:
 
 
 # -- dtype and op tables ------------------------------------------------------------------------
+
 
 class Plan(NamedTuple):
     """How NCCL reduces one dtype with one op: ``type`` (ncclDataType_t), ``mult`` (NCCL
@@ -171,18 +203,21 @@ def reduction(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
     if key in _PLANS:
         return _PLANS[key]
     if op in _BITWISE:
-        raise ValueError(f"{prefix(name)} {op!r} is not supported by NCCL (torch: 'Cannot use "
-                         f"ReduceOp.{op.name} with NCCL'); bitwise reductions need host arrays")
+        raise ValueError(
+            f"{prefix(name)} {op!r} is not supported by NCCL (torch: 'Cannot use "
+            f"ReduceOp.{op.name} with NCCL'); bitwise reductions need host arrays"
+        )
     found = _TYPES.get(dtype.name) if dtype.isnative else None
     if found is None:
-        raise TypeError(f"{prefix(name)} dtype {dtype} cannot be reduced by NCCL; expected one of "
-                        f"{_REDUCIBLE}")
+        raise TypeError(f"{prefix(name)} dtype {dtype} cannot be reduced by NCCL; expected one of {_REDUCIBLE}")
     op = check_op_dtype(op, dtype, prefix(name))
     premul = op if type(op) is PremulSum else None
     base = ReduceOp.SUM if premul is not None else op
     if dtype.kind == "c" and base not in (ReduceOp.SUM, ReduceOp.AVG):
-        raise ValueError(f"{prefix(name)} {base!r} on complex dtype {dtype} is not supported by NCCL; "
-                         f"complex arrays reduce with SUM, AVG or PREMUL_SUM only (as torch)")
+        raise ValueError(
+            f"{prefix(name)} {base!r} on complex dtype {dtype} is not supported by NCCL; "
+            f"complex arrays reduce with SUM, AVG or PREMUL_SUM only (as torch)"
+        )
     divide = base is ReduceOp.AVG and version < AVG_MIN_VERSION
     code = _BOOL_OPS[base] if dtype.kind == "b" else (_SUM if divide else _OPS[base])
     plan = Plan(found[0], found[1], code, divide, premul)
@@ -226,8 +261,10 @@ def shared_gpu_refused(version: Any) -> str:
     version = version_code(version)
     if version >= MULTI_RANK_GPU_VERSION and os.environ.get(MULTI_RANK_GPU_VAR) == "1":
         return ""
-    return (f"NCCL refuses ranks of one communicator on one GPU unless NCCL >= 2.30 (found "
-            f"{version_text(version)}) and {MULTI_RANK_GPU_VAR}=1")
+    return (
+        f"NCCL refuses ranks of one communicator on one GPU unless NCCL >= 2.30 (found "
+        f"{version_text(version)}) and {MULTI_RANK_GPU_VAR}=1"
+    )
 
 
 def check_gpus_distinct(shim: Any, mpi_comm: MPI.Comm, device: int, name: str, what: str) -> None:
@@ -241,16 +278,21 @@ def check_gpus_distinct(shim: Any, mpi_comm: MPI.Comm, device: int, name: str, w
     why = shared_gpu_refused(shim.version()) if shared else ""
     if why:
         key, rs = shared[0]
-        raise DistBackendError(f"{prefix(name)} could not make the NCCL communicator of {what}: its ranks "
-                               f"{rs} use the same GPU ({key}); {why}. Give each rank a GPU of its own "
-                               f"(device = local rank), or use host staging or a CUDA-aware MPI "
-                               f"(backend 'mpi')")
+        raise DistBackendError(
+            f"{prefix(name)} could not make the NCCL communicator of {what}: its ranks "
+            f"{rs} use the same GPU ({key}); {why}. Give each rank a GPU of its own "
+            f"(device = local rank), or use host staging or a CUDA-aware MPI "
+            f"(backend 'mpi')"
+        )
 
 
 def nccl_failure(name: str, what: str, exc: BaseException) -> DistBackendError:
     text = str(exc)
-    hint = (" (two ranks of one communicator on one GPU need NCCL >= 2.30 and "
-            "NCCL_MULTI_RANK_GPU_ENABLE=1)") if "uplicate GPU" in text else ""
+    hint = (
+        (" (two ranks of one communicator on one GPU need NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)")
+        if "uplicate GPU" in text
+        else ""
+    )
     return DistBackendError(f"{prefix(name)} {what}: NCCL error: {text}{hint}")
 
 
@@ -303,11 +345,12 @@ class NcclGroupState:
     def _check_device(self, device: int, name: str, devs: Sequence[Dev], args: Sequence[str]) -> None:
         for d, arg in zip(devs, args):
             if d.device != device:
-                raise ValueError(f"{prefix(name)} {arg} is on device {d.device}, expected device {device} "
-                                 f"(where group {self.g.group_name!r} communicates through NCCL)")
+                raise ValueError(
+                    f"{prefix(name)} {arg} is on device {d.device}, expected device {device} "
+                    f"(where group {self.g.group_name!r} communicates through NCCL)"
+                )
 
-    def collective(self, name: str, devs: Sequence[Dev], args: Sequence[str],
-                   device: Optional[int] = None) -> NcclComm:
+    def collective(self, name: str, devs: Sequence[Dev], args: Sequence[str], device: Optional[int] = None) -> NcclComm:
         """The group's communicator (made now if needed: collective over the group)."""
         if device is None:
             device = self.device if self.device is not None else devs[0].device
@@ -315,8 +358,9 @@ class NcclGroupState:
         comm = self.main
         if comm is None:
             g = self.g
-            comm = self.main = g.engine.run_sync(NcclComm, _nccl_shim.get(), g.comm, device, name,
-                                                 f"group {g.group_name!r}")
+            comm = self.main = g.engine.run_sync(
+                NcclComm, _nccl_shim.get(), g.comm, device, name, f"group {g.group_name!r}"
+            )
             self.device = device
             self.made += 1
         return comm
@@ -342,8 +386,13 @@ class NcclGroupState:
         two.Free()
         whole.Free()
         try:
-            return NcclComm(_nccl_shim.get(), mpi_pair, device, name,
-                            f"ranks {g.ranks[lo]} and {g.ranks[hi]} of group {g.group_name!r}")
+            return NcclComm(
+                _nccl_shim.get(),
+                mpi_pair,
+                device,
+                name,
+                f"ranks {g.ranks[lo]} and {g.ranks[hi]} of group {g.group_name!r}",
+            )
         finally:
             mpi_pair.Free()
 
@@ -363,6 +412,7 @@ def state(g: ProcessGroup) -> NcclGroupState:
 
 # -- completion -------------------------------------------------------------------------------------
 
+
 class _Reaper:
     """The completion thread: polls the done events of ops in flight (see the module doc)."""
 
@@ -371,8 +421,9 @@ class _Reaper:
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
 
-    def track(self, shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list],
-              comm: Optional[NcclComm]) -> None:
+    def track(
+        self, shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list], comm: Optional[NcclComm]
+    ) -> None:
         """Watch ``event``: once it happened, end ``recs``, complete ``works``, drop ``refs``,
         and give the event back to ``comm`` for reuse (sync ops: no Work holds it)."""
         for rec in recs:
@@ -414,8 +465,9 @@ class _Reaper:
             pause = 1e-4
 
     @staticmethod
-    def _finish(shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list],
-                comm: Optional[NcclComm]) -> None:
+    def _finish(
+        shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list], comm: Optional[NcclComm]
+    ) -> None:
         for rec in recs:
             R.watched.pop(id(rec), None)
             R.end(rec)
@@ -451,8 +503,18 @@ class NcclWork(Work):
     (:class:`mpidist.work.Work`): the completion thread calls ``_finished()``.
     """
 
-    def __init__(self, op: str, where: str, shim: Any, device: int, event: Any, outputs: tuple,
-                 recs: list, source: Optional[int] = None, host_wait: bool = False) -> None:
+    def __init__(
+        self,
+        op: str,
+        where: str,
+        shim: Any,
+        device: int,
+        event: Any,
+        outputs: tuple,
+        recs: list,
+        source: Optional[int] = None,
+        host_wait: bool = False,
+    ) -> None:
         super().__init__(op, where)
         self._shim, self._device, self._event = shim, device, event
         self._outs, self._recs, self._source, self._host_wait = outputs, recs, source, host_wait
@@ -491,8 +553,19 @@ def host_wait_for(shim: Any, event: Any, recs: list, limit: Optional[float]) -> 
 
 # -- enqueueing an op ----------------------------------------------------------------------------------
 
-def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any], args: tuple, refs: tuple,
-           async_op: bool, handles: list, host_wait: bool = False, devs: Sequence[Dev] = ()) -> Optional[list]:
+
+def launch(
+    comm: NcclComm,
+    g: ProcessGroup,
+    name: str,
+    body: Callable[..., Any],
+    args: tuple,
+    refs: tuple,
+    async_op: bool,
+    handles: list,
+    host_wait: bool = False,
+    devs: Sequence[Dev] = (),
+) -> Optional[list]:
     """Enqueue ``body(comm, *args)`` on the communicator's stream, ordered after the caller's
     current stream. Sync: the caller's stream waits on the op; returns None. Async: returns
     one NcclWork per entry of ``handles``, all on the op's done event.
@@ -538,8 +611,14 @@ def launch(comm: NcclComm, g: ProcessGroup, name: str, body: Callable[..., Any],
         shim.record(done, comm.stream)
         if not async_op:
             shim.wait_event(caller, done)
-    works = [NcclWork(op, prefix(op), shim, comm.device, done, outs, rs, source, host_wait)
-             for op, outs, rs, source in handles] if async_op else None
+    works = (
+        [
+            NcclWork(op, prefix(op), shim, comm.device, done, outs, rs, source, host_wait)
+            for op, outs, rs, source in handles
+        ]
+        if async_op
+        else None
+    )
     REAPER.track(shim, done, recs, (refs, temps), works, None if async_op else comm)
     if host_wait and not async_op:
         host_wait_for(shim, done, recs, None)

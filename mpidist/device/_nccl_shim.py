@@ -16,11 +16,13 @@ CuPy 13 and 14 differ in two places the NCCL path meets, both handled here:
   use it (see docs/nccl.md: communicators are made lazily by a group's members only,
   while a split is collective over the parent, non-members included).
 """
+
 from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import numpy as np
 
@@ -65,8 +67,11 @@ class CupyShim:
         try:
             return self.nccl.NcclCommunicator(size, uid, rank)
         except TypeError:  # the id in the other CuPy major's form
-            other = bytes(b & 0xFF for b in uid) if isinstance(uid, tuple) else \
-                tuple(int(b) - 256 if b > 127 else int(b) for b in uid)
+            other = (
+                bytes(b & 0xFF for b in uid)
+                if isinstance(uid, tuple)
+                else tuple(int(b) - 256 if b > 127 else int(b) for b in uid)
+            )
             return self.nccl.NcclCommunicator(size, other, rank)
 
     def group_start(self) -> None:

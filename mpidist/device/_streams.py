@@ -7,6 +7,7 @@ takes an object with the CUDA stream protocol's ``__cuda_stream__``). A cached o
 holds only the handle, so a handle that torch reuses for a new stream is the same stream
 to CUDA. Handle 0 (the legacy default stream) is CuPy's null stream.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -8,11 +8,13 @@ the op's entry line tests to route a call to :mod:`mpidist.device.route`. Host
 staging copies down what is read and copies back what is written from this table;
 every other module asks it instead of knowing an op's arguments.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -20,8 +22,26 @@ from mpidist._array import is_device_array
 from mpidist.device.runtime import DeviceRuntime, runtime_for
 from mpidist.errors import prefix
 
-__all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "P2P", "SIGNATURES", "primary_name", "leaves", "classify",
-           "runtime_of", "replace", "device_label", "mixed_error", "passing_through", "passthrough", "is_receive"]
+__all__ = [
+    "IN",
+    "OUT",
+    "INOUT",
+    "ONE",
+    "LIST",
+    "LISTS",
+    "P2P",
+    "SIGNATURES",
+    "primary_name",
+    "leaves",
+    "classify",
+    "runtime_of",
+    "replace",
+    "device_label",
+    "mixed_error",
+    "passing_through",
+    "passthrough",
+    "is_receive",
+]
 
 IN, OUT, INOUT = 1, 2, 3  # bit 1: read by the op, bit 2: written by it
 ONE, LIST, LISTS, P2P = "array", "list", "list of lists", "P2POp list"
@@ -106,11 +126,17 @@ def _rebuild(op: str, args: dict, conv: Callable[[str, Any, int], Any], make_p2p
         elif kind == LIST:
             out[name] = [conv(f"{name}[{i}]", x, role) for i, x in enumerate(value)]
         elif kind == LISTS:
-            out[name] = [[conv(f"{name}[{i}][{j}]", y, role) for j, y in enumerate(x)] if _is_seq(x) else x
-                         for i, x in enumerate(value)]
+            out[name] = [
+                [conv(f"{name}[{i}][{j}]", y, role) for j, y in enumerate(x)] if _is_seq(x) else x
+                for i, x in enumerate(value)
+            ]
         else:
-            out[name] = [make_p2p(p, conv(f"{name}[{i}].tensor", p.tensor, OUT if is_receive(p) else IN))
-                         if hasattr(p, "tensor") and hasattr(p, "op") else p for i, p in enumerate(value)]
+            out[name] = [
+                make_p2p(p, conv(f"{name}[{i}].tensor", p.tensor, OUT if is_receive(p) else IN))
+                if hasattr(p, "tensor") and hasattr(p, "op")
+                else p
+                for i, p in enumerate(value)
+            ]
     return out
 
 
@@ -137,9 +163,11 @@ def device_label(x: Any, runtime: Optional[DeviceRuntime] = None) -> str:
 
 def mixed_error(op: str, dev_name: str, dev: Any, host_name: str) -> TypeError:
     """The error for a call that mixes a device and a host array."""
-    return TypeError(f"{prefix(op)} {dev_name} is a device ({device_label(dev)}) array but {host_name} is a "
-                     f"host numpy array; every array of one call must be on the same side: move them with "
-                     f"cupy.asarray(...) or cupy.asnumpy(...) first")
+    return TypeError(
+        f"{prefix(op)} {dev_name} is a device ({device_label(dev)}) array but {host_name} is a "
+        f"host numpy array; every array of one call must be on the same side: move them with "
+        f"cupy.asarray(...) or cupy.asnumpy(...) first"
+    )
 
 
 def runtime_of(op: str, args: dict) -> DeviceRuntime:
@@ -173,12 +201,16 @@ def classify(op: str, found: list) -> tuple[DeviceRuntime, int]:
             continue
         d = rt.device_of(x)
         if d != device:
-            raise ValueError(f"{prefix(op)} {name} is on cuda:{d} but {first[0]} is on cuda:{device}; all "
-                             f"device arrays of one call must be on one device")
+            raise ValueError(
+                f"{prefix(op)} {name} is on cuda:{d} but {first[0]} is on cuda:{device}; all "
+                f"device arrays of one call must be on one device"
+            )
         if not rt.c_contiguous(x):
             shape, _ = rt.shape_dtype(x)
-            raise ValueError(f"{prefix(op)} {name} must be C-contiguous, got a non-contiguous array of shape "
-                             f"{shape} and strides {rt.strides(x)}")
+            raise ValueError(
+                f"{prefix(op)} {name} must be C-contiguous, got a non-contiguous array of shape "
+                f"{shape} and strides {rt.strides(x)}"
+            )
     return rt, device
 
 

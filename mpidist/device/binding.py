@@ -4,12 +4,14 @@ convention: ``local_rank % device_count``), unless told otherwise.
 The choice (:func:`choose_device`) is a pure function; :func:`bind` asks CuPy only
 if it is installed (``importlib.util.find_spec``: a CPU-only install never imports it).
 """
+
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from mpidist import work
 
@@ -37,20 +39,21 @@ def parse_device(device_id: Any, where: str) -> Optional[int]:
     if isinstance(index, str):
         m = re.fullmatch(r"cuda(?::(\d+))?|(\d+)", index.strip())
         if m is None:
-            raise ValueError(f"{where} device_id must be an int, 'cuda:N' or a device with .index, "
-                             f"got {device_id!r}")
+            raise ValueError(f"{where} device_id must be an int, 'cuda:N' or a device with .index, got {device_id!r}")
         digits = m.group(1) or m.group(2)
         return int(digits) if digits else None
     if not isinstance(index, int) or isinstance(index, bool):
-        raise TypeError(f"{where} device_id must be an int, 'cuda:N' or a device with .index, "
-                        f"got {type(device_id).__name__}")
+        raise TypeError(
+            f"{where} device_id must be an int, 'cuda:N' or a device with .index, got {type(device_id).__name__}"
+        )
     if index < 0:
         raise ValueError(f"{where} device_id must be >= 0, got {index}")
     return index
 
 
-def choose_device(device_id: Any, env: Mapping[str, str], local_rank: int, device_count: int,
-                  where: str = "init_process_group:") -> int:
+def choose_device(
+    device_id: Any, env: Mapping[str, str], local_rank: int, device_count: int, where: str = "init_process_group:"
+) -> int:
     """The device this rank binds to: ``device_id``, else ``MPIDIST_DEVICE``, else
     ``local_rank % device_count``.
 
@@ -111,8 +114,10 @@ def _checked_count(device_id: Any, where: str) -> int:
     """The CUDA device count; ValueError if ``device_id`` is given and there is none."""
     count = _device_count()
     if count == 0 and device_id is not None:
-        raise ValueError(f"{where} device_id={device_id!r} was given but there is no CUDA device "
-                         f"(or CuPy is not installed: pip install 'mpidist[gpu]')")
+        raise ValueError(
+            f"{where} device_id={device_id!r} was given but there is no CUDA device "
+            f"(or CuPy is not installed: pip install 'mpidist[gpu]')"
+        )
     return count
 
 

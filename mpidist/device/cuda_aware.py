@@ -1,6 +1,7 @@
 """MPI on device memory: a call's device arrays handed to a CUDA-aware MPI, through the MPI
 backend's bodies (:mod:`mpidist._mpi`), for the ops and dtypes of
 :func:`mpidist.device.paths.mpi_cuda_ok`."""
+
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -14,15 +14,26 @@ came from are kept (:func:`detection`) and reported (:func:`cuda_aware_mpi`, the
 staging warning). Getting it wrong in the "yes" direction makes MPI dereference a
 device pointer and segfault, so without a positive answer the answer is no.
 """
+
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-__all__ = ["Detection", "detect", "detection", "cuda_aware_mpi", "env_override", "query_library",
-           "info_key", "mpi_library_paths", "init"]
+__all__ = [
+    "Detection",
+    "detect",
+    "detection",
+    "cuda_aware_mpi",
+    "env_override",
+    "query_library",
+    "info_key",
+    "mpi_library_paths",
+    "init",
+]
 
 ENV = "MPIDIST_CUDA_AWARE"
 
@@ -106,8 +117,10 @@ def info_key(comm: Any = None) -> tuple[Optional[bool], str]:
     if kinds is None:
         return None, "MPI_COMM_WORLD has no mpi_memory_alloc_kinds info key"
     # CUDA-aware: a kind "cuda" listed, unrestricted or restricted to "device" or "managed" memory
-    cuda = any(name == "cuda" and (not rest or {"device", "managed"} & set(rest.split(":")))
-               for name, _, rest in (kind.strip().partition(":") for kind in kinds.split(",")))
+    cuda = any(
+        name == "cuda" and (not rest or {"device", "managed"} & set(rest.split(":")))
+        for name, _, rest in (kind.strip().partition(":") for kind in kinds.split(","))
+    )
     return cuda, f"mpi_memory_alloc_kinds={kinds!r}"
 
 

@@ -29,26 +29,36 @@ then SUMs; bool reduces as uint8 with SUM -> MAX and PRODUCT -> MIN, complex as 
 of reals (SUM, AVG, PREMUL_SUM only); bitwise ops raise ValueError (NCCL has none).
 See docs/nccl.md.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
-from mpidist import _recorder as R
-from mpidist import _runtime
+from mpidist import _recorder as R, _runtime
 from mpidist._buffers import holds, same_dtype, split_sizes
+from mpidist._dispatch import check_tag, group_root, peer_rank, root_list
+from mpidist._group import ProcessGroup
+from mpidist._p2p_op import P2POp, is_receive
+from mpidist._reduce_op import ReduceOp, _premul_factor
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import (
-    Dev, NcclComm, NcclWork, Plan, device_array, launch, mover, overlaps, reduction, state,
+    Dev,
+    NcclComm,
+    NcclWork,
+    Plan,
+    device_array,
+    launch,
+    mover,
+    overlaps,
+    reduction,
+    state,
 )
 from mpidist.errors import prefix
-from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp, _premul_factor
-from mpidist._dispatch import check_tag, group_root, peer_rank, root_list
-from mpidist._p2p_op import P2POp, is_receive
 
 __all__ = ["run", "NcclWork", "OPS"]
 
@@ -56,14 +66,20 @@ __all__ = ["run", "NcclWork", "OPS"]
 # -- pieces shared by the ops: argument checks, temporaries, device copies, PREMUL_SUM scaling and
 # AVG division on the communicator's stream, NCCL groups, the common path of a collective ---------
 
+
 @functools.cache
 def version(shim: Any) -> int:
     """NCCL's runtime version code through ``shim`` (asked once per shim)."""
     return shim.version()
 
 
-def pair(name: str, output: Any, input: Any, out_arg: str = "output",  # noqa: A002
-         in_arg: str = "input") -> tuple[Any, Dev, Dev]:
+def pair(
+    name: str,
+    output: Any,
+    input: Any,
+    out_arg: str = "output",  # noqa: A002
+    in_arg: str = "input",
+) -> tuple[Any, Dev, Dev]:
     """The shim and an op's ``output`` (writable) and ``input`` device arrays, of one dtype."""
     shim = _nccl_shim.get()
     out = device_array(output, name, out_arg, True, shim)
@@ -72,8 +88,17 @@ def pair(name: str, output: Any, input: Any, out_arg: str = "output",  # noqa: A
     return shim, out, inp
 
 
-def arrays(xs: Any, name: str, arg: str, n: int, writable: bool, shim: Any, ref: Optional[Dev] = None,
-           ref_arg: str = "", per_rank: bool = False) -> list[Dev]:
+def arrays(
+    xs: Any,
+    name: str,
+    arg: str,
+    n: int,
+    writable: bool,
+    shim: Any,
+    ref: Optional[Dev] = None,
+    ref_arg: str = "",
+    per_rank: bool = False,
+) -> list[Dev]:
     """Validate a list of ``n`` device arrays of ``ref``'s dtype (default: the first
     element's); ``per_rank`` words a wrong length as reduce_scatter does."""
     if not isinstance(xs, (list, tuple)):
@@ -139,9 +164,21 @@ def nccl_group(shim: Any) -> Iterator[None]:
         shim.group_end()
 
 
-def collective(g: ProcessGroup, name: str, devs: Sequence[Dev], args: Sequence[str], body: Any, bargs: tuple,
-               refs: tuple, outputs: tuple, async_op: bool, shapes: Any, root: int = -1, device: Optional[int] = None,
-               host_wait: bool = False) -> Optional[NcclWork]:
+def collective(
+    g: ProcessGroup,
+    name: str,
+    devs: Sequence[Dev],
+    args: Sequence[str],
+    body: Any,
+    bargs: tuple,
+    refs: tuple,
+    outputs: tuple,
+    async_op: bool,
+    shapes: Any,
+    root: int = -1,
+    device: Optional[int] = None,
+    host_wait: bool = False,
+) -> Optional[NcclWork]:
     """Get the group's communicator (device-checking ``devs``; ``device``: the one to make it
     on, barrier), record, and launch ``body`` (``host_wait``: see launch)."""
     comm = state(g).collective(name, devs, args, device)
@@ -172,8 +209,13 @@ def send_recv(comm: NcclComm, d: Dev, peer: int, receive: bool = False) -> None:
     (comm.nccl.recv if receive else comm.nccl.send)(d.ptr, d.size * mult, kind, peer, comm.stream.ptr)
 
 
-def p2p_group_body(comm: NcclComm, sends: Sequence[tuple[int, Dev]], recvs: Sequence[tuple[int, Dev]],
-                    before: Optional[tuple[Dev, Dev]] = None, after: Optional[tuple[Dev, Dev]] = None) -> Any:
+def p2p_group_body(
+    comm: NcclComm,
+    sends: Sequence[tuple[int, Dev]],
+    recvs: Sequence[tuple[int, Dev]],
+    before: Optional[tuple[Dev, Dev]] = None,
+    after: Optional[tuple[Dev, Dev]] = None,
+) -> Any:
     """Grouped ncclSend/ncclRecv ((group rank, array) pairs), with a device copy (dst, src)
     of this rank's own part ``before`` the group (gather: its input may be overwritten by a
     receive) or ``after`` it (scatter: its output may overlap a part being sent)."""
@@ -201,6 +243,7 @@ def rows(base: Dev, rows: list[int]) -> list[Dev]:
 
 # -- all_reduce, broadcast, reduce, barrier -------------------------------------------------------
 
+
 def _reduce_body(comm: NcclComm, t: Dev, plan: Plan, root: Optional[int] = None) -> Any:
     """ncclAllReduce in place on ``t`` (``root`` None), or ncclReduce into rank ``root``'s ``t``."""
     own = root is None or comm.rank == root
@@ -218,22 +261,30 @@ def _reduce_body(comm: NcclComm, t: Dev, plan: Plan, root: Optional[int] = None)
     return temp
 
 
-def all_reduce(g: ProcessGroup, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False,
-               algorithm: Optional[str] = None, *, name: str = "all_reduce") -> Optional[NcclWork]:
+def all_reduce(
+    g: ProcessGroup,
+    tensor: Any,
+    op: Any = ReduceOp.SUM,
+    async_op: bool = False,
+    algorithm: Optional[str] = None,
+    *,
+    name: str = "all_reduce",
+) -> Optional[NcclWork]:
     """ncclAllReduce in place on ``tensor`` (writable, C-contiguous; same shape and dtype on
     every member); every member's ``tensor`` gets the result."""
     if algorithm is not None:
-        raise ValueError(f"{prefix(name)} algorithm={algorithm!r} selects a host algorithm; the NCCL path "
-                         f"takes algorithm=None")
+        raise ValueError(
+            f"{prefix(name)} algorithm={algorithm!r} selects a host algorithm; the NCCL path takes algorithm=None"
+        )
     shim = _nccl_shim.get()
     t = device_array(tensor, name, "tensor", True, shim)
     plan = reduction(op, t.dtype, name, version(shim))
-    return collective(g, name, [t], ["tensor"], _reduce_body, (t, plan), (tensor,), (tensor,), async_op,
-                       t.shape)
+    return collective(g, name, [t], ["tensor"], _reduce_body, (t, plan), (tensor,), (tensor,), async_op, t.shape)
 
 
-def broadcast(g: ProcessGroup, tensor: Any, src: int, async_op: bool = False, *,
-              name: str = "broadcast") -> Optional[NcclWork]:
+def broadcast(
+    g: ProcessGroup, tensor: Any, src: int, async_op: bool = False, *, name: str = "broadcast"
+) -> Optional[NcclWork]:
     """ncclBroadcast of global rank ``src``'s ``tensor`` into every member's ``tensor``."""
     shim = _nccl_shim.get()
     root = group_root(g, src, name, "src")
@@ -242,18 +293,21 @@ def broadcast(g: ProcessGroup, tensor: Any, src: int, async_op: bool = False, *,
 
     def body(comm: NcclComm) -> None:
         comm.nccl.broadcast(t.ptr, t.ptr, t.size * mult, kind, root, comm.stream.ptr)
+
     return collective(g, name, [t], ["tensor"], body, (), (tensor,), (tensor,), async_op, t.shape, src)
 
 
-def reduce(g: ProcessGroup, tensor: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False, *,
-           name: str = "reduce") -> Optional[NcclWork]:
+def reduce(
+    g: ProcessGroup, tensor: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False, *, name: str = "reduce"
+) -> Optional[NcclWork]:
     """ncclReduce into global rank ``dst``'s ``tensor``; the others' are left unchanged."""
     shim = _nccl_shim.get()
     root = group_root(g, dst, name, "dst")
     t = device_array(tensor, name, "tensor", g.rank() == root, shim)
     plan = reduction(op, t.dtype, name, version(shim))
-    return collective(g, name, [t], ["tensor"], _reduce_body, (t, plan, root), (tensor,), (tensor,), async_op,
-                       t.shape, dst)
+    return collective(
+        g, name, [t], ["tensor"], _reduce_body, (t, plan, root), (tensor,), (tensor,), async_op, t.shape, dst
+    )
 
 
 def _barrier_body(comm: NcclComm) -> None:
@@ -273,16 +327,23 @@ def barrier(g: ProcessGroup, async_op: bool = False, device_ids: Optional[list] 
     st = state(g)
     if device_ids is None:
         device = st.device if st.device is not None else _nccl_shim.get().current_device()
-    elif (not isinstance(device_ids, (list, tuple)) or len(device_ids) != 1
-            or not isinstance(device_ids[0], (int, np.integer)) or isinstance(device_ids[0], bool)):
-        raise ValueError(f"{prefix(name)} device_ids must be None or a list of one int (this process's "
-                         f"GPU) on the NCCL path, got {device_ids!r}")
+    elif (
+        not isinstance(device_ids, (list, tuple))
+        or len(device_ids) != 1
+        or not isinstance(device_ids[0], (int, np.integer))
+        or isinstance(device_ids[0], bool)
+    ):
+        raise ValueError(
+            f"{prefix(name)} device_ids must be None or a list of one int (this process's "
+            f"GPU) on the NCCL path, got {device_ids!r}"
+        )
     else:
         device = int(device_ids[0])
     return collective(g, name, [], [], _barrier_body, (), (), (), async_op, None, device=device, host_wait=True)
 
 
 # -- reduce_scatter ----------------------------------------------------------------------------------
+
 
 def _reduce_scatter_body(comm: NcclComm, out: Dev, send: Optional[Dev], parts: Sequence[Dev], plan: Plan) -> Any:
     """ncclReduceScatter from ``send`` (W * out.size elements), or from ``parts`` packed (and
@@ -302,8 +363,13 @@ def _reduce_scatter_body(comm: NcclComm, out: Dev, send: Optional[Dev], parts: S
     return temp
 
 
-def reduce_scatter_tensor(g: ProcessGroup, output: Any, input: Any, op: Any = ReduceOp.SUM,  # noqa: A002
-                          async_op: bool = False) -> Optional[NcclWork]:
+def reduce_scatter_tensor(
+    g: ProcessGroup,
+    output: Any,
+    input: Any,
+    op: Any = ReduceOp.SUM,  # noqa: A002
+    async_op: bool = False,
+) -> Optional[NcclWork]:
     """ncclReduceScatter: block r of ``input`` (``W * output.size`` elements), reduced over
     the members, into group rank r's ``output``. In place when ``output`` is this rank's block."""
     name = "reduce_scatter_tensor"
@@ -314,12 +380,23 @@ def reduce_scatter_tensor(g: ProcessGroup, output: Any, input: Any, op: Any = Re
     in_place = out.ptr == inp.ptr + g.rank() * out.nbytes
     direct = plan.premul is None and (in_place or not overlaps(out, inp))
     parts = rows(Dev(None, inp.ptr, (n, out.size), inp.dtype, inp.device), [1] * n)
-    return collective(g, name, [out, inp], ["output", "input"], _reduce_scatter_body,
-                       (out, inp if direct else None, parts, plan), (output, input), (output,), async_op, inp.shape)
+    return collective(
+        g,
+        name,
+        [out, inp],
+        ["output", "input"],
+        _reduce_scatter_body,
+        (out, inp if direct else None, parts, plan),
+        (output, input),
+        (output,),
+        async_op,
+        inp.shape,
+    )
 
 
-def reduce_scatter(g: ProcessGroup, output: Any, input_list: Any, op: Any = ReduceOp.SUM,
-                   async_op: bool = False) -> Optional[NcclWork]:
+def reduce_scatter(
+    g: ProcessGroup, output: Any, input_list: Any, op: Any = ReduceOp.SUM, async_op: bool = False
+) -> Optional[NcclWork]:
     """``input_list[r]`` reduced over the members into group rank r's ``output`` (the
     inputs are packed into one buffer unless they already lie back to back)."""
     name = "reduce_scatter"
@@ -329,26 +406,48 @@ def reduce_scatter(g: ProcessGroup, output: Any, input_list: Any, op: Any = Redu
     ins = arrays(input_list, name, "input_list", n, False, shim, out, "output", per_rank=True)
     for i, d in enumerate(ins):
         if d.shape != out.shape:
-            raise ValueError(f"{prefix(name)} input_list[{i}] has shape {d.shape}, expected the shape of output "
-                             f"{out.shape}")
+            raise ValueError(
+                f"{prefix(name)} input_list[{i}] has shape {d.shape}, expected the shape of output {out.shape}"
+            )
     plan = reduction(op, out.dtype, name, version(shim))
     direct = plan.premul is None and back_to_back(ins) and not any(overlaps(out, d) for d in ins)
-    return collective(g, name, [out, *ins], ["output"] + [f"input_list[{i}]" for i in range(n)],
-                       _reduce_scatter_body, (out, ins[0] if direct else None, ins, plan),
-                       (output, tuple(input_list)), (output,), async_op, out.shape)
+    return collective(
+        g,
+        name,
+        [out, *ins],
+        ["output"] + [f"input_list[{i}]" for i in range(n)],
+        _reduce_scatter_body,
+        (out, ins[0] if direct else None, ins, plan),
+        (output, tuple(input_list)),
+        (output,),
+        async_op,
+        out.shape,
+    )
 
 
 # -- gathers --------------------------------------------------------------------------------------
 
-def all_gather_into_tensor(g: ProcessGroup, output_tensor: Any, input_tensor: Any,
-                           async_op: bool = False) -> Optional[NcclWork]:
+
+def all_gather_into_tensor(
+    g: ProcessGroup, output_tensor: Any, input_tensor: Any, async_op: bool = False
+) -> Optional[NcclWork]:
     """ncclAllGather of every member's ``input_tensor`` into ``output_tensor`` (group-rank
     order; ``W * input.size`` elements). In place when ``input_tensor`` is this rank's slot."""
     name = "all_gather_into_tensor"
     _, out, inp = pair(name, output_tensor, input_tensor, "output_tensor", "input_tensor")
     holds(name, out, "output_tensor", inp, "input_tensor", g.size())
-    return collective(g, name, [out, inp], ["output_tensor", "input_tensor"], _all_gather_body, (inp, out.ptr),
-                       (output_tensor, input_tensor), (output_tensor,), async_op, inp.shape)
+    return collective(
+        g,
+        name,
+        [out, inp],
+        ["output_tensor", "input_tensor"],
+        _all_gather_body,
+        (inp, out.ptr),
+        (output_tensor, input_tensor),
+        (output_tensor,),
+        async_op,
+        inp.shape,
+    )
 
 
 def _all_gather_body(comm: NcclComm, inp: Dev, out_ptr: int) -> Any:
@@ -385,26 +484,39 @@ def all_gather(g: ProcessGroup, tensor_list: Any, tensor: Any, async_op: bool = 
         body, bargs = _all_gather_body, (inp, outs[0].ptr)
     else:
         body, bargs = _broadcasts_body, (inp, outs)
-    return collective(g, name, [inp, *outs], ["tensor"] + [f"tensor_list[{i}]" for i in range(len(outs))], body,
-                       bargs, (tensor, tuple(tensor_list)), tuple(tensor_list), async_op, inp.shape)
+    return collective(
+        g,
+        name,
+        [inp, *outs],
+        ["tensor"] + [f"tensor_list[{i}]" for i in range(len(outs))],
+        body,
+        bargs,
+        (tensor, tuple(tensor_list)),
+        tuple(tensor_list),
+        async_op,
+        inp.shape,
+    )
 
 
-def gather(g: ProcessGroup, tensor: Any, gather_list: Any = None, dst: int = 0,
-           async_op: bool = False) -> Optional[NcclWork]:
+def gather(
+    g: ProcessGroup, tensor: Any, gather_list: Any = None, dst: int = 0, async_op: bool = False
+) -> Optional[NcclWork]:
     """Every member's ``tensor`` into ``gather_list[group rank]`` on global rank ``dst``
     (grouped send/recv; ``gather_list`` only on ``dst``, as torch)."""
     return _rooted(g, "gather", tensor, gather_list, "dst", dst, async_op)
 
 
-def scatter(g: ProcessGroup, tensor: Any, scatter_list: Any = None, src: int = 0,
-            async_op: bool = False) -> Optional[NcclWork]:
+def scatter(
+    g: ProcessGroup, tensor: Any, scatter_list: Any = None, src: int = 0, async_op: bool = False
+) -> Optional[NcclWork]:
     """``scatter_list[i]`` of global rank ``src`` into group rank i's ``tensor`` (grouped
     send/recv; ``scatter_list`` only on ``src``, as torch)."""
     return _rooted(g, "scatter", tensor, scatter_list, "src", src, async_op)
 
 
-def _rooted(g: ProcessGroup, name: str, tensor: Any, xs: Any, root_arg: str, at: int,
-            async_op: bool) -> Optional[NcclWork]:
+def _rooted(
+    g: ProcessGroup, name: str, tensor: Any, xs: Any, root_arg: str, at: int, async_op: bool
+) -> Optional[NcclWork]:
     """gather (``root_arg`` dst: ``tensor`` to the root's list ``xs``) or scatter (src: the
     root's ``xs`` to ``tensor``): grouped send/recv, the root's own part a device copy."""
     gathering, arg = root_arg == "dst", f"{name}_list"
@@ -414,25 +526,55 @@ def _rooted(g: ProcessGroup, name: str, tensor: Any, xs: Any, root_arg: str, at:
     root_list(xs, g.rank() == root, name, arg, root_arg, at, g.size())
     if g.rank() != root:
         part = [(root, mine)]
-        return collective(g, name, [mine], ["tensor"], p2p_group_body, (part, []) if gathering else ([], part),
-                           (tensor,), () if gathering else (tensor,), async_op, mine.shape, at)
+        return collective(
+            g,
+            name,
+            [mine],
+            ["tensor"],
+            p2p_group_body,
+            (part, []) if gathering else ([], part),
+            (tensor,),
+            () if gathering else (tensor,),
+            async_op,
+            mine.shape,
+            at,
+        )
     parts = arrays(xs, name, arg, g.size(), gathering, shim, mine, "tensor")
-    same_shape(parts[root], mine, name, f"{arg}[{root}]", "tensor",
-               " (it receives dst's own tensor)" if gathering else " (it is src's own part)")
+    same_shape(
+        parts[root],
+        mine,
+        name,
+        f"{arg}[{root}]",
+        "tensor",
+        " (it receives dst's own tensor)" if gathering else " (it is src's own part)",
+    )
     others = [(r, d) for r, d in enumerate(parts) if r != root]
     bargs = ([], others, (parts[root], mine)) if gathering else (others, [], None, (mine, parts[root]))
-    return collective(g, name, [mine, *parts], ["tensor"] + [f"{arg}[{i}]" for i in range(len(parts))],
-                       p2p_group_body, bargs, (tensor, tuple(xs)), tuple(xs) if gathering else (tensor,), async_op,
-                       mine.shape, at)
+    return collective(
+        g,
+        name,
+        [mine, *parts],
+        ["tensor"] + [f"{arg}[{i}]" for i in range(len(parts))],
+        p2p_group_body,
+        bargs,
+        (tensor, tuple(xs)),
+        tuple(xs) if gathering else (tensor,),
+        async_op,
+        mine.shape,
+        at,
+    )
 
 
 # -- all-to-all ------------------------------------------------------------------------------------
 
+
 def _check_own(name: str, me: int, sent: int, received: int) -> None:
     if sent != received:
-        raise ValueError(f"{prefix(name)} this rank sends itself {sent} elements but expects {received} "
-                         f"from itself; the part for rank {me} of the input and of the output must have "
-                         f"the same size")
+        raise ValueError(
+            f"{prefix(name)} this rank sends itself {sent} elements but expects {received} "
+            f"from itself; the part for rank {me} of the input and of the output must have "
+            f"the same size"
+        )
 
 
 def _all_to_all_body(comm: NcclComm, ins: list, outs: list, stage: bool) -> Any:
@@ -451,8 +593,9 @@ def _all_to_all_body(comm: NcclComm, ins: list, outs: list, stage: bool) -> Any:
     return temp
 
 
-def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
-               async_op: bool = False) -> Optional[NcclWork]:
+def all_to_all(
+    g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any, async_op: bool = False
+) -> Optional[NcclWork]:
     """``input_tensor_list[i]`` to group rank i, rank i's into ``output_tensor_list[i]``."""
     name = "all_to_all"
     shim = _nccl_shim.get()
@@ -463,13 +606,28 @@ def all_to_all(g: ProcessGroup, output_tensor_list: Any, input_tensor_list: Any,
     _check_own(name, me, ins[me].size, outs[me].size)
     args = [f"input_tensor_list[{i}]" for i in range(n)] + [f"output_tensor_list[{i}]" for i in range(n)]
     stage = any(overlaps(a, b) for a in ins for b in outs)
-    return collective(g, name, ins + outs, args, _all_to_all_body, (ins, outs, stage),
-                       (tuple(input_tensor_list), tuple(output_tensor_list)), tuple(output_tensor_list), async_op,
-                       [d.shape for d in ins])
+    return collective(
+        g,
+        name,
+        ins + outs,
+        args,
+        _all_to_all_body,
+        (ins, outs, stage),
+        (tuple(input_tensor_list), tuple(output_tensor_list)),
+        tuple(output_tensor_list),
+        async_op,
+        [d.shape for d in ins],
+    )
 
 
-def all_to_all_single(g: ProcessGroup, output: Any, input: Any, output_split_sizes: Any = None,  # noqa: A002
-                      input_split_sizes: Any = None, async_op: bool = False) -> Optional[NcclWork]:
+def all_to_all_single(
+    g: ProcessGroup,
+    output: Any,
+    input: Any,
+    output_split_sizes: Any = None,  # noqa: A002
+    input_split_sizes: Any = None,
+    async_op: bool = False,
+) -> Optional[NcclWork]:
     """Rows ``input_split_sizes[i]`` of ``input`` to group rank i; rank i's rows land in
     ``output`` in rank order (equal splits when the sizes are None or empty)."""
     name = "all_to_all_single"
@@ -479,11 +637,22 @@ def all_to_all_single(g: ProcessGroup, output: Any, input: Any, output_split_siz
     in_rows = split_sizes(input_split_sizes, inp, name, "input_split_sizes", "input", n)
     ins, outs = rows(inp, in_rows), rows(out, out_rows)
     _check_own(name, me, ins[me].size, outs[me].size)
-    return collective(g, name, [out, inp], ["output", "input"], _all_to_all_body, (ins, outs, overlaps(inp, out)),
-                       (output, input), (output,), async_op, inp.shape)
+    return collective(
+        g,
+        name,
+        [out, inp],
+        ["output", "input"],
+        _all_to_all_body,
+        (ins, outs, overlaps(inp, out)),
+        (output, input),
+        (output,),
+        async_op,
+        inp.shape,
+    )
 
 
 # -- the seeds' multi-GPU forms: one array per list ---------------------------------------------------
+
 
 def _one(xs: Any, name: str, arg: str, index_arg: str = "", index: Any = 0) -> Any:
     """The only element of a ``*_multigpu`` list: one process drives one GPU on this path.
@@ -491,27 +660,34 @@ def _one(xs: Any, name: str, arg: str, index_arg: str = "", index: Any = 0) -> A
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{prefix(name)} {arg} must be a list of device arrays, got {type(xs).__name__}")
     if len(xs) != 1:
-        raise ValueError(f"{prefix(name)} {arg} must hold exactly one array on the NCCL path (one GPU per "
-                         f"process; torch removed the multi-GPU forms), got {len(xs)}")
+        raise ValueError(
+            f"{prefix(name)} {arg} must hold exactly one array on the NCCL path (one GPU per "
+            f"process; torch removed the multi-GPU forms), got {len(xs)}"
+        )
     if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
         raise TypeError(f"{prefix(name)} {index_arg} must be an int, got {type(index).__name__}")
     if index != 0:
-        raise ValueError(f"{prefix(name)} {index_arg}={index} is out of range: the NCCL path takes one array per "
-                         f"list, so {index_arg} must be 0")
+        raise ValueError(
+            f"{prefix(name)} {index_arg}={index} is out of range: the NCCL path takes one array per "
+            f"list, so {index_arg} must be 0"
+        )
     return xs[0]
 
 
 # -- point-to-point -----------------------------------------------------------------------------------
 
-def _p2p(g: ProcessGroup, name: str, tensor: Any, peer: Any, tag: Any, receive: bool, async_op: bool,
-         arg: str) -> Optional[NcclWork]:
+
+def _p2p(
+    g: ProcessGroup, name: str, tensor: Any, peer: Any, tag: Any, receive: bool, async_op: bool, arg: str
+) -> Optional[NcclWork]:
     """One ncclSend/ncclRecv on the 2-rank communicator with ``peer`` (a global rank)."""
     shim = _nccl_shim.get()
     d = device_array(tensor, name, "tensor", receive, shim)
     check_tag(tag, name)
     if receive and peer is None:
-        raise ValueError(f"{prefix(name)} {arg}=None (any source) is not supported by NCCL; pass the "
-                         f"sender's global rank")
+        raise ValueError(
+            f"{prefix(name)} {arg}=None (any source) is not supported by NCCL; pass the sender's global rank"
+        )
     other = peer_rank(g, peer, name, arg)
     comm = state(g).pair(name, other, [d], ["tensor"])
     rec = R.begin_p2p(g, name, d.shape, d.dtype, int(peer))
@@ -556,8 +732,10 @@ def batch_isend_irecv(g: ProcessGroup, p2p_op_list: Any) -> list:
         if not isinstance(p, P2POp):
             raise ValueError(f"{prefix(name)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
         if _runtime.resolve_group(p.group) is not g:
-            raise ValueError(f"{prefix(name)} p2p_op_list[{i}] is on another group than the batch's first op; "
-                             f"the NCCL path batches the ops of one group")
+            raise ValueError(
+                f"{prefix(name)} p2p_op_list[{i}] is on another group than the batch's first op; "
+                f"the NCCL path batches the ops of one group"
+            )
     plan = []
     for i, p in enumerate(p2p_op_list):
         receive = is_receive(p)
@@ -565,40 +743,48 @@ def batch_isend_irecv(g: ProcessGroup, p2p_op_list: Any) -> list:
         d = device_array(p.tensor, name, f"{where}tensor", receive, shim)
         check_tag(p.tag, name, f"{where}tag")
         if p.peer is None:
-            raise ValueError(f"{prefix(name)} {where}peer=None (any source) is not supported by NCCL; pass the "
-                             f"sender's global rank")
+            raise ValueError(
+                f"{prefix(name)} {where}peer=None (any source) is not supported by NCCL; pass the sender's global rank"
+            )
         plan.append((receive, peer_rank(g, p.peer, name, f"{where}peer"), d, p))
     devs = [d for _, _, d, _ in plan]
     comm = state(g).collective(name, devs, [f"p2p_op_list[{i}].tensor" for i in range(len(plan))])
     recs = [R.begin_p2p(g, "irecv" if rcv else "isend", d.shape, d.dtype, int(p.peer)) for rcv, _, d, p in plan]
     sends = [(peer, d) for rcv, peer, d, _ in plan if not rcv]
     recvs = [(peer, d) for rcv, peer, d, _ in plan if rcv]
-    handles = [("irecv", (p.tensor,), [rec], int(p.peer)) if rcv else ("isend", (), [rec], None)
-               for (rcv, _, _, p), rec in zip(plan, recs)]
-    return launch(comm, g, name, p2p_group_body, (sends, recvs), tuple(p.tensor for p in p2p_op_list), True,
-                  handles, devs=devs)
+    handles = [
+        ("irecv", (p.tensor,), [rec], int(p.peer)) if rcv else ("isend", (), [rec], None)
+        for (rcv, _, _, p), rec in zip(plan, recs)
+    ]
+    return launch(
+        comm, g, name, p2p_group_body, (sends, recvs), tuple(p.tensor for p in p2p_op_list), True, handles, devs=devs
+    )
 
 
-def all_reduce_multigpu(g: ProcessGroup, tensor_list: Any, op: Any = ReduceOp.SUM,
-                        async_op: bool = False) -> Optional[NcclWork]:
+def all_reduce_multigpu(
+    g: ProcessGroup, tensor_list: Any, op: Any = ReduceOp.SUM, async_op: bool = False
+) -> Optional[NcclWork]:
     name = "all_reduce_multigpu"
     return all_reduce(g, _one(tensor_list, name, "tensor_list"), op, async_op, name=name)
 
 
-def reduce_multigpu(g: ProcessGroup, tensor_list: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False,
-                    dst_tensor: int = 0) -> Optional[NcclWork]:
+def reduce_multigpu(
+    g: ProcessGroup, tensor_list: Any, dst: int, op: Any = ReduceOp.SUM, async_op: bool = False, dst_tensor: int = 0
+) -> Optional[NcclWork]:
     name = "reduce_multigpu"
     return reduce(g, _one(tensor_list, name, "tensor_list", "dst_tensor", dst_tensor), dst, op, async_op, name=name)
 
 
-def broadcast_multigpu(g: ProcessGroup, tensor_list: Any, src: int, async_op: bool = False,
-                       src_tensor: int = 0) -> Optional[NcclWork]:
+def broadcast_multigpu(
+    g: ProcessGroup, tensor_list: Any, src: int, async_op: bool = False, src_tensor: int = 0
+) -> Optional[NcclWork]:
     name = "broadcast_multigpu"
     return broadcast(g, _one(tensor_list, name, "tensor_list", "src_tensor", src_tensor), src, async_op, name=name)
 
 
-def all_gather_multigpu(g: ProcessGroup, output_tensor_lists: Any, input_tensor_list: Any,
-                        async_op: bool = False) -> Optional[NcclWork]:
+def all_gather_multigpu(
+    g: ProcessGroup, output_tensor_lists: Any, input_tensor_list: Any, async_op: bool = False
+) -> Optional[NcclWork]:
     name = "all_gather_multigpu"
     tensor = _one(input_tensor_list, name, "input_tensor_list")
     outs = _one(output_tensor_lists, name, "output_tensor_lists")
@@ -606,11 +792,32 @@ def all_gather_multigpu(g: ProcessGroup, output_tensor_lists: Any, input_tensor_
 
 
 #: Public op name -> its NCCL implementation (same arguments, ``group`` replaced by ``g``).
-OPS = {f.__name__: f for f in (
-    all_reduce, broadcast, reduce, barrier, all_gather, all_gather_into_tensor, gather, scatter, all_to_all,
-    all_to_all_single, reduce_scatter, reduce_scatter_tensor, send, recv, isend, irecv, batch_isend_irecv,
-    all_reduce_multigpu, reduce_multigpu, broadcast_multigpu, all_gather_multigpu,
-)}
+OPS = {
+    f.__name__: f
+    for f in (
+        all_reduce,
+        broadcast,
+        reduce,
+        barrier,
+        all_gather,
+        all_gather_into_tensor,
+        gather,
+        scatter,
+        all_to_all,
+        all_to_all_single,
+        reduce_scatter,
+        reduce_scatter_tensor,
+        send,
+        recv,
+        isend,
+        irecv,
+        batch_isend_irecv,
+        all_reduce_multigpu,
+        reduce_multigpu,
+        broadcast_multigpu,
+        all_gather_multigpu,
+    )
+}
 
 
 def run(op: str, g: ProcessGroup, args: dict) -> Any:
@@ -628,4 +835,3 @@ def run(op: str, g: ProcessGroup, args: dict) -> Any:
     if fn is None:
         raise ValueError(f"{prefix(op)} has no NCCL implementation; expected one of {sorted(OPS)}")
     return fn(g, **args)
-

@@ -11,14 +11,24 @@ and the MPI's CUDA-awareness, so it is tested as a table without a GPU.
 * ``STAGING``: everything else with device arrays: copied to pinned host buffers,
   the MPI backend's body, copied back. Never a device pointer to an MPI that is not CUDA-aware.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["HOST", "MPI_CUDA", "NCCL", "STAGING", "MPI_CUDA_OPS", "REDUCING_OPS", "choose", "device_backend",
-           "mpi_cuda_ok"]
+__all__ = [
+    "HOST",
+    "MPI_CUDA",
+    "NCCL",
+    "STAGING",
+    "MPI_CUDA_OPS",
+    "REDUCING_OPS",
+    "choose",
+    "device_backend",
+    "mpi_cuda_ok",
+]
 
 HOST, MPI_CUDA, NCCL, STAGING = "host", "mpi_cuda", "nccl", "staging"
 
@@ -27,8 +37,20 @@ HOST, MPI_CUDA, NCCL, STAGING = "host", "mpi_cuda", "nccl", "staging"
 #: build host scratch buffers or read ``__array_interface__`` (all_gather, gather, scatter,
 #: all_to_all[_single], reduce_scatter with a list, the *_multigpu forms, whose
 #: all_reduce may pick a host-only algorithm) and are staged.
-MPI_CUDA_OPS = frozenset({"all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-                          "send", "recv", "isend", "irecv", "batch_isend_irecv"})
+MPI_CUDA_OPS = frozenset(
+    {
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+    }
+)
 #: Ops that reduce: on the CUDA-aware path only for ReduceOp (not a premul sum, whose
 #: factor is a host array) on dtypes with a predefined MPI datatype (others are reduced by
 #: a Python MPI op, which cannot read device memory).
@@ -54,8 +76,12 @@ def mpi_cuda_ok(op: str, dtype: Optional[np.dtype], redop: Any, algorithm: Any, 
 
     if op not in MPI_CUDA_OPS or overlap:
         return False
-    return op not in REDUCING_OPS or (type(redop) is ReduceOp and dtype is not None and mpi_reducible(np.dtype(dtype))
-                                      and (op != "all_reduce" or algorithm in DEVICE_ALGORITHMS))
+    return op not in REDUCING_OPS or (
+        type(redop) is ReduceOp
+        and dtype is not None
+        and mpi_reducible(np.dtype(dtype))
+        and (op != "all_reduce" or algorithm in DEVICE_ALGORITHMS)
+    )
 
 
 def choose(device: bool, backend: str, cuda_aware: bool, mpi_cuda_possible: bool) -> str:

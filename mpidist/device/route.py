@@ -9,6 +9,7 @@ pays one type comparison. ``takes`` is False while a backend runs the MPI backen
 on device arrays (the CUDA-aware path, :func:`passthrough`), where
 :func:`mpidist._buffers.host_array` accepts them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -27,6 +28,7 @@ from mpidist.errors import prefix
 
 __all__ = ["takes", "first_takes", "device_call", "passthrough", "passing_through"]
 
+
 def takes(x: Any) -> bool:
     """True if a call whose primary argument is ``x`` belongs to the router."""
     return is_device_array(x) and not passing_through()
@@ -34,15 +36,23 @@ def takes(x: Any) -> bool:
 
 def first_takes(xs: Any) -> bool:
     """:func:`takes` for the first entry of a list argument (False for anything else)."""
-    return (isinstance(xs, (list, tuple)) and len(xs) > 0 and type(xs[0]) is not np.ndarray
-            and takes(xs[0]))
+    return isinstance(xs, (list, tuple)) and len(xs) > 0 and type(xs[0]) is not np.ndarray and takes(xs[0])
 
 
 #: op -> (its root argument, the global rank meant when neither it nor ``group_<arg>`` is
 #: given: 0 as torch, None when one is required, -1 for any source)
-_ROOTS = {"broadcast": ("src", None), "broadcast_multigpu": ("src", None), "scatter": ("src", 0),
-          "recv": ("src", -1), "irecv": ("src", -1), "reduce": ("dst", None), "reduce_multigpu": ("dst", None),
-          "gather": ("dst", 0), "send": ("dst", None), "isend": ("dst", None)}
+_ROOTS = {
+    "broadcast": ("src", None),
+    "broadcast_multigpu": ("src", None),
+    "scatter": ("src", 0),
+    "recv": ("src", -1),
+    "irecv": ("src", -1),
+    "reduce": ("dst", None),
+    "reduce_multigpu": ("dst", None),
+    "gather": ("dst", 0),
+    "send": ("dst", None),
+    "isend": ("dst", None),
+}
 
 
 def _global_root(op: str, g: Any, args: dict) -> dict:
@@ -121,8 +131,10 @@ def _batch_group(args: dict) -> tuple[Any, dict]:
     if not mine:
         return None, args
     if len({paths.device_backend(g.backend) for g in groups}) > 1:
-        raise ValueError(f"{prefix('batch_isend_irecv')} p2p_op_list mixes groups with NCCL and MPI "
-                         f"device backends; one batch must use one")
+        raise ValueError(
+            f"{prefix('batch_isend_irecv')} p2p_op_list mixes groups with NCCL and MPI "
+            f"device backends; one batch must use one"
+        )
     return groups[0], dict(args, p2p_op_list=mine)
 
 
@@ -139,6 +151,9 @@ def _global_peer(p: Any, g: Any, i: int) -> Any:
 
 def batch_takes(p2p_op_list: Any) -> bool:
     """:func:`takes` for batch_isend_irecv: the first op's tensor is a device array."""
-    return (isinstance(p2p_op_list, (list, tuple)) and len(p2p_op_list) > 0
-            and type(getattr(p2p_op_list[0], "tensor", None)) is not np.ndarray
-            and takes(getattr(p2p_op_list[0], "tensor", None)))
+    return (
+        isinstance(p2p_op_list, (list, tuple))
+        and len(p2p_op_list) > 0
+        and type(getattr(p2p_op_list[0], "tensor", None)) is not np.ndarray
+        and takes(getattr(p2p_op_list[0], "tensor", None))
+    )

@@ -7,6 +7,7 @@ device and host, and the "compute view" that the host ops and a CUDA-aware MPI t
 array, so a CPU-only install never loads it. Tests register a stand-in for their own
 array type with :func:`register` (``tests/fake_device.py``: ``FakeRuntime``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -170,7 +171,9 @@ def runtime_for(x: Any, op: str, arg: str) -> DeviceRuntime:
         try:
             _cupy = CupyRuntime()
         except ImportError as exc:
-            raise TypeError(f"{prefix(op)} {arg} is a device (GPU) array, and mpidist moves device arrays "
-                            f"with CuPy, which cannot be imported ({exc}); install it (pip install "
-                            f"'mpidist[gpu]') or copy the array to a numpy array first") from None
+            raise TypeError(
+                f"{prefix(op)} {arg} is a device (GPU) array, and mpidist moves device arrays "
+                f"with CuPy, which cannot be imported ({exc}); install it (pip install "
+                f"'mpidist[gpu]') or copy the array to a numpy array first"
+            ) from None
     return _cupy

@@ -9,6 +9,7 @@ to the pool when the op that uses it is complete: at once for a sync op, at
 while MPI may still read or write it. At most :data:`POOL_LIMIT` bytes of free
 buffers are kept; past it the largest free ones are dropped (freed by the runtime).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -103,14 +104,18 @@ def warn_once(cuda: Detection, op: str) -> None:
         return
     _warned = True
     if cuda.aware:
-        why = (f"MPI is CUDA-aware ({cuda.source}), but mpidist hands it device arrays only for "
-               f"{', '.join(sorted(MPI_CUDA_OPS))} on non-overlapping buffers, with a ReduceOp and an "
-               f"MPI-reducible dtype where the op reduces; {op} here is not such a call). For a faster path "
-               f"use init_process_group(backend='cpu:mpi,cuda:nccl').")
+        why = (
+            f"MPI is CUDA-aware ({cuda.source}), but mpidist hands it device arrays only for "
+            f"{', '.join(sorted(MPI_CUDA_OPS))} on non-overlapping buffers, with a ReduceOp and an "
+            f"MPI-reducible dtype where the op reduces; {op} here is not such a call). For a faster path "
+            f"use init_process_group(backend='cpu:mpi,cuda:nccl')."
+        )
     else:
-        why = (f"the group's backend has no NCCL and MPI is not CUDA-aware: {cuda.source}). For a faster path use "
-               f"init_process_group(backend='cpu:mpi,cuda:nccl'), or a CUDA-aware MPI (set "
-               f"MPIDIST_CUDA_AWARE=1 if yours is one and detection missed it).")
+        why = (
+            f"the group's backend has no NCCL and MPI is not CUDA-aware: {cuda.source}). For a faster path use "
+            f"init_process_group(backend='cpu:mpi,cuda:nccl'), or a CUDA-aware MPI (set "
+            f"MPIDIST_CUDA_AWARE=1 if yours is one and detection missed it)."
+        )
     warnings.warn("mpidist: device arrays are staged through host memory (" + why, UserWarning, stacklevel=5)
 
 

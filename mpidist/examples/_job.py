@@ -4,6 +4,7 @@
 (``checkpoint.npz``, checked on every rank; ``metrics.json``; ``training.png``). Each job
 subclasses :class:`Job` with its collectives and model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,9 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -42,16 +44,32 @@ def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> a
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0,
-                   help=f"{threads} threads per rank (default: cores on the node / ranks on the node)")
-    p.add_argument("--resume", nargs="?", const=_AUTO, default=None, metavar="CKPT",
-                   help="continue from checkpoint CKPT (without CKPT: OUT/checkpoint.npz, or start afresh "
-                        "if there is none, as a requeued job wants)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help=f"{threads} threads per rank (default: cores on the node / ranks on the node)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=_AUTO,
+        default=None,
+        metavar="CKPT",
+        help="continue from checkpoint CKPT (without CKPT: OUT/checkpoint.npz, or start afresh "
+        "if there is none, as a requeued job wants)",
+    )
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true",
-                     help="show a progress bar even when stdout is not a terminal (e.g. mpiexec in a terminal)")
-    bar.add_argument("--no-progress", action="store_true",
-                     help="no progress bar (the default when stdout is not a terminal, as in a batch job's log)")
+    bar.add_argument(
+        "--progress",
+        action="store_true",
+        help="show a progress bar even when stdout is not a terminal (e.g. mpiexec in a terminal)",
+    )
+    bar.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (the default when stdout is not a terminal, as in a batch job's log)",
+    )
     return p
 
 
@@ -75,7 +93,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.signum = 0
-        self._buf = np.zeros(2, dtype=np.int32)   # [signal number, a loss was not finite]
+        self._buf = np.zeros(2, dtype=np.int32)  # [signal number, a loss was not finite]
 
     def install(self) -> None:
         """Handle the stop signals from now on, and act on one that arrived after ``import
@@ -145,16 +163,26 @@ def save_plot(path: Path, history: list[dict]) -> None:
     for h in history:
         if "diverged" in h:
             where = h["epoch"] - 1 + h["step"] / h["steps_per_epoch"]
-            finite = [(h["epoch"] - 1 + s / h["steps_per_epoch"], loss) for s, loss in h["rank0_step_losses"]
-                      if loss is not None]
+            finite = [
+                (h["epoch"] - 1 + s / h["steps_per_epoch"], loss)
+                for s, loss in h["rank0_step_losses"]
+                if loss is not None
+            ]
             if finite:
                 ax1.plot(*zip(*finite), ".", color="tab:blue", label="rank 0's step losses")
                 values = [loss for _, loss in finite] + [d["loss"] for d in done]
                 if max(values) > 100 * max(min(values), 1e-12):
-                    ax1.set_yscale("log")   # a blow-up spans many decades
+                    ax1.set_yscale("log")  # a blow-up spans many decades
             ax1.axvline(where, color="tab:red")
-            ax1.text(where, 0.5, f" {h['diverged']}", color="tab:red", rotation=90, va="center",
-                     transform=ax1.get_xaxis_transform())
+            ax1.text(
+                where,
+                0.5,
+                f" {h['diverged']}",
+                color="tab:red",
+                rotation=90,
+                va="center",
+                transform=ax1.get_xaxis_transform(),
+            )
             ax1.set_xlim(0, max(epochs + [where]) + 0.5)
     fig.suptitle(f"mpidist DDP on {history[0]['dataset']}, {history[0]['world_size']} ranks")
     fig.tight_layout()
@@ -181,11 +209,14 @@ def check_checkpoint(path: Path, state: dict[str, np.ndarray], rank: int, world:
     """Read ``path`` back and check it bitwise against this rank's ``state`` (all but the
     history, whose timings are rank 0's)."""
     loaded = load_checkpoint(path)
-    differ = sorted(set(loaded) ^ set(state)) or [k for k, v in state.items()
-                                                  if k != "history" and not _same_bits(loaded[k], v)]
+    differ = sorted(set(loaded) ^ set(state)) or [
+        k for k, v in state.items() if k != "history" and not _same_bits(loaded[k], v)
+    ]
     if differ:
-        raise RuntimeError(f"[rank {rank}/{world}] checkpoint {path} does not match this rank's state: {differ} "
-                           f"differ (the model differs between ranks, or the file was changed)")
+        raise RuntimeError(
+            f"[rank {rank}/{world}] checkpoint {path} does not match this rank's state: {differ} "
+            f"differ (the model differs between ranks, or the file was changed)"
+        )
 
 
 def resume_path(args: argparse.Namespace) -> Optional[Path]:
@@ -236,8 +267,15 @@ class Job:
         data = load_digits_split(seed=args.seed) if args.data is None else load_mnist(args.data)
         self.x_train, self.y_train, self.x_test, self.y_test = data
         self.n_classes = int(max(self.y_train.max(), self.y_test.max())) + 1
-        self.config = {"dataset": self.dataset, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
-                       "momentum": args.momentum, **own, "world_size": world}
+        self.config = {
+            "dataset": self.dataset,
+            "seed": args.seed,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "momentum": args.momentum,
+            **own,
+            "world_size": world,
+        }
 
     def resume(self) -> tuple[Optional[Path], int, int, np.ndarray, list[dict]]:
         """(checkpoint, epoch, step, this rank's loss totals, history) to start from: --resume's
@@ -254,24 +292,29 @@ class Job:
         saved = _from_json_bytes(ckpt["config"])
         differ = {k: (saved.get(k), self.config[k]) for k in self.resume_keys if saved.get(k) != self.config[k]}
         if differ:
-            raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint was written with other "
-                             f"settings (checkpoint, now): {differ}")
+            raise ValueError(
+                f"[rank {rank}/{world}] --resume {path}: the checkpoint was written with other "
+                f"settings (checkpoint, now): {differ}"
+            )
         epoch, step, totals = int(ckpt["epoch"]), int(ckpt["step"]), ckpt["loss_totals"]
         if step and len(totals) != world:
-            raise ValueError(f"[rank {rank}/{world}] --resume {path}: the checkpoint stopped in the middle of "
-                             f"epoch {epoch + 1} on {len(totals)} ranks; resume it on {len(totals)} ranks")
+            raise ValueError(
+                f"[rank {rank}/{world}] --resume {path}: the checkpoint stopped in the middle of "
+                f"epoch {epoch + 1} on {len(totals)} ranks; resume it on {len(totals)} ranks"
+            )
         self.load_model_state(ckpt)
         return path, epoch, step, totals[rank].copy() if step else np.zeros(2), _from_json_bytes(ckpt["history"])
 
     def evaluate(self) -> float:
         """Accuracy over the whole test set: each rank scores rank::world, then one all_reduce."""
-        xs, ys = self.x_test[self.rank::self.world], self.y_test[self.rank::self.world]
+        xs, ys = self.x_test[self.rank :: self.world], self.y_test[self.rank :: self.world]
         counts = np.array([self.count_right(xs, ys) if len(ys) else 0, len(ys)], dtype=np.int64)
         self.all_reduce(counts)
         return float(counts[0] / counts[1])
 
-    def train_steps(self, order: np.ndarray, step: int, steps: int, totals: np.ndarray, stop: StopFlag,
-                    bar: Any, losses: list) -> tuple[int, bool]:
+    def train_steps(
+        self, order: np.ndarray, step: int, steps: int, totals: np.ndarray, stop: StopFlag, bar: Any, losses: list
+    ) -> tuple[int, bool]:
         """Run steps ``step..steps-1`` of an epoch, adding (loss * samples, samples) to ``totals`` and
         (step number from 1, this rank's loss) to ``losses``.
 
@@ -280,7 +323,7 @@ class Job:
         """
         batch = self.args.batch_size
         while step < steps:
-            idx = order[step * batch:(step + 1) * batch]
+            idx = order[step * batch : (step + 1) * batch]
             loss = self.train_step(idx)
             totals += (loss * len(idx), len(idx))
             step += 1
@@ -297,8 +340,14 @@ class Job:
         ``epoch``: epochs completed; ``step``: steps completed in the next epoch; ``loss_totals``:
         every rank's (summed loss * samples, samples) of that epoch so far, shape (world, 2).
         """
-        return {**self.model_state(), "epoch": np.array(epoch), "step": np.array(step), "loss_totals": totals,
-                "history": _json_bytes(history), "config": _json_bytes(self.config)}
+        return {
+            **self.model_state(),
+            "epoch": np.array(epoch),
+            "step": np.array(step),
+            "loss_totals": totals,
+            "history": _json_bytes(history),
+            "config": _json_bytes(self.config),
+        }
 
     def check_calls(self) -> None:
         """Collective: compare the collectives every rank made so far (the job's group:
@@ -321,7 +370,7 @@ class Job:
             (out / "metrics.json").write_text(json.dumps(history, indent=1))
             if history:
                 save_plot(out / "training.png", history)
-        self.barrier()   # the outputs are complete when any rank goes on (or exits)
+        self.barrier()  # the outputs are complete when any rank goes on (or exits)
         return ckpt
 
     def run(self, stop: StopFlag) -> int:
@@ -350,12 +399,21 @@ class Job:
             self.all_reduce(summed)
             elapsed = time.perf_counter() - start
             accuracy = self.evaluate()
-            history.append({"epoch": epoch + 1, "loss": float(summed[0] / summed[1]), "test_accuracy": accuracy,
-                            "samples_per_s": float(summed[2] / elapsed), "dataset": self.dataset,
-                            "world_size": world})
+            history.append(
+                {
+                    "epoch": epoch + 1,
+                    "loss": float(summed[0] / summed[1]),
+                    "test_accuracy": accuracy,
+                    "samples_per_s": float(summed[2] / elapsed),
+                    "dataset": self.dataset,
+                    "world_size": world,
+                }
+            )
             if rank == 0:
-                line = (f"epoch {epoch + 1:3d}/{args.epochs}  loss {history[-1]['loss']:.4f}  "
-                        f"test acc {accuracy:.4f}  {history[-1]['samples_per_s']:,.0f} samples/s")
+                line = (
+                    f"epoch {epoch + 1:3d}/{args.epochs}  loss {history[-1]['loss']:.4f}  "
+                    f"test acc {accuracy:.4f}  {history[-1]['samples_per_s']:,.0f} samples/s"
+                )
                 (bar.write(line) if bar is not None else print(line, flush=True))
             epoch, step, totals = epoch + 1, 0, np.zeros(2)
         if bar is not None:
@@ -371,8 +429,11 @@ class Job:
         ckpt = self.write_outputs(self.checkpoint_state(epoch, step, every, history), history)
         if rank == 0:
             if stopped:
-                print(f"stopped by {stop.name} after {epoch} epochs and {step}/{steps} steps; wrote {ckpt}; "
-                      f"continue with --resume", flush=True)
+                print(
+                    f"stopped by {stop.name} after {epoch} epochs and {step}/{steps} steps; wrote {ckpt}; "
+                    f"continue with --resume",
+                    flush=True,
+                )
             else:
                 final = f"final test accuracy {history[-1]['test_accuracy']:.4f}; " if history else ""
                 print(f"{final}wrote {ckpt}, {args.out / 'metrics.json'}, {args.out / 'training.png'}", flush=True)
@@ -383,13 +444,24 @@ class Job:
         of epoch ``epoch + 1``: metrics.json of what ran, whose last record marks it (valid JSON:
         non-finite losses are null; ``step_losses``: this rank's (step, loss) in that epoch), the
         plot, and no checkpoint (the caller then exits with code 1)."""
-        record = {"epoch": epoch + 1, "step": step, "steps_per_epoch": steps, "loss": None, "test_accuracy": None,
-                  "diverged": f"loss is not finite at epoch {epoch + 1} step {step}",
-                  "rank0_step_losses": [[s, loss if math.isfinite(loss) else None] for s, loss in step_losses],
-                  "dataset": self.dataset, "world_size": self.world}
+        record = {
+            "epoch": epoch + 1,
+            "step": step,
+            "steps_per_epoch": steps,
+            "loss": None,
+            "test_accuracy": None,
+            "diverged": f"loss is not finite at epoch {epoch + 1} step {step}",
+            "rank0_step_losses": [[s, loss if math.isfinite(loss) else None] for s, loss in step_losses],
+            "dataset": self.dataset,
+            "world_size": self.world,
+        }
         self.write_outputs(None, history + [record])
         if self.rank == 0:
             out = self.args.out
-            print(f"{self.name}: {record['diverged']} (--lr {self.args.lr}: try a smaller one); stopped every rank "
-                  f"there. Wrote {out / 'metrics.json'} and {out / 'training.png'}; no checkpoint written "
-                  f"(a non-finite model is not worth resuming).", file=sys.stderr, flush=True)
+            print(
+                f"{self.name}: {record['diverged']} (--lr {self.args.lr}: try a smaller one); stopped every rank "
+                f"there. Wrote {out / 'metrics.json'} and {out / 'training.png'}; no checkpoint written "
+                f"(a non-finite model is not worth resuming).",
+                file=sys.stderr,
+                flush=True,
+            )

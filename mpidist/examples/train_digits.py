@@ -27,12 +27,14 @@ momentum buffers, epoch, step within the epoch, per-rank loss sums, history); th
 sampler's shuffle is a function of (seed, epoch), so the resumed run ends with
 parameters bitwise identical to an uninterrupted one on the same number of ranks.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -40,8 +42,13 @@ from threadpoolctl import threadpool_limits
 import mpidist
 from mpidist import ReduceOp
 from mpidist.data import DistributedSampler
-from mpidist.examples._job import STOP_SIGNALS  # noqa: F401  (the stop signals; tests import them from here)
-from mpidist.examples._job import Job, StopFlag, checked_arguments, job_arguments
+from mpidist.examples._job import (
+    STOP_SIGNALS,  # noqa: F401  (the stop signals; tests import them from here)
+    Job,
+    StopFlag,
+    checked_arguments,
+    job_arguments,
+)
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential
 from mpidist.optim import SGD
 from mpidist.parallel import DistributedDataParallel
@@ -66,9 +73,13 @@ class DigitsJob(Job):
         rank, world = mpidist.get_rank(), mpidist.get_world_size()
         super().__init__(args, rank, world, hidden=args.hidden, algorithm=args.algorithm)
         rng = np.random.default_rng(args.seed + rank)  # each rank its own: DDP starts from rank 0's weights
-        self.model = Sequential(Linear(self.x_train.shape[1], args.hidden, rng=rng), ReLU(),
-                                Linear(args.hidden, args.hidden, rng=rng), ReLU(),
-                                Linear(args.hidden, self.n_classes, rng=rng))
+        self.model = Sequential(
+            Linear(self.x_train.shape[1], args.hidden, rng=rng),
+            ReLU(),
+            Linear(args.hidden, args.hidden, rng=rng),
+            ReLU(),
+            Linear(args.hidden, self.n_classes, rng=rng),
+        )
         self.optimizer = SGD(self.model.parameters(), lr=args.lr, momentum=args.momentum)
         self.progress = self.resume()
         self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
@@ -96,16 +107,20 @@ class DigitsJob(Job):
         return right
 
     def model_state(self) -> dict[str, np.ndarray]:
-        return {**{f"model.{k}": v for k, v in self.model.state_dict().items()},
-                **{f"optimizer.{k}": v for k, v in self.optimizer.state_dict().items()}}
+        return {
+            **{f"model.{k}": v for k, v in self.model.state_dict().items()},
+            **{f"optimizer.{k}": v for k, v in self.optimizer.state_dict().items()},
+        }
 
     def load_model_state(self, ckpt: dict[str, np.ndarray]) -> None:
         self.model.load_state_dict({k[6:]: v for k, v in ckpt.items() if k.startswith("model.")})
         self.optimizer.load_state_dict({k[10:]: v for k, v in ckpt.items() if k.startswith("optimizer.")})
 
     def banner(self, steps: int) -> str:
-        return (f"mpidist: {self.world} ranks, {self.dataset}: {len(self.x_train)} train / {len(self.x_test)} test "
-                f"samples, {steps} steps/epoch of {self.args.batch_size} per rank, algorithm={self.args.algorithm}")
+        return (
+            f"mpidist: {self.world} ranks, {self.dataset}: {len(self.x_train)} train / {len(self.x_test)} test "
+            f"samples, {steps} steps/epoch of {self.args.batch_size} per rank, algorithm={self.args.algorithm}"
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -42,13 +42,15 @@ first non-finite loss, "loss is not finite at epoch E step S", with metrics.json
 plot of what ran, no checkpoint, exit code 1, as the numpy job. The progress bar, as the
 numpy job's: only when stdout is a terminal, or with ``--progress``.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import socket
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -60,6 +62,7 @@ from torch.utils.data.distributed import DistributedSampler
 from mpidist.examples._job import Job, StopFlag, checked_arguments, job_arguments
 
 BACKENDS = ("mpidist", "gloo", "nccl")
+_CPU = torch.device("cpu")
 DEVICES = ("cpu", "cuda")
 #: torch's all_gather_single (2.13), under its older name all_gather_into_tensor on torch < 2.13
 _all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
@@ -67,13 +70,22 @@ _all_gather_single = getattr(tdist, "all_gather_single", None) or tdist.all_gath
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = job_arguments("mpidist.examples.train_torch", __doc__, "out/torch", 20, "torch")
-    p.add_argument("--backend", choices=BACKENDS, default="mpidist",
-                   help="torch.distributed backend (default: mpidist; gloo: one node only, for comparison; "
-                        "nccl: torch's own, with --device cuda)")
-    p.add_argument("--device", choices=DEVICES, default="cpu",
-                   help="where the model trains (cuda: GPU local rank %% GPUs on the node)")
-    p.add_argument("--channels", type=int, default=16,
-                   help="channels of the first convolution (twice that in the second)")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="mpidist",
+        help="torch.distributed backend (default: mpidist; gloo: one node only, for comparison; "
+        "nccl: torch's own, with --device cuda)",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where the model trains (cuda: GPU local rank %% GPUs on the node)",
+    )
+    p.add_argument(
+        "--channels", type=int, default=16, help="channels of the first convolution (twice that in the second)"
+    )
     args = checked_arguments(p, argv, ("channels",))
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)")
@@ -94,8 +106,9 @@ def init_backend(backend: str) -> None:
     "mpidist": ``import mpidist.torch`` registers the backend, which bootstraps from
     MPI_COMM_WORLD itself. "nccl": ``"cpu:gloo,cuda:nccl"`` over mpidist's ``mpi://``
     rendezvous (the store over MPI; no port): torch's NCCL for the gradients, torch's gloo
-    for the job's CPU tensors (the stop flag, the metrics), which NCCL does not take. "gloo": rank 0 picks a free TCP port on 127.0.0.1 and
-    broadcasts it over MPI (``tcp://127.0.0.1:PORT``: every rank must be on rank 0's node).
+    for the job's CPU tensors (the stop flag, the metrics), which NCCL does not take. "gloo":
+    rank 0 picks a free TCP port on 127.0.0.1 and broadcasts it over MPI
+    (``tcp://127.0.0.1:PORT``: every rank must be on rank 0's node).
     """
     if backend in ("mpidist", "nccl"):
         import mpidist.torch  # noqa: F401, PLC0415  (registers "mpidist" and the mpi:// rendezvous)
@@ -110,8 +123,9 @@ def init_backend(backend: str) -> None:
     comm = MPI.COMM_WORLD
     port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
-                             world_size=comm.Get_size())
+    tdist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
+    )
 
 
 def local_rank_and_size() -> tuple[int, int]:
@@ -150,9 +164,13 @@ class Net(nn.Module):
     def __init__(self, channels: int, classes: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveMaxPool2d(4), nn.Flatten())
+            nn.Conv2d(1, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveMaxPool2d(4),
+            nn.Flatten(),
+        )
         self.head = nn.Linear(2 * channels * 16, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,7 +207,7 @@ class TorchJob(Job):
     # A resumed run must use the same values as the checkpointed one (--epochs may grow).
     resume_keys = ("dataset", "seed", "batch_size", "lr", "momentum", "channels")
 
-    def __init__(self, args: argparse.Namespace, device: torch.device = torch.device("cpu")) -> None:
+    def __init__(self, args: argparse.Namespace, device: torch.device = _CPU) -> None:
         rank, world = tdist.get_rank(), tdist.get_world_size()
         super().__init__(args, rank, world, channels=args.channels, backend=args.backend)
         self.device = device
@@ -201,8 +219,9 @@ class TorchJob(Job):
         self.ddp = DistributedDataParallel(self.model)  # broadcasts rank 0's parameters
         prime_buckets(self.ddp, self.x_train)  # every run: a resumed one then reduces exactly as an uninterrupted one
         self.criterion = nn.CrossEntropyLoss()
-        self.sampler = DistributedSampler(range(len(self.x_train)), num_replicas=world, rank=rank, shuffle=True,
-                                          seed=args.seed)
+        self.sampler = DistributedSampler(
+            range(len(self.x_train)), num_replicas=world, rank=rank, shuffle=True, seed=args.seed
+        )
 
     def all_reduce(self, arr: np.ndarray, op: str = "SUM") -> None:
         tdist.all_reduce(torch.from_numpy(arr), op=getattr(tdist.ReduceOp, op))
@@ -241,8 +260,13 @@ class TorchJob(Job):
         state (its momentum buffers), i in parameter order (the numpy job's checkpoint layout)."""
         state = {f"model.{k}": v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
         for i, per_param in self.optimizer.state_dict()["state"].items():
-            state.update({f"optimizer.{i}.{k}": v.detach().cpu().numpy().copy() for k, v in per_param.items()
-                          if isinstance(v, torch.Tensor)})
+            state.update(
+                {
+                    f"optimizer.{i}.{k}": v.detach().cpu().numpy().copy()
+                    for k, v in per_param.items()
+                    if isinstance(v, torch.Tensor)
+                }
+            )
         return state
 
     def load_model_state(self, ckpt: dict[str, np.ndarray]) -> None:
@@ -258,10 +282,12 @@ class TorchJob(Job):
     def banner(self, steps: int) -> str:
         n_params = sum(p.numel() for p in self.model.parameters())
         where = "" if self.device.type == "cpu" else f" on {self.device.type}"
-        return (f"mpidist: {self.world} ranks, torch {torch.__version__} DDP over {self.args.backend}{where}, "
-                f"{self.dataset}: "
-                f"{len(self.x_train)} train / {len(self.x_test)} test samples, CNN of {n_params:,} parameters, {steps} "
-                f"steps/epoch of {self.args.batch_size} per rank")
+        return (
+            f"mpidist: {self.world} ranks, torch {torch.__version__} DDP over {self.args.backend}{where}, "
+            f"{self.dataset}: "
+            f"{len(self.x_train)} train / {len(self.x_test)} test samples, CNN of {n_params:,} parameters, {steps} "
+            f"steps/epoch of {self.args.batch_size} per rank"
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

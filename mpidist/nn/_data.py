@@ -8,6 +8,7 @@ other respect (``isinstance(a, numpy.ndarray)``, same memory, same arithmetic); 
 ``.data`` differs. cupy arrays are left alone: their ``.data`` is the device pointer cupy
 itself relies on.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,12 +29,12 @@ class DataArray(np.ndarray):
     """
 
     @property
-    def data(self) -> "DataArray":  # type: ignore[override]
+    def data(self) -> DataArray:  # type: ignore[override]
         return self
 
     @data.setter
     def data(self, value: Any) -> None:
-        if value is not self:   # ``a.data /= n`` assigns the (in-place) result back
+        if value is not self:  # ``a.data /= n`` assigns the (in-place) result back
             self[...] = value
 
 

@@ -9,6 +9,7 @@ from one ``numpy.random.Generator`` (PCG64); :func:`manual_seed` replaces it by
 generator); the reproducibility is the same: after ``manual_seed(s)`` the same sequence
 of constructions and forwards gives the same values, on every rank that was given ``s``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -67,5 +68,6 @@ def generator(rng: Any, op: str) -> np.random.Generator:
     try:
         return np.random.default_rng(rng)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{prefix(op)} rng must be a numpy.random.Generator, a seed or None, "
-                        f"got {type(rng).__name__}: {exc}") from None
+        raise TypeError(
+            f"{prefix(op)} rng must be a numpy.random.Generator, a seed or None, got {type(rng).__name__}: {exc}"
+        ) from None

@@ -5,13 +5,15 @@ device) and ``"cuda:N"``. Array code asks :func:`mpidist._array.array_module` fo
 the arrays it works on; cupy is imported only when a device array or a ``"cuda"`` device is
 actually met, so CPU-only installs never load it.
 """
+
 from __future__ import annotations
 
 import contextlib
 import numbers
 import re
+from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import Any, Callable, ContextManager, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -19,8 +21,23 @@ from mpidist._array import array_module, is_device_array
 from mpidist.errors import prefix
 from mpidist.nn._data import DataArray
 
-__all__ = ["prefix", "check_array", "check_bool", "check_int", "cupy_module", "parse_device", "device_of", "on_device",
-           "move", "to_host", "like", "like_checked", "copy_into", "check_device", "HOST_TYPES"]
+__all__ = [
+    "prefix",
+    "check_array",
+    "check_bool",
+    "check_int",
+    "cupy_module",
+    "parse_device",
+    "device_of",
+    "on_device",
+    "move",
+    "to_host",
+    "like",
+    "like_checked",
+    "copy_into",
+    "check_device",
+    "HOST_TYPES",
+]
 
 #: Exact types of the host arrays the toolkit handles (for ``type(x) in HOST_TYPES`` fast paths).
 HOST_TYPES = (np.ndarray, DataArray)
@@ -55,12 +72,13 @@ def cupy_module(op: str) -> ModuleType:
     try:
         import cupy  # noqa: PLC0415  (optional dependency)
     except ImportError as exc:
-        raise RuntimeError(f"{prefix(op)} device 'cuda' needs cupy, which is not installed "
-                           f"(pip install cupy-cuda12x)") from exc
+        raise RuntimeError(
+            f"{prefix(op)} device 'cuda' needs cupy, which is not installed (pip install cupy-cuda12x)"
+        ) from exc
     return cupy
 
 
-def parse_device(device: Any, op: str) -> Tuple[str, Optional[int]]:
+def parse_device(device: Any, op: str) -> tuple[str, Optional[int]]:
     """``("cpu", None)``, ``("cuda", None)`` (the current GPU) or ``("cuda", N)``.
 
     Accepts ``"cpu"``, ``"cuda"``, ``"cuda:N"`` and an int ``N`` (torch: ``torch.device(N)``
@@ -71,8 +89,9 @@ def parse_device(device: Any, op: str) -> Tuple[str, Optional[int]]:
             raise ValueError(f"{prefix(op)} device index must be >= 0, got {device}")
         return "cuda", int(device)
     if not isinstance(device, str):
-        raise TypeError(f"{prefix(op)} device must be a str ('cpu', 'cuda', 'cuda:N') or an int, "
-                        f"got {type(device).__name__}")
+        raise TypeError(
+            f"{prefix(op)} device must be a str ('cpu', 'cuda', 'cuda:N') or an int, got {type(device).__name__}"
+        )
     if device == "cpu":
         return "cpu", None
     match = _CUDA.fullmatch(device)
@@ -86,7 +105,7 @@ def device_of(x: Any) -> str:
     return "cpu" if array_module(x) is np else f"cuda:{x.device.id}"
 
 
-def on_device(x: Any) -> ContextManager:
+def on_device(x: Any) -> AbstractContextManager:
     """A context making ``x``'s GPU the current one (cupy's ``Device``); a no-op for host arrays.
 
     cupy launches kernels and allocates on the *current* device, which is per thread: code

@@ -6,9 +6,10 @@ subclass, so ``loss.item()`` works as on a torch scalar) and caches what
 the input. There is no autograd: where torch calls ``loss.backward()``, mpidist calls
 ``model.backward(crit.backward())`` (or ``ddp.backward(crit.backward())``).
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
@@ -46,8 +47,9 @@ def _class_targets(targets: Any, scores: Any, what: str, op: str, ignore_index: 
         raise ValueError(f"{prefix(op)} targets must have shape ({n},) to match {what}, got {tuple(t.shape)}")
     counted = t if ignore_index is None else t[t != ignore_index]
     if counted.size and (int(counted.min()) < 0 or int(counted.max()) >= c):
-        raise ValueError(f"{prefix(op)} targets must be in [0, {c}), got min {int(counted.min())}, "
-                         f"max {int(counted.max())}")
+        raise ValueError(
+            f"{prefix(op)} targets must be in [0, {c}), got min {int(counted.min())}, max {int(counted.max())}"
+        )
     return t
 
 
@@ -71,7 +73,7 @@ class CrossEntropyLoss(Module):
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = _check_reduction(reduction, "CrossEntropyLoss")
-        self._cache: Optional[Tuple[Any, Any, float]] = None
+        self._cache: Optional[tuple[Any, Any, float]] = None
 
     def forward(self, logits: Any, targets: Any) -> np.float64:
         op = "CrossEntropyLoss"
@@ -129,10 +131,11 @@ class NLLLoss(Module):
         if weight is not None:
             check_array(weight, "weight", op)
             if weight.ndim != 1:
-                raise ValueError(f"{prefix(op)} weight must be 1-D (one weight per class), got shape "
-                                 f"{tuple(weight.shape)}")
+                raise ValueError(
+                    f"{prefix(op)} weight must be 1-D (one weight per class), got shape {tuple(weight.shape)}"
+                )
         self.weight, self.ignore_index = weight, int(ignore_index)
-        self._cache: Optional[Tuple[Any, Any, Any, float]] = None
+        self._cache: Optional[tuple[Any, Any, Any, float]] = None
 
     def forward(self, log_probs: Any, targets: Any) -> np.float64:
         op = "NLLLoss"
@@ -146,8 +149,9 @@ class NLLLoss(Module):
             w = counted.astype(log_probs.dtype)
         else:
             if tuple(self.weight.shape) != (c,):
-                raise ValueError(f"{prefix(op)} weight must have shape ({c},) for {c} classes, got "
-                                 f"{tuple(self.weight.shape)}")
+                raise ValueError(
+                    f"{prefix(op)} weight must have shape ({c},) for {c} classes, got {tuple(self.weight.shape)}"
+                )
             w = like(self.weight, log_probs, op).astype(log_probs.dtype)[safe_t] * counted
         rows = xp.arange(n)
         total = -float((w * log_probs[rows, safe_t]).sum())
@@ -185,15 +189,16 @@ class MSELoss(Module):
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = _check_reduction(reduction, "MSELoss")
-        self._cache: Optional[Tuple[Any, float]] = None
+        self._cache: Optional[tuple[Any, float]] = None
 
     def forward(self, input: Any, target: Any) -> np.float64:  # noqa: A002  (torch's argument name)
         op = "MSELoss"
         check_array(input, "input", op, floating=True)
         check_array(target, "target", op)
         if tuple(target.shape) != tuple(input.shape):
-            raise ValueError(f"{prefix(op)} target must have the input's shape {tuple(input.shape)}, "
-                             f"got {tuple(target.shape)}")
+            raise ValueError(
+                f"{prefix(op)} target must have the input's shape {tuple(input.shape)}, got {tuple(target.shape)}"
+            )
         t = like(target, input, op)
         diff = input - t.astype(input.dtype, copy=False)
         total = float((diff * diff).sum())

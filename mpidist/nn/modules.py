@@ -1,7 +1,8 @@
 """Module tree and layers with explicit backward (no autograd).
 
 Follows the ``torch.nn.Module`` / ``torch.nn.Linear`` / ``torch.nn.ReLU`` /
-``torch.nn.Dropout`` / ``torch.nn.LogSoftmax`` / ``torch.nn.Sequential`` docs. ``forward`` caches what ``backward`` needs (one
+``torch.nn.Dropout`` / ``torch.nn.LogSoftmax`` / ``torch.nn.Sequential`` docs. ``forward`` caches what
+``backward`` needs (one
 forward per module instance at a time); ``backward(grad_output)`` accumulates
 parameter gradients, fires each parameter's post-accumulate-grad hooks as its
 gradient becomes ready, and returns the gradient w.r.t. the forward input.
@@ -9,20 +10,32 @@ Compute goes through ``array_module(x)``, so numpy and cupy arrays both work;
 ``Module.to("cuda")`` moves a model to the GPU (cupy), ``.to("cpu")`` back. Kernels run
 on cupy's current device: keep it the model's (one GPU per process, as torch).
 """
+
 from __future__ import annotations
 
 import math
 import numbers
 import warnings
-from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
 from mpidist._array import array_module
-from mpidist.nn._util import (check_array, check_bool, check_device, check_int, copy_into, cupy_module, like,
-                              like_checked, move, parse_device, prefix)
 from mpidist.nn._random import generator
+from mpidist.nn._util import (
+    check_array,
+    check_bool,
+    check_device,
+    check_int,
+    copy_into,
+    cupy_module,
+    like,
+    like_checked,
+    move,
+    parse_device,
+    prefix,
+)
 from mpidist.nn.parameter import Parameter
 
 __all__ = ["Module", "Linear", "ReLU", "Dropout", "LogSoftmax", "Sequential"]
@@ -41,12 +54,13 @@ def _check_grad_output(grad_output: Any, cached: Any, op: str) -> None:
         raise RuntimeError(f"{prefix(op)} called before forward")
     check_array(grad_output, "grad_output", op)
     if tuple(grad_output.shape) != tuple(cached.shape):
-        raise ValueError(f"{prefix(op)} grad_output must have shape {tuple(cached.shape)}, "
-                         f"got {tuple(grad_output.shape)}")
+        raise ValueError(
+            f"{prefix(op)} grad_output must have shape {tuple(cached.shape)}, got {tuple(grad_output.shape)}"
+        )
     check_device(grad_output, cached, "grad_output", "the forward input", op)
 
 
-def mismatched_keys(state: Any, own: Mapping, op: str) -> Tuple[List[str], List[str]]:
+def mismatched_keys(state: Any, own: Mapping, op: str) -> tuple[list[str], list[str]]:
     """``(missing, unexpected)`` keys of state dict ``state`` against ``own``'s.
 
     Raises TypeError if ``state`` is not a mapping."""
@@ -84,8 +98,15 @@ class Module:
             if registered:
                 raise AttributeError(f"cannot assign {type(value).__name__} {name!r} before Module.__init__()")
         else:
-            target = (self._parameters if isinstance(value, Parameter) else self._modules
-                      if isinstance(value, Module) else self._buffers if name in self._buffers else None)
+            target = (
+                self._parameters
+                if isinstance(value, Parameter)
+                else self._modules
+                if isinstance(value, Module)
+                else self._buffers
+                if name in self._buffers
+                else None
+            )
             for reg in (self._parameters, self._buffers, self._modules):
                 if reg is not target:
                     reg.pop(name, None)
@@ -108,11 +129,12 @@ class Module:
         """Register ``param`` under ``name`` (same as ``setattr``). Raises TypeError/ValueError."""
         _check_name(name, "Module.register_parameter")
         if not isinstance(param, Parameter):
-            raise TypeError(f"{prefix('Module.register_parameter')} param must be a Parameter, "
-                            f"got {type(param).__name__}")
+            raise TypeError(
+                f"{prefix('Module.register_parameter')} param must be a Parameter, got {type(param).__name__}"
+            )
         setattr(self, name, param)
 
-    def add_module(self, name: str, module: "Module") -> None:
+    def add_module(self, name: str, module: Module) -> None:
         """Register child ``module`` under ``name`` (same as ``setattr``). Raises TypeError/ValueError."""
         _check_name(name, "Module.add_module")
         if not isinstance(module, Module):
@@ -134,9 +156,9 @@ class Module:
         object.__setattr__(self, name, tensor)
 
     # -- traversal ----------------------------------------------------------
-    def named_modules(self) -> List[Tuple[str, "Module"]]:
+    def named_modules(self) -> list[tuple[str, Module]]:
         """``(dotted name, module)`` pairs, self first (name ``""``), preorder, no duplicates."""
-        out: List[Tuple[str, Module]] = []
+        out: list[tuple[str, Module]] = []
         seen = set()
 
         def visit(mod: Module, name: str) -> None:
@@ -149,11 +171,11 @@ class Module:
         visit(self, "")
         return out
 
-    def children(self) -> List["Module"]:
+    def children(self) -> list[Module]:
         """Direct submodules in registration order."""
         return list(self._modules.values())
 
-    def _named_members(self, get: Callable[["Module"], Any]) -> List[Tuple[str, Any]]:
+    def _named_members(self, get: Callable[[Module], Any]) -> list[tuple[str, Any]]:
         out, seen = [], set()
         for mod_name, mod in self.named_modules():
             for name, value in get(mod).items():
@@ -162,30 +184,30 @@ class Module:
                     out.append((_join(mod_name, name), value))
         return out
 
-    def named_parameters(self) -> List[Tuple[str, Parameter]]:
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
         """``(dotted name, Parameter)`` in torch order: each module's own, then its children's."""
         return self._named_members(lambda m: m._parameters)
 
-    def parameters(self) -> List[Parameter]:
+    def parameters(self) -> list[Parameter]:
         """All parameters, recursive, registration order, each once."""
         return [p for _, p in self.named_parameters()]
 
-    def named_buffers(self) -> List[Tuple[str, Any]]:
+    def named_buffers(self) -> list[tuple[str, Any]]:
         """``(dotted name, array)`` for all buffers, recursive, each once (references)."""
         return self._named_members(lambda m: m._buffers)
 
-    def buffers(self) -> List[Any]:
+    def buffers(self) -> list[Any]:
         return [b for _, b in self.named_buffers()]
 
     # -- state --------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Parameter data and buffers by dotted name (per module: params, then buffers).
 
         Values are references to the live arrays (on the module's device), not copies: copy
         them (or save them: :func:`mpidist.save_checkpoint` copies device arrays to the host)
         before training on.
         """
-        out: Dict[str, Any] = {}
+        out: dict[str, Any] = {}
         for mod_name, mod in self.named_modules():
             for name, p in mod._parameters.items():
                 out[_join(mod_name, name)] = p.data
@@ -215,7 +237,7 @@ class Module:
             copy_into(dst, src, op)
 
     # -- devices --------------------------------------------------------------
-    def to(self, device: Union[str, int]) -> "Module":
+    def to(self, device: Union[str, int]) -> Module:
         """Move every parameter (data and grad) and buffer to ``device``, in place; returns self.
 
         ``torch.nn.Module.to(device)``: ``"cpu"`` (numpy), ``"cuda"`` (cupy's current device),
@@ -245,7 +267,7 @@ class Module:
                     object.__setattr__(mod, name, moved)
         return self
 
-    def cuda(self, device: Optional[Union[int, str]] = None) -> "Module":
+    def cuda(self, device: Optional[Union[int, str]] = None) -> Module:
         """``to("cuda")``, or ``to(device)`` for an int or ``"cuda:N"`` (torch's ``Module.cuda``).
 
         Raises ValueError for a non-CUDA ``device``; see :meth:`to`.
@@ -253,11 +275,13 @@ class Module:
         if device is None:
             return self.to("cuda")
         if isinstance(device, str) and not device.startswith("cuda"):
-            raise ValueError(f"{prefix(f'{type(self).__name__}.cuda')} device must be a CUDA device "
-                             f"(an int or 'cuda:N'), got {device!r}")
+            raise ValueError(
+                f"{prefix(f'{type(self).__name__}.cuda')} device must be a CUDA device "
+                f"(an int or 'cuda:N'), got {device!r}"
+            )
         return self.to(device)
 
-    def cpu(self) -> "Module":
+    def cpu(self) -> Module:
         """``to("cpu")`` (torch's ``Module.cpu``)."""
         return self.to("cpu")
 
@@ -270,14 +294,14 @@ class Module:
             elif p.grad is not None:
                 p.grad[...] = 0
 
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         """Set ``training`` on this module and all submodules; returns self. Raises TypeError."""
         check_bool(mode, "mode", "Module.train")
         for _, mod in self.named_modules():
             mod.training = mode
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         """``train(False)``."""
         return self.train(False)
 
@@ -327,9 +351,17 @@ class Linear(Module):
         RuntimeError: backward before forward.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: Any = np.float32,
-                 rng: Union[np.random.Generator, int, None] = None, xp: Any = np,
-                 device: Optional[Union[str, int]] = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        dtype: Any = np.float32,
+        rng: Union[np.random.Generator, int, None] = None,
+        xp: Any = np,
+        device: Optional[Union[str, int]] = None,
+    ) -> None:
         super().__init__()
         check_int(in_features, "in_features", "Linear", 1)
         check_int(out_features, "out_features", "Linear", 1)
@@ -352,8 +384,9 @@ class Linear(Module):
         op = "Linear.forward"
         check_array(x, "x", op)
         if x.ndim < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"{prefix(op)} x must have shape (N, {self.in_features}) "
-                             f"(last dim = in_features), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{prefix(op)} x must have shape (N, {self.in_features}) (last dim = in_features), got {tuple(x.shape)}"
+            )
         if x.dtype != self.weight.dtype:
             raise TypeError(f"{prefix(op)} x must have dtype {self.weight.dtype} (the parameters'), got {x.dtype}")
         check_device(x, self.weight.data, "x", self._owner, op)
@@ -429,8 +462,9 @@ class Dropout(Module):
         RuntimeError: backward before forward.
     """
 
-    def __init__(self, p: float = 0.5, inplace: bool = False, *,
-                 rng: Union[np.random.Generator, int, None] = None) -> None:
+    def __init__(
+        self, p: float = 0.5, inplace: bool = False, *, rng: Union[np.random.Generator, int, None] = None
+    ) -> None:
         super().__init__()
         if not isinstance(p, numbers.Real) or isinstance(p, bool):
             raise TypeError(f"{prefix('Dropout')} p must be a real number, got {type(p).__name__}")
@@ -439,8 +473,8 @@ class Dropout(Module):
         check_bool(inplace, "inplace", "Dropout")
         self.p, self.inplace = float(p), inplace
         self._rng = None if rng is None else generator(rng, "Dropout")
-        self._scale: Optional[Any] = None   # the mask times 1/(1-p); None: identity
-        self._input: Optional[Any] = None   # the forward input (shape, device), by reference
+        self._scale: Optional[Any] = None  # the mask times 1/(1-p); None: identity
+        self._input: Optional[Any] = None  # the forward input (shape, device), by reference
 
     def forward(self, x: Any) -> Any:
         op = "Dropout.forward"
@@ -499,8 +533,12 @@ class LogSoftmax(Module):
         dim = self.dim
         if dim is None:
             dim = _softmax_dim(x.ndim)
-            warnings.warn(f"Implicit dimension choice for log_softmax has been deprecated. Change the call to "
-                          f"include dim={dim} as an argument.", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"Implicit dimension choice for log_softmax has been deprecated. Change the call to "
+                f"include dim={dim} as an argument.",
+                UserWarning,
+                stacklevel=2,
+            )
         ndim = max(x.ndim, 1)
         if not -ndim <= dim < ndim:
             raise ValueError(f"{prefix(op)} dim must be in [{-ndim}, {ndim - 1}] for a {x.ndim}-D input, got {dim}")

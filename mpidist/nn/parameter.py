@@ -5,10 +5,11 @@ Mirrors ``torch.nn.Parameter`` plus ``torch.Tensor.register_post_accumulate_grad
 gradients explicitly in ``backward`` and hand them to :meth:`Parameter.accumulate_grad`,
 which accumulates and then fires the hooks, the moment DDP needs to start reducing.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict
+from typing import Any, Callable
 
 from mpidist._array import array_module
 from mpidist.nn._data import as_data_array
@@ -27,14 +28,14 @@ class RemovableHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, hooks: Dict[int, Any]) -> None:
+    def __init__(self, hooks: dict[int, Any]) -> None:
         self._hooks = hooks
         self.id = next(RemovableHandle._ids)
 
     def remove(self) -> None:
         self._hooks.pop(self.id, None)
 
-    def __enter__(self) -> "RemovableHandle":
+    def __enter__(self) -> RemovableHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -69,7 +70,7 @@ class Parameter:
     """
 
     def __init__(self, data: Any, name: str = "") -> None:
-        self._post_accumulate_grad_hooks: Dict[int, Hook] = {}
+        self._post_accumulate_grad_hooks: dict[int, Hook] = {}
         self.data = data
         self._grad: Any = None
         self.name = name
@@ -120,8 +121,9 @@ class Parameter:
             TypeError: ``hook`` is not callable.
         """
         if not callable(hook):
-            raise TypeError(f"{prefix('register_post_accumulate_grad_hook')} hook must be callable, "
-                            f"got {type(hook).__name__}")
+            raise TypeError(
+                f"{prefix('register_post_accumulate_grad_hook')} hook must be callable, got {type(hook).__name__}"
+            )
         handle = RemovableHandle(self._post_accumulate_grad_hooks)
         self._post_accumulate_grad_hooks[handle.id] = hook
         return handle

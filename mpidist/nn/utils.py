@@ -1,4 +1,5 @@
 """State-dict helpers, as ``torch.nn.modules.utils``."""
+
 from __future__ import annotations
 
 from collections.abc import MutableMapping
@@ -23,11 +24,9 @@ def consume_prefix_in_state_dict_if_present(state_dict: MutableMapping, prefix: 
     """
     op = "consume_prefix_in_state_dict_if_present"
     if not isinstance(state_dict, MutableMapping):
-        raise TypeError(f"{_where(op)} state_dict must be a mutable mapping (a dict), got "
-                        f"{type(state_dict).__name__}")
+        raise TypeError(f"{_where(op)} state_dict must be a mutable mapping (a dict), got {type(state_dict).__name__}")
     if not isinstance(prefix, str):
         raise TypeError(f"{_where(op)} prefix must be a str, got {type(prefix).__name__}")
     for key in list(state_dict):
         if isinstance(key, str) and key.startswith(prefix):
-            state_dict[key[len(prefix):]] = state_dict.pop(key)
-
+            state_dict[key[len(prefix) :]] = state_dict.pop(key)

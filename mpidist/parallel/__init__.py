@@ -1,4 +1,5 @@
 """Data parallelism: DistributedDataParallel, its communication hooks and timeline."""
+
 from mpidist.parallel import comm_hooks
 from mpidist.parallel.comm_hooks import GradBucket, PowerSGDState
 from mpidist.parallel.ddp import DistributedDataParallel

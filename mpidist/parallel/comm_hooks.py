@@ -31,27 +31,38 @@ All hooks are array-module generic: they compute in the bucket's module (numpy o
 device, and enter that device in their completion callbacks (which may run on another
 thread, whose current cupy device is its own).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import logging
 import math
 import numbers
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from mpidist._array import array_module
 from mpidist._dispatch import member
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
-from mpidist._group import ProcessGroup
 from mpidist.nn._util import check_bool, check_int, copy_into, on_device
-from mpidist._reduce_op import ReduceOp
 
-__all__ = ["GradBucket", "then", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
-           "PowerSGDState", "powerSGD_hook", "default_hooks", "powerSGD"]
+__all__ = [
+    "GradBucket",
+    "then",
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "PowerSGDState",
+    "powerSGD_hook",
+    "default_hooks",
+    "powerSGD",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +82,15 @@ class GradBucket:
 
     __slots__ = ("_index", "_buffer", "_params", "_offsets", "_is_last", "_grads")
 
-    def __init__(self, index: int, buffer: Any, parameters: Sequence[Any], offsets: Sequence[int],
-                 is_last: bool, gradients: Optional[List[Any]] = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        buffer: Any,
+        parameters: Sequence[Any],
+        offsets: Sequence[int],
+        is_last: bool,
+        gradients: Optional[list[Any]] = None,
+    ) -> None:
         self._index = index
         self._buffer = buffer
         self._params = list(parameters)
@@ -88,11 +106,11 @@ class GradBucket:
         """The flat gradient buffer, 1-D (numpy or cupy)."""
         return self._buffer
 
-    def gradients(self) -> List[Any]:
+    def gradients(self) -> list[Any]:
         """Per-parameter views into :meth:`buffer`, shaped like :meth:`parameters`."""
         if self._grads is None:
             b, o = self._buffer, self._offsets
-            self._grads = [b[o[i]:o[i + 1]].reshape(p.shape) for i, p in enumerate(self._params)]
+            self._grads = [b[o[i] : o[i + 1]].reshape(p.shape) for i, p in enumerate(self._params)]
         return self._grads
 
     def parameters(self) -> list:
@@ -108,8 +126,10 @@ class GradBucket:
         copy_into(self._buffer, buffer, "GradBucket.set_buffer")
 
     def __repr__(self) -> str:
-        return (f"GradBucket(index={self._index}, numel={self._buffer.size}, dtype={self._buffer.dtype}, "
-                f"parameters={len(self._params)}, is_last={self._is_last})")
+        return (
+            f"GradBucket(index={self._index}, numel={self._buffer.size}, dtype={self._buffer.dtype}, "
+            f"parameters={len(self._params)}, is_last={self._is_last})"
+        )
 
 
 def then(future: Future, fn: Callable[[Future], Any]) -> Future:
@@ -159,7 +179,7 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
     g = _group(process_group, op)
     buffer = bucket.buffer()
     xp = array_module(buffer)
-    with on_device(buffer), np.errstate(over="ignore"):   # beyond the dtype's range: inf, silently (torch)
+    with on_device(buffer), np.errstate(over="ignore"):  # beyond the dtype's range: inf, silently (torch)
         # torch: buffer.to(dtype).div_(world_size): cast (rounding once), then divide computing in
         # float32 (torch's opmath for half types) and round again; bitwise torch's result
         compressed = buffer.astype(dtype)
@@ -245,11 +265,19 @@ class PowerSGDState:
         TypeError / ValueError: an argument of the wrong type or out of range.
     """
 
-    def __init__(self, process_group: Optional[ProcessGroup], matrix_approximation_rank: int = 1,
-                 start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2,
-                 use_error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0,
-                 random_seed: int = 0, compression_stats_logging_frequency: int = 10_000,
-                 batch_tensors_with_same_shape: bool = False) -> None:
+    def __init__(
+        self,
+        process_group: Optional[ProcessGroup],
+        matrix_approximation_rank: int = 1,
+        start_powerSGD_iter: int = 1_000,
+        min_compression_rate: float = 2,
+        use_error_feedback: bool = True,
+        warm_start: bool = True,
+        orthogonalization_epsilon: float = 0,
+        random_seed: int = 0,
+        compression_stats_logging_frequency: int = 10_000,
+        batch_tensors_with_same_shape: bool = False,
+    ) -> None:
         op = "PowerSGDState"
         check_int(matrix_approximation_rank, "matrix_approximation_rank", op, 1)
         check_int(start_powerSGD_iter, "start_powerSGD_iter", op, 0)
@@ -257,13 +285,18 @@ class PowerSGDState:
         check_int(compression_stats_logging_frequency, "compression_stats_logging_frequency", op, 1)
         _check_real(op, "min_compression_rate", min_compression_rate)
         _check_real(op, "orthogonalization_epsilon", orthogonalization_epsilon)
-        for name, flag in (("use_error_feedback", use_error_feedback), ("warm_start", warm_start),
-                           ("batch_tensors_with_same_shape", batch_tensors_with_same_shape)):
+        for name, flag in (
+            ("use_error_feedback", use_error_feedback),
+            ("warm_start", warm_start),
+            ("batch_tensors_with_same_shape", batch_tensors_with_same_shape),
+        ):
             check_bool(flag, name, op)
         if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
-            raise ValueError(f"{prefix(op)} expect start_powerSGD_iter > 1 if use_error_feedback or warm_start "
-                             f"is enabled, because PowerSGD can only be applied after the first two iterations "
-                             f"in DDP; got {start_powerSGD_iter}")
+            raise ValueError(
+                f"{prefix(op)} expect start_powerSGD_iter > 1 if use_error_feedback or warm_start "
+                f"is enabled, because PowerSGD can only be applied after the first two iterations "
+                f"in DDP; got {start_powerSGD_iter}"
+            )
         self.process_group = process_group
         self.matrix_approximation_rank = int(matrix_approximation_rank)
         self.start_powerSGD_iter = int(start_powerSGD_iter)
@@ -271,10 +304,10 @@ class PowerSGDState:
         self.use_error_feedback = use_error_feedback
         self.warm_start = warm_start
         self.orthogonalization_epsilon = orthogonalization_epsilon
-        self.rng = np.random.RandomState(random_seed)   # host: seeds only (same on every rank)
-        self.error_dict: Dict[int, Any] = {}            # arrays on the buckets' device
-        self.p_memory_dict: Dict[int, Any] = {}
-        self.q_memory_dict: Dict[int, Any] = {}
+        self.rng = np.random.RandomState(random_seed)  # host: seeds only (same on every rank)
+        self.error_dict: dict[int, Any] = {}  # arrays on the buckets' device
+        self.p_memory_dict: dict[int, Any] = {}
+        self.q_memory_dict: dict[int, Any] = {}
         self.iter = 0
         self.total_numel_before_compression = 0
         self.total_numel_after_compression = 0
@@ -289,7 +322,7 @@ class PowerSGDState:
         if self.iter == self.start_powerSGD_iter:
             logger.info("Start to apply PowerSGD after %s iterations.", self.iter)
 
-    def compression_stats(self) -> Tuple[float, int, int]:
+    def compression_stats(self) -> tuple[float, int, int]:
         """``(numel_before / numel_after, numel_before, numel_after)`` over all compressed steps."""
         after = self.total_numel_after_compression
         rate = self.total_numel_before_compression / after if after > 0 else 0
@@ -313,33 +346,38 @@ def _gram_schmidt(matrix: Any, epsilon: float) -> None:
     xp = array_module(matrix)
     cols = matrix.shape[1]
     for i in range(cols):
-        col = matrix[:, i:i + 1]
-        norm = xp.sqrt(xp.sum(col * col, dtype=np.float64))   # 0-d on the device for cupy
+        col = matrix[:, i : i + 1]
+        norm = xp.sqrt(xp.sum(col * col, dtype=np.float64))  # 0-d on the device for cupy
         if epsilon == 0 and norm == 0:
             col[...] = 0  # torch zero-fills a column it cannot normalize
         else:
             col /= (norm + epsilon).astype(col.dtype)
         if i + 1 < cols:
-            rest = matrix[:, i + 1:]
+            rest = matrix[:, i + 1 :]
             rest -= xp.sum(col * rest, axis=0, keepdims=True) * col
 
 
 def _report_compression_stats(bucket: GradBucket, state: PowerSGDState) -> None:
     if bucket.is_last() and state.iter >= state.next_stats_report:
         rate, before, after = state.compression_stats()
-        logger.info("Compression stats: iter %s, total before compression %s, total after compression %s, "
-                    "rate %s", state.iter, before, after, rate)
+        logger.info(
+            "Compression stats: iter %s, total before compression %s, total after compression %s, rate %s",
+            state.iter,
+            before,
+            after,
+            rate,
+        )
         state.next_stats_report = state.iter + state.compression_stats_logging_frequency
 
 
-def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, int]:
+def _split(state: PowerSGDState, tensors: list[Any]) -> tuple[list, list, int, int]:
     """(matrices to compress, tensors to all-reduce as they are, numel of P, numel of Q)."""
     compress, plain, p_size, q_size = [], [], 0, 0
     for t in tensors:
         matrix = t.reshape(t.shape[0] if t.ndim else 1, -1)
         n, m = matrix.shape
         rank = min(n, m, state.matrix_approximation_rank)
-        before, after = n * m, (n + m) * rank   # torch's _should_compress: numel of M, and of P and Q
+        before, after = n * m, (n + m) * rank  # torch's _should_compress: numel of M, and of P and Q
         ok = after * state.min_compression_rate < before
         state.total_numel_before_compression += before
         if ok:
@@ -353,7 +391,7 @@ def _split(state: PowerSGDState, tensors: List[Any]) -> Tuple[list, list, int, i
     return compress, plain, p_size, q_size
 
 
-def _views(flat: Any, shapes: List[Tuple[int, ...]]) -> list:
+def _views(flat: Any, shapes: list[tuple[int, ...]]) -> list:
     """Views into the 1-D ``flat``, end to end, one per shape."""
     ends = np.cumsum([0] + [math.prod(shape) for shape in shapes]).tolist()
     return [flat[a:b].reshape(shape) for a, b, shape in zip(ends, ends[1:], shapes)]
@@ -413,8 +451,8 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         state.q_memory_dict[idx] = xp.empty(q_size, dtype)
     p_memory, q_memory = state.p_memory_dict[idx], state.q_memory_dict[idx]
     ranks = [min(*matrix.shape, state.matrix_approximation_rank) for matrix in compress]
-    ps = _views(p_memory, [(matrix.shape[0], rank) for matrix, rank in zip(compress, ranks)])   # n x r
-    qs = _views(q_memory, [(matrix.shape[1], rank) for matrix, rank in zip(compress, ranks)])   # m x r
+    ps = _views(p_memory, [(matrix.shape[0], rank) for matrix, rank in zip(compress, ranks)])  # n x r
+    qs = _views(q_memory, [(matrix.shape[1], rank) for matrix, rank in zip(compress, ranks)])  # m x r
     eps = state.orthogonalization_epsilon
     if fresh:  # drawn on the host from the shared seed: the same Q on every rank and device
         gen = np.random.default_rng(state.rng.randint(1_000_000_000))
@@ -455,7 +493,8 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
 
 
 #: torch's ``ddp_comm_hooks.default_hooks`` module, as a namespace.
-default_hooks = SimpleNamespace(allreduce_hook=allreduce_hook, fp16_compress_hook=fp16_compress_hook,
-                                bf16_compress_hook=bf16_compress_hook)
+default_hooks = SimpleNamespace(
+    allreduce_hook=allreduce_hook, fp16_compress_hook=fp16_compress_hook, bf16_compress_hook=bf16_compress_hook
+)
 #: torch's ``ddp_comm_hooks.powerSGD_hook`` module, as a namespace.
 powerSGD = SimpleNamespace(PowerSGDState=PowerSGDState, powerSGD_hook=powerSGD_hook)

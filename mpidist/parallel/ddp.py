@@ -6,6 +6,7 @@ communication hooks (:mod:`mpidist.parallel.comm_hooks`), ``join`` for uneven in
 (torch's ``Join`` protocol) and a Chrome-trace timeline (:mod:`mpidist.parallel.timeline`).
 docs/ddp.md lists every difference from torch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,27 +15,28 @@ import hashlib
 import inspect
 import numbers
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, List, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from mpidist import _runtime
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp
 from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
 from mpidist.errors import prefix
 from mpidist.gather_scatter import all_gather_into_tensor
-from mpidist._group import ProcessGroup
 from mpidist.nn._util import check_bool, device_of
 from mpidist.nn.modules import mismatched_keys
 from mpidist.parallel.reducer import DEFAULT_FIRST_BUCKET_BYTES, Reducer
 from mpidist.parallel.timeline import Timeline, timeline_from_env
-from mpidist._reduce_op import ReduceOp
 
 __all__ = ["DistributedDataParallel"]
 
 _OP = "DistributedDataParallel"
-_PREFIX = "module."   # torch's DDP holds the model as its submodule "module"
+_PREFIX = "module."  # torch's DDP holds the model as its submodule "module"
 
 
 @dataclass(frozen=True)
@@ -48,21 +50,21 @@ class _JoinConfig:
 class _JoinInfo:
     """What one join all-reduce told every rank about the current step."""
 
-    active: int            # ranks that still have inputs
-    authority: int         # global rank of the highest active rank (-1: none)
-    grads: bool            # some active rank reduces gradients this step
-    buffers: bool          # some active rank broadcasts buffers this step
+    active: int  # ranks that still have inputs
+    authority: int  # global rank of the highest active rank (-1: none)
+    grads: bool  # some active rank reduces gradients this step
+    buffers: bool  # some active rank broadcasts buffers this step
 
 
 @dataclass(frozen=True)
 class _BucketLimits:
     """The bucket sizes the constructor's arguments ask for (torch's ``_BucketCapacityConfig``)."""
 
-    cap_mb: float                 # bucket_cap_mb, or the largest of bucket_cap_mb_list
-    default: bool                 # bucket_cap_mb and bucket_cap_mb_list left unset
-    per_bucket: List[int]         # bucket_cap_mb_list in bytes ([] when unset)
+    cap_mb: float  # bucket_cap_mb, or the largest of bucket_cap_mb_list
+    default: bool  # bucket_cap_mb and bucket_cap_mb_list left unset
+    per_bucket: list[int]  # bucket_cap_mb_list in bytes ([] when unset)
 
-    def reducer_limits(self, cap_bytes: int) -> List[int]:
+    def reducer_limits(self, cap_bytes: int) -> list[int]:
         """Limits for :func:`~mpidist.parallel.reducer.assign_buckets`, in launch order."""
         if self.per_bucket:
             return list(self.per_bucket)
@@ -80,11 +82,11 @@ def _bucket_limits(bucket_cap_mb: Any, bucket_cap_mb_list: Any) -> _BucketLimits
         raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r} (None: the default, 25 MiB)")
     if bucket_cap_mb_list is not None:
         if not isinstance(bucket_cap_mb_list, (list, tuple)) or not all(map(positive, bucket_cap_mb_list)):
-            raise ValueError(f"{where} bucket_cap_mb_list must be a list of sizes in MiB, each > 0, got "
-                             f"{bucket_cap_mb_list!r}")
-        if bucket_cap_mb_list:   # torch: an empty list means unset
-            return _BucketLimits(max(bucket_cap_mb_list), False,
-                                 [int(mb * 2**20) for mb in bucket_cap_mb_list])
+            raise ValueError(
+                f"{where} bucket_cap_mb_list must be a list of sizes in MiB, each > 0, got {bucket_cap_mb_list!r}"
+            )
+        if bucket_cap_mb_list:  # torch: an empty list means unset
+            return _BucketLimits(max(bucket_cap_mb_list), False, [int(mb * 2**20) for mb in bucket_cap_mb_list])
     if bucket_cap_mb is None:
         return _BucketLimits(25, True, [])
     return _BucketLimits(bucket_cap_mb, False, [])
@@ -94,35 +96,48 @@ def _buffer_sync(broadcast_buffers: Optional[bool], forward_sync_buffers: Option
     """``(forward_sync_buffers, init_sync_buffers)`` from torch 2.13's two buffer flags, with its warnings."""
     if broadcast_buffers is not None:
         if forward_sync_buffers is not None:
-            warnings.warn("Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` "
-                          "is deprecated and its value is ignored when `forward_sync_buffers` is provided.",
-                          FutureWarning, stacklevel=3)
+            warnings.warn(
+                "Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` "
+                "is deprecated and its value is ignored when `forward_sync_buffers` is provided.",
+                FutureWarning,
+                stacklevel=3,
+            )
         else:
-            warnings.warn("`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: "
-                          "unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at "
-                          "init. If you rely on buffers NOT being synced at init (e.g. rank-local buffers), keep "
-                          "using `broadcast_buffers=False`.", FutureWarning, stacklevel=3)
+            warnings.warn(
+                "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: "
+                "unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at "
+                "init. If you rely on buffers NOT being synced at init (e.g. rank-local buffers), keep "
+                "using `broadcast_buffers=False`.",
+                FutureWarning,
+                stacklevel=3,
+            )
     if forward_sync_buffers is not None:
         return forward_sync_buffers, True
     effective = True if broadcast_buffers is None else broadcast_buffers
     return effective, effective
 
 
-def _refuse_unsupported(delay_all_reduce_named_params: Any, param_to_hook_all_reduce: Any,
-                        mixed_precision: Any) -> None:
+def _refuse_unsupported(
+    delay_all_reduce_named_params: Any, param_to_hook_all_reduce: Any, mixed_precision: Any
+) -> None:
     """torch 2.13 constructor arguments mpidist does not implement: None only."""
     where = prefix(_OP)
     if (delay_all_reduce_named_params is None) != (param_to_hook_all_reduce is None):
-        raise ValueError(f"{where} delay_all_reduce_named_params and param_to_hook_all_reduce need to be set at "
-                         f"the same time.")
+        raise ValueError(
+            f"{where} delay_all_reduce_named_params and param_to_hook_all_reduce need to be set at the same time."
+        )
     if delay_all_reduce_named_params is not None:
-        raise NotImplementedError(f"{where} delay_all_reduce_named_params / param_to_hook_all_reduce are not "
-                                  f"supported: mpidist's Reducer has no delayed all-reduce; leave them None (every "
-                                  f"parameter is then reduced in its bucket during backward)")
+        raise NotImplementedError(
+            f"{where} delay_all_reduce_named_params / param_to_hook_all_reduce are not "
+            f"supported: mpidist's Reducer has no delayed all-reduce; leave them None (every "
+            f"parameter is then reduced in its bucket during backward)"
+        )
     if mixed_precision is not None:
-        raise NotImplementedError(f"{where} mixed_precision is not supported: leave it None and train in the "
-                                  f"parameters' dtype, or reduce gradients in float16/bfloat16 with "
-                                  f"register_comm_hook(None, comm_hooks.fp16_compress_hook / bf16_compress_hook)")
+        raise NotImplementedError(
+            f"{where} mixed_precision is not supported: leave it None and train in the "
+            f"parameters' dtype, or reduce gradients in float16/bfloat16 with "
+            f"register_comm_hook(None, comm_hooks.fp16_compress_hook / bf16_compress_hook)"
+        )
 
 
 def _mesh_group(process_group: Optional[ProcessGroup], device_mesh: Any) -> Optional[ProcessGroup]:
@@ -133,8 +148,9 @@ def _mesh_group(process_group: Optional[ProcessGroup], device_mesh: Any) -> Opti
     if process_group is not None:
         raise RuntimeError(f"{where} Cannot specify both process_group and device_mesh arguments.")
     if not (hasattr(device_mesh, "ndim") and callable(getattr(device_mesh, "get_group", None))):
-        raise TypeError(f"{where} device_mesh must be a DeviceMesh (with ndim and get_group), got "
-                        f"{type(device_mesh).__name__}")
+        raise TypeError(
+            f"{where} device_mesh must be a DeviceMesh (with ndim and get_group), got {type(device_mesh).__name__}"
+        )
     if device_mesh.ndim != 1:
         raise RuntimeError(f"{where} Only 1D device mesh is supported, but got {device_mesh}.")
     return device_mesh.get_group(mesh_dim=0)
@@ -234,36 +250,61 @@ class DistributedDataParallel:
             or ``mixed_precision`` given.
     """
 
-    def __init__(self, module: Any, device_ids: Optional[list] = None, output_device: Any = None, dim: int = 0,
-                 broadcast_buffers: Optional[bool] = None, init_sync: bool = True,
-                 process_group: Optional[ProcessGroup] = None, bucket_cap_mb: Optional[float] = None,
-                 find_unused_parameters: bool = False, check_reduction: bool = False,
-                 gradient_as_bucket_view: bool = False, static_graph: bool = False,
-                 delay_all_reduce_named_params: Optional[list] = None, param_to_hook_all_reduce: Any = None,
-                 mixed_precision: Any = None, device_mesh: Any = None, skip_all_reduce_unused_params: bool = False,
-                 bucket_cap_mb_list: Optional[List[float]] = None, batched_grad_copy: bool = False,
-                 forward_sync_buffers: Optional[bool] = None, *, algorithm: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        module: Any,
+        device_ids: Optional[list] = None,
+        output_device: Any = None,
+        dim: int = 0,
+        broadcast_buffers: Optional[bool] = None,
+        init_sync: bool = True,
+        process_group: Optional[ProcessGroup] = None,
+        bucket_cap_mb: Optional[float] = None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        delay_all_reduce_named_params: Optional[list] = None,
+        param_to_hook_all_reduce: Any = None,
+        mixed_precision: Any = None,
+        device_mesh: Any = None,
+        skip_all_reduce_unused_params: bool = False,
+        bucket_cap_mb_list: Optional[list[float]] = None,
+        batched_grad_copy: bool = False,
+        forward_sync_buffers: Optional[bool] = None,
+        *,
+        algorithm: Optional[str] = None,
+    ) -> None:
         where = prefix(_OP)
-        for name, flag in (("init_sync", init_sync), ("find_unused_parameters", find_unused_parameters),
-                           ("check_reduction", check_reduction), ("gradient_as_bucket_view", gradient_as_bucket_view),
-                           ("static_graph", static_graph),
-                           ("skip_all_reduce_unused_params", skip_all_reduce_unused_params),
-                           ("batched_grad_copy", batched_grad_copy)):
+        for name, flag in (
+            ("init_sync", init_sync),
+            ("find_unused_parameters", find_unused_parameters),
+            ("check_reduction", check_reduction),
+            ("gradient_as_bucket_view", gradient_as_bucket_view),
+            ("static_graph", static_graph),
+            ("skip_all_reduce_unused_params", skip_all_reduce_unused_params),
+            ("batched_grad_copy", batched_grad_copy),
+        ):
             check_bool(flag, name, _OP)
         for name, flag in (("broadcast_buffers", broadcast_buffers), ("forward_sync_buffers", forward_sync_buffers)):
             if flag is not None:
                 check_bool(flag, name, _OP)
         _refuse_unsupported(delay_all_reduce_named_params, param_to_hook_all_reduce, mixed_precision)
         if check_reduction:
-            warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
-                          "and ignored.", FutureWarning, stacklevel=2)
+            warnings.warn(
+                "The `check_reduction` argument in `DistributedDataParallel` module is deprecated and ignored.",
+                FutureWarning,
+                stacklevel=2,
+            )
         self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
         if algorithm is not None and algorithm not in ALGORITHMS:
             raise ValueError(f"{where} algorithm must be None or one of {ALGORITHMS}, got {algorithm!r}")
         limits = _bucket_limits(bucket_cap_mb, bucket_cap_mb_list)
         if not (callable(getattr(module, "parameters", None)) and callable(getattr(module, "backward", None))):
-            raise TypeError(f"{where} module must be an mpidist.nn.Module (with parameters() and backward()), "
-                            f"got {type(module).__name__}")
+            raise TypeError(
+                f"{where} module must be an mpidist.nn.Module (with parameters() and backward()), "
+                f"got {type(module).__name__}"
+            )
         self.module = module
         self._params = list(module.parameters())
         if not self._params:
@@ -296,10 +337,17 @@ class DistributedDataParallel:
             self._verify_same_model(where)
             self._sync_module_states(self._src, init_sync_buffers)
         self._timeline: Optional[Timeline] = timeline_from_env(_runtime.state().rank)
-        self.reducer = Reducer(self._params, self.process_group, limits=limits.reducer_limits(self.bucket_bytes_cap),
-                               gradient_as_bucket_view=gradient_as_bucket_view, algorithm=algorithm,
-                               find_unused_parameters=find_unused_parameters, static_graph=static_graph,
-                               skip_all_reduce_unused_params=skip_all_reduce_unused_params, timeline=self._timeline)
+        self.reducer = Reducer(
+            self._params,
+            self.process_group,
+            limits=limits.reducer_limits(self.bucket_bytes_cap),
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            algorithm=algorithm,
+            find_unused_parameters=find_unused_parameters,
+            static_graph=static_graph,
+            skip_all_reduce_unused_params=skip_all_reduce_unused_params,
+            timeline=self._timeline,
+        )
         if self._timeline is not None:
             self._instrument_layers(self._timeline)
 
@@ -319,10 +367,13 @@ class DistributedDataParallel:
         for i, p in enumerate(self._params):
             by_device.setdefault(device_of(p.data), []).append(p.name or f"parameter {i}")
         if len(by_device) > 1:
-            found = "; ".join(f"{dev}: {names[:3] + ['...'] if len(names) > 3 else names}"
-                              for dev, names in by_device.items())
-            raise ValueError(f"{where} all parameters of the module must be on one device, got {found}; "
-                             f"move the module with module.to(device) first")
+            found = "; ".join(
+                f"{dev}: {names[:3] + ['...'] if len(names) > 3 else names}" for dev, names in by_device.items()
+            )
+            raise ValueError(
+                f"{where} all parameters of the module must be on one device, got {found}; "
+                f"move the module with module.to(device) first"
+            )
         return next(iter(by_device))
 
     def _check_placement(self, device_ids: Any, output_device: Any, dim: Any) -> tuple:
@@ -330,31 +381,42 @@ class DistributedDataParallel:
         ``(device_ids, output_device)`` as torch stores them."""
         where = prefix(_OP)
         if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim != 0:
-            raise ValueError(f"{where} dim must be 0, got {dim!r}: torch scatters inputs along dim over "
-                             f"device_ids; here each process uses its input as given")
+            raise ValueError(
+                f"{where} dim must be 0, got {dim!r}: torch scatters inputs along dim over "
+                f"device_ids; here each process uses its input as given"
+            )
         no_ids = device_ids is None or (isinstance(device_ids, (list, tuple)) and len(device_ids) == 0)
         if self.device != "cpu":
             return self._check_gpu_placement(where, device_ids, output_device, no_ids)
         if not no_ids:
-            raise ValueError(f"{where} device_ids must be None (or []) for a module on host (numpy) arrays, "
-                             f"got {device_ids!r}: each process trains its own host copy, there is no device "
-                             f"to place the module on")
+            raise ValueError(
+                f"{where} device_ids must be None (or []) for a module on host (numpy) arrays, "
+                f"got {device_ids!r}: each process trains its own host copy, there is no device "
+                f"to place the module on"
+            )
         if output_device is not None:
-            raise ValueError(f"{where} output_device must be None for a module on host (numpy) arrays, got "
-                             f"{output_device!r}: outputs stay where the module computes them")
+            raise ValueError(
+                f"{where} output_device must be None for a module on host (numpy) arrays, got "
+                f"{output_device!r}: outputs stay where the module computes them"
+            )
         return None, None
 
     def _check_gpu_placement(self, where: str, device_ids: Any, output_device: Any, no_ids: bool) -> tuple:
         """A module on GPU N: device_ids None/[]/[N], output_device None/N (N or "cuda:N")."""
         index = int(self.device.split(":")[1])
         allowed = (index, self.device)
-        if not (no_ids or (isinstance(device_ids, (list, tuple)) and len(device_ids) == 1
-                           and _same_device(device_ids[0], allowed))):
-            raise ValueError(f"{where} device_ids must be None or [{index}] for a module on {self.device} (one "
-                             f"device per process), got {device_ids!r}")
+        if not (
+            no_ids
+            or (isinstance(device_ids, (list, tuple)) and len(device_ids) == 1 and _same_device(device_ids[0], allowed))
+        ):
+            raise ValueError(
+                f"{where} device_ids must be None or [{index}] for a module on {self.device} (one "
+                f"device per process), got {device_ids!r}"
+            )
         if output_device is not None and not _same_device(output_device, allowed):
-            raise ValueError(f"{where} output_device must be None or {index} for a module on {self.device}, got "
-                             f"{output_device!r}")
+            raise ValueError(
+                f"{where} output_device must be None or {index} for a module on {self.device}, got {output_device!r}"
+            )
         return (None, None) if no_ids else ([index], index)
 
     def _verify_same_model(self, where: str) -> None:
@@ -365,8 +427,10 @@ class DistributedDataParallel:
         all_gather_into_tensor(every, digest, g)
         differ = [g.ranks[i] for i in range(g.size()) if every[i] != every[0]]
         if differ:
-            raise ValueError(f"{where} the model's parameter shapes/dtypes on ranks {differ} differ from "
-                             f"rank {g.ranks[0]}'s; every rank must build the same model")
+            raise ValueError(
+                f"{where} the model's parameter shapes/dtypes on ranks {differ} differ from "
+                f"rank {g.ranks[0]}'s; every rank must build the same model"
+            )
 
     def _sync_module_states(self, src: int, with_buffers: bool) -> None:
         """Broadcast parameters (and buffers) from global rank ``src`` (torch's _sync_module_states)."""
@@ -399,14 +463,20 @@ class DistributedDataParallel:
         start = tl.now() if tl is not None else 0.0
         self._sync_this_step = self.require_backward_grad_sync
         self._div = self.process_group.size()
-        buffers = (self.require_forward_param_sync and self.forward_sync_buffers and self.process_group.size() > 1
-                   and bool(self.module.buffers()))
+        buffers = (
+            self.require_forward_param_sync
+            and self.forward_sync_buffers
+            and self.process_group.size() > 1
+            and bool(self.module.buffers())
+        )
         src = self._src
         if self._join_config is not None:
             info = self._join_all_reduce(active=True, buffers=buffers)
             if self._join_config.throw_on_early_termination and info.active < self.process_group.size():
-                raise RuntimeError(f"{prefix(_OP)} detected at least one rank that exhausted inputs; throwing "
-                                   f"across all ranks (throw_on_early_termination=True)")
+                raise RuntimeError(
+                    f"{prefix(_OP)} detected at least one rank that exhausted inputs; throwing "
+                    f"across all ranks (throw_on_early_termination=True)"
+                )
             if not self._join_config.divide_by_initial_world_size:
                 self._div = info.active
             buffers, src = info.buffers, info.authority
@@ -491,8 +561,10 @@ class DistributedDataParallel:
         try:
             inspect.signature(hook).bind(state, None)
         except TypeError:
-            raise TypeError(f"{where} hook must take two positional arguments (state, bucket), got "
-                            f"{getattr(hook, '__name__', hook)}{inspect.signature(hook)}") from None
+            raise TypeError(
+                f"{where} hook must take two positional arguments (state, bucket), got "
+                f"{getattr(hook, '__name__', hook)}{inspect.signature(hook)}"
+            ) from None
         except ValueError:
             pass  # no signature to inspect (a builtin): trust it
         if self.reducer.hook is not None:
@@ -500,8 +572,9 @@ class DistributedDataParallel:
         self.reducer.hook, self.reducer.hook_state = hook, state
 
     # -- join (uneven inputs) -------------------------------------------------------------
-    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
-             throw_on_early_termination: bool = False) -> ContextManager[None]:
+    def join(
+        self, divide_by_initial_world_size: bool = True, enable: bool = True, throw_on_early_termination: bool = False
+    ) -> AbstractContextManager[None]:
         """Context manager for ranks with different numbers of inputs (torch's DDP ``join``).
 
         Inside it every forward first joins one small all-reduce of "still active" flags.
@@ -522,8 +595,11 @@ class DistributedDataParallel:
         Every forward inside must be followed by ``ddp.backward`` (or be under
         :meth:`no_sync`); run evaluation through ``ddp.module``.
         """
-        for name, flag in (("divide_by_initial_world_size", divide_by_initial_world_size), ("enable", enable),
-                           ("throw_on_early_termination", throw_on_early_termination)):
+        for name, flag in (
+            ("divide_by_initial_world_size", divide_by_initial_world_size),
+            ("enable", enable),
+            ("throw_on_early_termination", throw_on_early_termination),
+        ):
             check_bool(flag, name, _OP)
         return self._join(_JoinConfig(enable, divide_by_initial_world_size, throw_on_early_termination))
 
@@ -565,8 +641,9 @@ class DistributedDataParallel:
             if info.active == 0:
                 break
             if config.throw_on_early_termination:
-                raise RuntimeError(f"{prefix(_OP)} rank {_runtime.state().rank} exhausted all inputs "
-                                   f"(throw_on_early_termination=True)")
+                raise RuntimeError(
+                    f"{prefix(_OP)} rank {_runtime.state().rank} exhausted all inputs (throw_on_early_termination=True)"
+                )
             is_last = False
             if info.buffers:
                 self._broadcast_buffers(info.authority)
@@ -624,16 +701,22 @@ class DistributedDataParallel:
         missing, unexpected = mismatched_keys(state, own, op)
         if strict and (missing or unexpected):
             bare = unexpected and all(_PREFIX + k in own for k in unexpected)
-            hint = (f"; these are the bare model's keys, without torch DDP's {_PREFIX!r} prefix: load them with "
-                    f"ddp.module.load_state_dict(state)") if bare else ""
+            hint = (
+                (
+                    f"; these are the bare model's keys, without torch DDP's {_PREFIX!r} prefix: load them with "
+                    f"ddp.module.load_state_dict(state)"
+                )
+                if bare
+                else ""
+            )
             raise ValueError(f"{prefix(op)} keys do not match: missing {missing}, unexpected {unexpected}{hint}")
-        self.module.load_state_dict({k[len(_PREFIX):]: v for k, v in state.items() if k in own}, strict=strict)
+        self.module.load_state_dict({k[len(_PREFIX) :]: v for k, v in state.items() if k in own}, strict=strict)
 
-    def train(self, mode: bool = True) -> "DistributedDataParallel":
+    def train(self, mode: bool = True) -> DistributedDataParallel:
         self.module.train(mode)
         return self
 
-    def eval(self) -> "DistributedDataParallel":
+    def eval(self) -> DistributedDataParallel:
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -663,5 +746,5 @@ def _timed(tl: Timeline, name: str, fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         finally:
             tl.complete(name, "layers", start)
-    return run
 
+    return run

@@ -12,26 +12,27 @@ Array-module generic: buckets live on the parameters' device (numpy or cupy) and
 gradient operation runs in their module; the all-reduce gets the device array (the
 collectives route it). Bookkeeping (which parameters got gradients) stays on the host.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from mpidist._array import array_module
 from mpidist._buffers import mpi_reducible
+from mpidist._group import ProcessGroup
+from mpidist._reduce_op import ReduceOp
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
-from mpidist._group import ProcessGroup
 from mpidist.nn._data import as_data_array
 from mpidist.nn._util import copy_into, on_device
 from mpidist.parallel.comm_hooks import GradBucket
 from mpidist.parallel.timeline import Timeline
-from mpidist._reduce_op import ReduceOp
 
 __all__ = ["Reducer", "assign_buckets", "DEFAULT_FIRST_BUCKET_BYTES"]
 
@@ -46,18 +47,18 @@ class Bucket:
 
     index: int
     params: list
-    indices: list           # positions of params in Reducer.params
+    indices: list  # positions of params in Reducer.params
     offsets: list
-    flat: Any               # on the parameters' device
-    views: list             # flat[offsets[k]:offsets[k+1]] shaped like params[k]
-    xp: ModuleType          # flat's array module (numpy or cupy)
+    flat: Any  # on the parameters' device
+    views: list  # flat[offsets[k]:offsets[k+1]] shaped like params[k]
+    xp: ModuleType  # flat's array module (numpy or cupy)
     n_ready: int = 0
     launched: bool = False
-    pending: Any = None     # the Work (built-in reduction) or Future (comm hook)
+    pending: Any = None  # the Work (built-in reduction) or Future (comm hook)
     started_us: float = 0.0
 
 
-def assign_buckets(params: list, limits: List[int]) -> List[List[int]]:
+def assign_buckets(params: list, limits: list[int]) -> list[list[int]]:
     """Indices of ``params`` per bucket, torch's ``compute_bucket_assignment_by_size``.
 
     Parameters are taken in reverse order; each dtype fills its own open bucket; a
@@ -65,9 +66,9 @@ def assign_buckets(params: list, limits: List[int]) -> List[List[int]]:
     parameter). A dtype's k-th bucket gets ``limits[min(k, len(limits) - 1)]``. Buckets
     come in the order they close, then the still-open ones by first parameter.
     """
-    open_: dict = {}     # dtype -> (indices, bytes)
-    count: dict = {}     # dtype -> buckets closed so far
-    closed: List[List[int]] = []
+    open_: dict = {}  # dtype -> (indices, bytes)
+    count: dict = {}  # dtype -> buckets closed so far
+    closed: list[list[int]] = []
     for i in reversed(range(len(params))):
         dt = params[i].dtype
         idx, size = open_.get(dt, ([], 0))
@@ -83,7 +84,7 @@ def assign_buckets(params: list, limits: List[int]) -> List[List[int]]:
     return closed + sorted((idx for idx, _ in open_.values()), key=lambda idx: -idx[0])
 
 
-def _make_bucket(index: int, params: list, indices: List[int]) -> Bucket:
+def _make_bucket(index: int, params: list, indices: list[int]) -> Bucket:
     members = [params[i] for i in indices]
     offsets = np.cumsum([0] + [p.size for p in members]).tolist()
     data = members[0].data
@@ -92,7 +93,7 @@ def _make_bucket(index: int, params: list, indices: List[int]) -> Bucket:
         flat = xp.zeros(offsets[-1], dtype=members[0].dtype)
     # the parameters' grad type (DataArray on the host): assigning a view to p.grad keeps it
     typed = as_data_array(flat)
-    views = [typed[offsets[k]:offsets[k + 1]].reshape(p.shape) for k, p in enumerate(members)]
+    views = [typed[offsets[k] : offsets[k + 1]].reshape(p.shape) for k, p in enumerate(members)]
     return Bucket(index, members, list(indices), offsets, flat, views, xp)
 
 
@@ -111,9 +112,19 @@ class Reducer:
     rank (a joined one too) skips the same buckets.
     """
 
-    def __init__(self, params: list, group: ProcessGroup, *, limits: List[int], gradient_as_bucket_view: bool,
-                 algorithm: Optional[str], find_unused_parameters: bool, static_graph: bool,
-                 skip_all_reduce_unused_params: bool = False, timeline: Optional[Timeline]) -> None:
+    def __init__(
+        self,
+        params: list,
+        group: ProcessGroup,
+        *,
+        limits: list[int],
+        gradient_as_bucket_view: bool,
+        algorithm: Optional[str],
+        find_unused_parameters: bool,
+        static_graph: bool,
+        skip_all_reduce_unused_params: bool = False,
+        timeline: Optional[Timeline],
+    ) -> None:
         self.params = params
         self.group = group
         self.view_mode = gradient_as_bucket_view
@@ -125,20 +136,19 @@ class Reducer:
         self.hook: Optional[Callable[[Any, GradBucket], concurrent.futures.Future]] = None
         self.hook_state: Any = None
         self.buckets = [_make_bucket(k, params, idx) for k, idx in enumerate(assign_buckets(params, limits))]
-        self._where = {id(p): (i, b, pos) for b in self.buckets for pos, (i, p) in
-                       enumerate(zip(b.indices, b.params))}
+        self._where = {id(p): (i, b, pos) for b in self.buckets for pos, (i, p) in enumerate(zip(b.indices, b.params))}
         self._ready = [False] * len(params)
-        self.used = np.zeros(len(params), dtype=bool)   # got a gradient since the last reduction
+        self.used = np.zeros(len(params), dtype=bool)  # got a gradient since the last reduction
         self.syncing = False
         self.div = group.size()
         self._next = 0
-        self._late: List[str] = []
+        self._late: list[str] = []
         self._static_local: Optional[np.ndarray] = None
         self._static_global: Optional[np.ndarray] = None
         # the used-parameter counts as last all-reduced (torch's local_used_map_dev_), which a
         # joined rank re-sends while it shadows the others
         self._used_counts: Optional[np.ndarray] = None
-        self.skipped: frozenset = frozenset()   # buckets not reduced (skip_all_reduce_unused_params)
+        self.skipped: frozenset = frozenset()  # buckets not reduced (skip_all_reduce_unused_params)
         self._skip_decided = False
         if self.view_mode:  # grads that exist already become bucket views (torch)
             for p in params:
@@ -180,12 +190,14 @@ class Reducer:
                 view[...] = grad
                 param.grad = view
         elif self.hook is None and self.div != 1:
-            b.xp.divide(grad, self.div, out=view)   # torch divides while copying into the bucket
+            b.xp.divide(grad, self.div, out=view)  # torch divides while copying into the bucket
         else:
             view[...] = grad
 
     def _launch_ready(self) -> None:
-        while self._next < len(self.buckets) and self.buckets[self._next].n_ready == len(self.buckets[self._next].params):
+        while self._next < len(self.buckets) and self.buckets[self._next].n_ready == len(
+            self.buckets[self._next].params
+        ):
             self._launch(self.buckets[self._next])
             self._next += 1
 
@@ -200,22 +212,27 @@ class Reducer:
         bucket = GradBucket(index, flat, b.params, b.offsets, index == len(self.buckets) - 1, views)
         fut = self.hook(self.hook_state, bucket)
         if not isinstance(fut, concurrent.futures.Future):
-            raise TypeError(f"{prefix('DistributedDataParallel')} the comm hook must return a "
-                            f"concurrent.futures.Future, got {type(fut).__name__}")
+            raise TypeError(
+                f"{prefix('DistributedDataParallel')} the comm hook must return a "
+                f"concurrent.futures.Future, got {type(fut).__name__}"
+            )
         return fut
 
     def _launch(self, b: Bucket) -> None:
         b.launched = True
         if b.index in self.skipped:
-            return   # skip_all_reduce_unused_params: no rank uses these parameters
+            return  # skip_all_reduce_unused_params: no rank uses these parameters
         tl = self.timeline
         if tl is not None:
             b.started_us = tl.now()
         b.pending = self._reduce(b.index, b.flat, b.views, divided=not self.view_mode)
         if tl is not None:
             future = b.pending if self.hook is not None else b.pending.get_future()
-            args = {"bucket": b.index, "bytes": int(b.flat.nbytes),
-                    "hook": getattr(self.hook, "__name__", "allreduce") if self.hook else "builtin"}
+            args = {
+                "bucket": b.index,
+                "bytes": int(b.flat.nbytes),
+                "hook": getattr(self.hook, "__name__", "allreduce") if self.hook else "builtin",
+            }
             start, row = b.started_us, f"bucket {b.index}"
             future.add_done_callback(lambda _f: tl.complete("allreduce", row, start, args=args))
 
@@ -238,9 +255,11 @@ class Reducer:
                 raise RuntimeError(error)
             self._write_back(global_used)
             if self._late:
-                raise RuntimeError(f"{prefix('DistributedDataParallel.backward')} parameters {self._late} got "
-                                   f"gradient again after their bucket's reduction started (a parameter used "
-                                   f"twice in one forward); their .grad lacks the later contributions")
+                raise RuntimeError(
+                    f"{prefix('DistributedDataParallel.backward')} parameters {self._late} got "
+                    f"gradient again after their bucket's reduction started (a parameter used "
+                    f"twice in one forward); their .grad lacks the later contributions"
+                )
         finally:
             self.reset()
 
@@ -253,18 +272,20 @@ class Reducer:
             _, b, pos = self._where[id(self.params[i])]
             p = self.params[i]
             if allowed and self.used[i] and p.grad is not None:
-                self._copy_in(p, b, pos)   # accumulated under no_sync, not in this backward
+                self._copy_in(p, b, pos)  # accumulated under no_sync, not in this backward
             else:
-                b.views[pos][...] = 0      # Horovod: zeros, so every rank reduces every bucket
+                b.views[pos][...] = 0  # Horovod: zeros, so every rank reduces every bucket
             self._ready[i] = True
             b.n_ready += 1
         self._launch_ready()
         if allowed:
             return None
         names = [self.params[i].name or f"parameter {i}" for i in missing]
-        return (f"{prefix('DistributedDataParallel.backward')} parameters got no gradient in this backward "
-                f"pass: {names}; every parameter must take part in the loss, or construct "
-                f"DistributedDataParallel with find_unused_parameters=True")
+        return (
+            f"{prefix('DistributedDataParallel.backward')} parameters got no gradient in this backward "
+            f"pass: {names}; every parameter must take part in the loss, or construct "
+            f"DistributedDataParallel with find_unused_parameters=True"
+        )
 
     def _global_used(self, local: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         """Which parameters got a gradient on any rank (one small all-reduce), or None.
@@ -287,15 +308,20 @@ class Reducer:
         """skip_all_reduce_unused_params: a skipped bucket's parameter got a gradient somewhere."""
         if not skipped or global_used is None:
             return None
-        names = [self.params[i].name or f"parameter {i}"
-                 for i in sorted(i for b in self.buckets if b.index in skipped for i in b.indices) if global_used[i]]
+        names = [
+            self.params[i].name or f"parameter {i}"
+            for i in sorted(i for b in self.buckets if b.index in skipped for i in b.indices)
+            if global_used[i]
+        ]
         if not names:
             return None
-        return (f"{prefix('DistributedDataParallel.backward')} skip_all_reduce_unused_params=True, but parameters "
-                f"{names} got a gradient on some rank, and their buckets are no longer reduced (no rank used them "
-                f"in the first synchronized step); their .grad holds unreduced local gradients. Construct "
-                f"DistributedDataParallel without skip_all_reduce_unused_params if the set of unused parameters "
-                f"changes")
+        return (
+            f"{prefix('DistributedDataParallel.backward')} skip_all_reduce_unused_params=True, but parameters "
+            f"{names} got a gradient on some rank, and their buckets are no longer reduced (no rank used them "
+            f"in the first synchronized step); their .grad holds unreduced local gradients. Construct "
+            f"DistributedDataParallel without skip_all_reduce_unused_params if the set of unused parameters "
+            f"changes"
+        )
 
     def _check_static(self) -> Optional[str]:
         if not self.static_graph:
@@ -306,8 +332,10 @@ class Reducer:
         if np.array_equal(self._static_local, self.used):
             return None
         changed = [self.params[i].name or f"parameter {i}" for i in np.flatnonzero(self._static_local != self.used)]
-        return (f"{prefix('DistributedDataParallel.backward')} static_graph=True, but parameters {changed} "
-                f"changed between getting and not getting a gradient since the first iteration")
+        return (
+            f"{prefix('DistributedDataParallel.backward')} static_graph=True, but parameters {changed} "
+            f"changed between getting and not getting a gradient since the first iteration"
+        )
 
     def _wait_all(self, pending: Optional[list] = None) -> None:
         """Wait for every bucket's reduction; copy hook results in; re-raise the first error."""
@@ -327,9 +355,11 @@ class Reducer:
 
     def _take_hook_result(self, b: Bucket, result: Any, copy: bool) -> None:
         if not hasattr(result, "shape") or math.prod(result.shape) != b.flat.size:
-            raise ValueError(f"{prefix('DistributedDataParallel')} the comm hook's future must hold an array of "
-                             f"{b.flat.size} elements for bucket {b.index}, got "
-                             f"{getattr(result, 'shape', type(result).__name__)}")
+            raise ValueError(
+                f"{prefix('DistributedDataParallel')} the comm hook's future must hold an array of "
+                f"{b.flat.size} elements for bucket {b.index}, got "
+                f"{getattr(result, 'shape', type(result).__name__)}"
+            )
         if copy and result is not b.flat:  # from any device (a host result for a GPU bucket), as torch
             copy_into(b.flat, result, "DistributedDataParallel")
 

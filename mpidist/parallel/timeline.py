@@ -27,6 +27,7 @@ The file is valid JSON after every flush: DDP flushes at the end of each backwar
 the file is closed at process exit. One file per process: every DDP of the process
 writes to it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,13 +36,13 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 __all__ = ["Timeline", "ENV_VAR", "timeline_from_env", "timeline_path"]
 
 ENV_VAR = "MPIDIST_TIMELINE"
 _TAIL = b"\n]}\n"
-_OPEN: Dict[str, "Timeline"] = {}
+_OPEN: dict[str, Timeline] = {}
 _OPEN_LOCK = threading.Lock()
 
 
@@ -50,7 +51,7 @@ def timeline_path(template: str, rank: int) -> str:
     return template.replace("{rank}", str(rank)) if "{rank}" in template else f"{template}.rank{rank}.json"
 
 
-def timeline_from_env(rank: int) -> Optional["Timeline"]:
+def timeline_from_env(rank: int) -> Optional[Timeline]:
     """The process's timeline when ``MPIDIST_TIMELINE`` is set, else None (one per path)."""
     template = os.environ.get(ENV_VAR, "")
     if not template:
@@ -78,7 +79,7 @@ class Timeline:
         self.rank = rank
         self.closed = False
         self._lock = threading.Lock()
-        self._events: List[dict] = []
+        self._events: list[dict] = []
         self._named: set = set()
         self._wall0_us = time.time_ns() / 1000.0
         self._perf0 = time.perf_counter_ns()
@@ -109,18 +110,30 @@ class Timeline:
     def _meta(self, name: str, tid: int, args: dict) -> None:
         self._events.append({"name": name, "ph": "M", "pid": self.rank, "tid": tid, "args": args})
 
-    def complete(self, name: str, row: str, start_us: float, end_us: Optional[float] = None,
-                 args: Optional[Dict[str, Any]] = None) -> None:
+    def complete(
+        self,
+        name: str,
+        row: str,
+        start_us: float,
+        end_us: Optional[float] = None,
+        args: Optional[dict[str, Any]] = None,
+    ) -> None:
         """A duration event ``name`` on ``row`` from ``start_us`` to ``end_us`` (default: now)."""
         end = self.now() if end_us is None else end_us
         with self._lock:
-            event = {"name": name, "ph": "X", "pid": self.rank, "tid": self._tid(row),
-                     "ts": start_us, "dur": max(end - start_us, 0.0)}
+            event = {
+                "name": name,
+                "ph": "X",
+                "pid": self.rank,
+                "tid": self._tid(row),
+                "ts": start_us,
+                "dur": max(end - start_us, 0.0),
+            }
             if args:
                 event["args"] = args
             self._events.append(event)
 
-    def instant(self, name: str, row: str, args: Optional[Dict[str, Any]] = None) -> None:
+    def instant(self, name: str, row: str, args: Optional[dict[str, Any]] = None) -> None:
         """An instant event ``name`` on ``row``, now."""
         ts = self.now()
         with self._lock:

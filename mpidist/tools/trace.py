@@ -15,6 +15,7 @@ status: 0 if no divergence was found, 1 if one was, 2 if DIR holds no dump.
 Usage: ``python -m mpidist.tools.trace DIR [--last N]`` (N rows per group before the
 divergence, default 6; ``--last 0`` shows every row).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,8 @@ import json
 import os
 import re
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 __all__ = ["load", "analyse", "render", "main"]
 
@@ -52,8 +54,9 @@ def _groups(docs: dict[int, dict]) -> dict[str, dict]:
         for e in doc["entries"]:
             if e["p2p"]:
                 continue
-            info = out.setdefault(e["group_key"], {"name": e["group"], "ranks": e["group_ranks"], "issued": {},
-                                                   "seqs": {}})
+            info = out.setdefault(
+                e["group_key"], {"name": e["group"], "ranks": e["group_ranks"], "issued": {}, "seqs": {}}
+            )
             info["seqs"].setdefault(rank, {})[e["seq"]] = e
     for info in out.values():
         for rank, seqs in info["seqs"].items():  # a dump without a groups table (none expected)
@@ -97,10 +100,15 @@ def analyse(docs: dict[int, dict]) -> list[dict]:
                 if e is not None:
                     calls.setdefault(_call(e), []).append(r)
             if absent:
-                late = "; ".join(f"rank {r} issued {issued.get(r, 0)} collectives on this group, latest op: "
-                                 f"{_latest(docs[r])}" for r in absent)
-                kind, ranks, what = ("not arrived", absent, f"rank(s) {absent} had not arrived ({late}); the others "
-                                     f"called {', '.join(calls) or '?'}")
+                late = "; ".join(
+                    f"rank {r} issued {issued.get(r, 0)} collectives on this group, latest op: {_latest(docs[r])}"
+                    for r in absent
+                )
+                kind, ranks, what = (
+                    "not arrived",
+                    absent,
+                    f"rank(s) {absent} had not arrived ({late}); the others called {', '.join(calls) or '?'}",
+                )
             elif len(calls) > 1:
                 ranked = sorted(calls.items(), key=lambda kv: (-len(kv[1]), kv[1]))
                 kind, ranks = "mismatch", sorted(r for _, rs in ranked[1:] for r in rs)
@@ -125,34 +133,43 @@ def render(docs: dict[int, dict], found: list[dict], last: int = 6) -> str:
     """The report: the dumps, each group's table around its divergence, ops in flight, verdict."""
     lines = [f"flight recorder dumps of {len(docs)} rank(s): {list(docs)}"]
     for rank, doc in docs.items():
-        lines.append(f"  rank {rank}: pid {doc['pid']} on {doc['host']}, {len(doc['entries'])} entries, "
-                     f"written because: {doc['reason']}")
+        lines.append(
+            f"  rank {rank}: pid {doc['pid']} on {doc['host']}, {len(doc['entries'])} entries, "
+            f"written because: {doc['reason']}"
+        )
     by_group = {f["group"]: f for f in found}
     for key, info in _groups(docs).items():
         members = [r for r in info["ranks"] if r in docs]
         top = max([info["issued"].get(r, 0) for r in members] or [0])
         stop = by_group[key]["seq"] + 1 if key in by_group else top
         first = 0 if last <= 0 else max(0, stop - last)
-        lines.append(f"group {info['name']!r} (key {key}, ranks {info['ranks']}): collectives issued per rank "
-                     f"{ {r: info['issued'].get(r, 0) for r in members} }")
+        lines.append(
+            f"group {info['name']!r} (key {key}, ranks {info['ranks']}): collectives issued per rank "
+            f"{ {r: info['issued'].get(r, 0) for r in members} }"
+        )
         width = 2 + max([len(_cell(e)) for r in members for e in info["seqs"].get(r, {}).values()] or [8])
         lines.append("  seq   " + "".join(f"{'rank ' + str(r):<{width}}" for r in members))
         for seq in range(first, stop):
             row = [_cell(info["seqs"].get(r, {}).get(seq)) for r in members]
             mark = "  <== diverges here" if key in by_group and seq == by_group[key]["seq"] else ""
             lines.append(f"  {seq:<5} " + "".join(f"{c:<{width}}" for c in row) + mark)
-    flight = [f"  rank {rank}: {e['op']} #{e['seq']} on group {e['group']!r}"
-              f"{' with rank ' + str(e['peer']) if e['p2p'] and e.get('peer', -1) >= 0 else ''} ({e['state']})"
-              for rank, doc in docs.items() for e in doc["entries"] if e["state"] in ("started", "timed out",
-                                                                                   "scheduled")]
+    flight = [
+        f"  rank {rank}: {e['op']} #{e['seq']} on group {e['group']!r}"
+        f"{' with rank ' + str(e['peer']) if e['p2p'] and e.get('peer', -1) >= 0 else ''} ({e['state']})"
+        for rank, doc in docs.items()
+        for e in doc["entries"]
+        if e["state"] in ("started", "timed out", "scheduled")
+    ]
     lines.append("in flight when dumped:" if flight else "in flight when dumped: nothing")
     lines.extend(flight)
     if found:
         lines.append("DIVERGENCE:")
         lines.extend(f"  {f['text']}" for f in found)
         first = found[0]
-        lines.append(f"verdict: rank(s) {first['ranks']} diverged first, on group {first['name']!r} at "
-                     f"sequence number {first['seq']} ({first['kind']})")
+        lines.append(
+            f"verdict: rank(s) {first['ranks']} diverged first, on group {first['name']!r} at "
+            f"sequence number {first['seq']} ({first['kind']})"
+        )
     else:
         lines.append("verdict: no divergence found: every rank issued the same collectives in the same order")
     return "\n".join(lines)

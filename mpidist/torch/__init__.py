@@ -21,6 +21,7 @@ flight recorder and device paths serve torch's calls. See docs/torch.md.
 Needs torch (the ``torch`` extra: ``pip install 'mpidist[torch]'``); nothing else in
 mpidist imports torch.
 """
+
 from __future__ import annotations
 
 import torch.distributed as _dist

@@ -17,6 +17,7 @@ If mpidist was initialized before (by ``mpidist.init_process_group``, e.g. to ch
 backend for CUDA tensors), the torch group uses it and leaves it running when torch
 destroys its groups; its timeout is the one mpidist was initialized with.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -84,12 +85,18 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpidist:
         RuntimeError: a sub-group while mpidist is not initialized (the default group is
             another backend's and mpidist was never initialized).
     """
-    return make([int(r) for r in options.global_ranks_in_group], options.timeout, BACKEND_NAME,
-                (int(options.group_rank), int(options.group_size)), f"torch:{options.group_id}")
+    return make(
+        [int(r) for r in options.global_ranks_in_group],
+        options.timeout,
+        BACKEND_NAME,
+        (int(options.group_rank), int(options.group_size)),
+        f"torch:{options.group_id}",
+    )
 
 
-def make(ranks: list, timeout: Any, name: str, given: Optional[tuple] = None,
-         desc: Optional[str] = None) -> ProcessGroupMpidist:
+def make(
+    ranks: list, timeout: Any, name: str, given: Optional[tuple] = None, desc: Optional[str] = None
+) -> ProcessGroupMpidist:
     """The torch group over mpidist for global ``ranks`` (empty: the default group), called
     on its members only, for backend ``name`` ("mpidist", or "mpi": :mod:`mpidist.torch._mpi_name`).
 
@@ -107,13 +114,17 @@ def make(ranks: list, timeout: Any, name: str, given: Optional[tuple] = None,
         if given is not None and given != (st.rank, st.world_size):
             if owns:
                 mpidist.destroy_process_group()
-            raise ValueError(f"[rank {st.rank}/{st.world_size}] init_process_group: backend {name!r} takes "
-                             f"ranks from MPI, which gave this process rank {st.rank} of {st.world_size}, but "
-                             f"torch was given rank {given[0]} of {given[1]}; drop rank=/world_size=/RANK/"
-                             f"WORLD_SIZE, or launch with mpiexec/srun so that they agree")
+            raise ValueError(
+                f"[rank {st.rank}/{st.world_size}] init_process_group: backend {name!r} takes "
+                f"ranks from MPI, which gave this process rank {st.rank} of {st.world_size}, but "
+                f"torch was given rank {given[0]} of {given[1]}; drop rank=/world_size=/RANK/"
+                f"WORLD_SIZE, or launch with mpiexec/srun so that they agree"
+            )
         return ProcessGroupMpidist(st.world, st.rank, st.world_size, owns, name)
     if not mpidist.is_initialized():
-        raise RuntimeError(f"new_group(backend={name!r}): mpidist is not initialized; initialize the default "
-                           f"group with backend {name!r} (or call mpidist.init_process_group() on every rank first)")
+        raise RuntimeError(
+            f"new_group(backend={name!r}): mpidist is not initialized; initialize the default "
+            f"group with backend {name!r} (or call mpidist.init_process_group() on every rank first)"
+        )
     group = mpidist.new_group(ranks, timeout=timeout, use_local_synchronization=True, group_desc=desc)
     return ProcessGroupMpidist(group, group.rank(), group.size(), False, name)

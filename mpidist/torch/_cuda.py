@@ -16,11 +16,13 @@ and CUDA-aware paths need CuPy, as for any device array; they run with CuPy's cu
 stream set to torch's current stream (:func:`current_stream`), so a sync op's results
 are ordered before the kernels torch enqueues next, as torch's NCCL backend orders them.
 """
+
 from __future__ import annotations
 
 import contextlib
-from functools import lru_cache
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Iterator
+from functools import cache
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -38,7 +40,7 @@ __all__ = ["CudaTensor", "TorchRuntime", "device_array", "current_stream", "stre
 stream_of: Callable[..., Any] = torch.cuda.current_stream
 
 
-@lru_cache(maxsize=None)
+@cache
 def _dtype(dtype: torch.dtype) -> Optional[np.dtype]:
     entry = REINTERPRET.get(dtype)
     if entry is not None:
@@ -90,10 +92,15 @@ class CudaTensor:
     @property
     def __cuda_array_interface__(self) -> dict:
         handle = int(getattr(self.stream, "cuda_stream", 0) or 0)
-        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3, "strides": None,
-                "data": (self.tensor.data_ptr() if self.tensor.numel() else 0, False),
-                # CAI: 1 is the legacy default stream (torch's default stream reports 0)
-                "stream": handle or 1}
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "version": 3,
+            "strides": None,
+            "data": (self.tensor.data_ptr() if self.tensor.numel() else 0, False),
+            # CAI: 1 is the legacy default stream (torch's default stream reports 0)
+            "stream": handle or 1,
+        }
 
     def __dlpack_device__(self) -> tuple:
         return (2, self.tensor.device.index or 0)  # kDLCUDA

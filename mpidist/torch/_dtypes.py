@@ -1,4 +1,5 @@
 """The torch dtypes numpy lacks, and how mpidist reads them (ml_dtypes)."""
+
 from __future__ import annotations
 
 import torch

@@ -23,6 +23,7 @@ what this relies on (the two names above, and ``_new_process_group_helper`` call
 ``ProcessGroupMPI``) keeps ``"mpi"`` unavailable and says so in one warning;
 ``"mpidist"`` works either way.
 """
+
 from __future__ import annotations
 
 import sys
@@ -67,9 +68,11 @@ def _torch_fits() -> bool:
     # who calls ProcessGroupMPI.create: _new_process_group_helper itself (torch <= 2.13), or the
     # creator torch 2.14 registers for "mpi" (_create_mpi_process_group, which the helper calls)
     callers = [getattr(c10d, name, None) for name in ("_new_process_group_helper", "_create_mpi_process_group")]
-    return (hasattr(c10d, "_MPI_AVAILABLE")
-            and any(f is not None and "ProcessGroupMPI" in f.__code__.co_names for f in callers)
-            and getattr(dist.Backend, "MPI", None) == NAME)
+    return (
+        hasattr(c10d, "_MPI_AVAILABLE")
+        and any(f is not None and "ProcessGroupMPI" in f.__code__.co_names for f in callers)
+        and getattr(dist.Backend, "MPI", None) == NAME
+    )
 
 
 def installed() -> bool:
@@ -82,10 +85,13 @@ def install() -> None:
     if installed() or getattr(c10d, "_MPI_AVAILABLE", False):
         return  # done already, or torch's own MPI backend
     if not _torch_fits():
-        warnings.warn(f"mpidist: backend 'mpi' stays unavailable: torch {torch.__version__}'s internals "
-                      f"differ from what mpidist.torch needs for it (distributed_c10d._MPI_AVAILABLE, "
-                      f"ProcessGroupMPI); use backend 'mpidist'", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"mpidist: backend 'mpi' stays unavailable: torch {torch.__version__}'s internals "
+            f"differ from what mpidist.torch needs for it (distributed_c10d._MPI_AVAILABLE, "
+            f"ProcessGroupMPI); use backend 'mpidist'",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     c10d.ProcessGroupMPI = ProcessGroupMPI
     c10d._MPI_AVAILABLE = True
-

@@ -19,6 +19,7 @@ reduce_scatter_single -> reduce_scatter_tensor (and _coalesced); gather, scatter
 alltoall -> all_to_all; alltoall_base / all_to_all_single -> all_to_all_single;
 barrier; send / recv / recv_anysource -> isend / irecv; monitored_barrier.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -28,8 +29,16 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
-    AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions, AllToAllOptions, BarrierOptions,
-    BroadcastOptions, GatherOptions, ReduceOptions, ReduceScatterOptions, ScatterOptions,
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
 )
 
 import mpidist
@@ -37,7 +46,7 @@ from mpidist import _coalesced, _runtime, gather_scatter, reductions
 from mpidist.errors import DistError, prefix
 from mpidist.torch._profile import profiled, record, recording
 from mpidist.torch._views import SparseTensor, Staged, array
-from mpidist.torch._work import TorchWork, seconds
+from mpidist.torch._work import TorchWork
 
 __all__ = ["ProcessGroupMpidist", "BACKEND_NAME"]
 
@@ -66,8 +75,7 @@ _MSUM, _MAVG = mpidist.ReduceOp.SUM, mpidist.ReduceOp.AVG
 _ASYNC_IN_OPTS = hasattr(AllreduceOptions(), "asyncOp")
 #: ``opts.asyncOp`` (torch >= 2.8), else True: the op returns a Work for torch to wait on
 #: (allreduce, broadcast and reduce test ``_ASYNC_IN_OPTS`` inline: no call on their path)
-_is_async: Callable[[Any], bool] = (operator.attrgetter("asyncOp") if _ASYNC_IN_OPTS
-                                    else lambda opts: True)
+_is_async: Callable[[Any], bool] = operator.attrgetter("asyncOp") if _ASYNC_IN_OPTS else lambda opts: True
 
 
 def _reduce_op(red: Any, op: str) -> Any:
@@ -84,8 +92,10 @@ def _reduce_op(red: Any, op: str) -> Any:
         try:
             factor = red.factor
         except AttributeError:  # torch < 2.13 keeps the factor in C++ (``ReduceOp.factor``: pytorch#185863)
-            raise ValueError(f"{prefix(op)} PREMUL_SUM needs torch >= 2.13: torch {torch.__version__} does not "
-                             f"show its factor to a Python backend; multiply the tensor, then use SUM") from None
+            raise ValueError(
+                f"{prefix(op)} PREMUL_SUM needs torch >= 2.13: torch {torch.__version__} does not "
+                f"show its factor to a Python backend; multiply the tensor, then use SUM"
+            ) from None
         if isinstance(factor, torch.Tensor):  # one element (torch checks): 0-d, or torch.tensor([f]) as its tests
             factor = factor.reshape(())
             factor = float(factor.item()) if factor.is_cuda else array(factor, op, "PREMUL_SUM factor")
@@ -137,8 +147,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     failures and timeouts.
     """
 
-    def __init__(self, group: "mpidist.ProcessGroup", rank: int, size: int, owns_runtime: bool,
-                 backend_name: str = BACKEND_NAME) -> None:
+    def __init__(
+        self, group: mpidist.ProcessGroup, rank: int, size: int, owns_runtime: bool, backend_name: str = BACKEND_NAME
+    ) -> None:
         super().__init__(rank, size)
         self._backend_name = backend_name
         self._mg = group
@@ -177,7 +188,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._owns or st is None or self._mg is not st.world
 
     @property
-    def mpidist_group(self) -> "mpidist.ProcessGroup":
+    def mpidist_group(self) -> mpidist.ProcessGroup:
         """The mpidist group under this torch group (its communicator, engine, recorder key)."""
         return self._mg
 
@@ -186,7 +197,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     supports_splitting = False
     supports_time_estimate = False
 
-    def _get_backend(self, device: Any = None) -> "ProcessGroupMpidist":
+    def _get_backend(self, device: Any = None) -> ProcessGroupMpidist:
         """The group itself: it is its own backend for every device (torch 2.15's
         ``batch_isend_irecv`` asks it whether it coalesces: no)."""
         return self
@@ -223,7 +234,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         # still have that call inside MPI, waiting for peers that never come: freeing it (collective,
         # after its engine thread ends) would wait for ever, where torch's destroy_process_group returns
         # (gloo's does). Abort it first (local): it is then only marked destroyed, nothing of it freed.
-        for g in ([st.world, *st.groups] if self._owns else [self._mg]):
+        for g in [st.world, *st.groups] if self._owns else [self._mg]:
             if g.engine.broken is not None and g.engine.pending and not g.destroyed:
                 g.abort()
         if self._owns:
@@ -251,8 +262,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         try:
             return self._ranks[group_rank]
         except (IndexError, TypeError):
-            raise ValueError(f"{prefix(op)} {arg}={group_rank!r} is not a rank of this group of size "
-                             f"{len(self._ranks)}") from None
+            raise ValueError(
+                f"{prefix(op)} {arg}={group_rank!r} is not a rank of this group of size {len(self._ranks)}"
+            ) from None
 
     def _done(self, works: Any, outputs: list, staged: Staged, source: Optional[Callable] = None) -> Any:
         """None for a sync op (after its copies back), else a TorchWork over ``works``."""
@@ -261,8 +273,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             return None
         if not isinstance(works, list):
             works = [works]
-        work = TorchWork(works, outputs, staged.finish if staged.backs or staged.after else None, source,
-                         staged.stream)
+        work = TorchWork(works, outputs, staged.finish if staged.backs or staged.after else None, source, staged.stream)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -283,8 +294,10 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """The _coalesced forms: ``fn(outputs[i], inputs[i], *extra)`` for each pair, in order."""
         outs = list(outputs)
         staged = Staged()
-        calls = [(fn, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"), *extra, self._arg))
-                 for i, (o, x) in enumerate(zip(outs, inputs))]
+        calls = [
+            (fn, (staged.out(o, op, f"outputs[{i}]"), staged.inp(x, op, f"inputs[{i}]"), *extra, self._arg))
+            for i, (o, x) in enumerate(zip(outs, inputs))
+        ]
         return self._done(self._each(staged, async_op, calls), outs, staged)
 
     def _avg(self, red: Any, staged: Staged, outputs: list, written: bool = True) -> Any:
@@ -306,8 +319,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         summed as gloo sums one (:meth:`_sparse_allreduce`); AVG of integer tensors is
         NCCL's (:meth:`_avg`). While a torch profiler records: event ``mpidist:all_reduce``."""
         if recording() and not _traced:
-            return record("all_reduce", 0, ProcessGroupMpidist.allreduce, self, (tensors, opts, timeout),
-                          {"_traced": True})
+            return record(
+                "all_reduce", 0, ProcessGroupMpidist.allreduce, self, (tensors, opts, timeout), {"_traced": True}
+            )
         op = "all_reduce"
         if type(opts) is AllreduceOptions:
             red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp if _ASYNC_IN_OPTS else True
@@ -342,18 +356,21 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if red is not _MSUM:
             raise ValueError(f"{prefix(op)} sparse tensors are summed only (ReduceOp.SUM), got {red!r}")
         if len(ts) != 1 or ts[0].layout is not torch.sparse_coo:
-            raise ValueError(f"{prefix(op)} expects one sparse COO tensor, or dense tensors only; got "
-                             f"{[str(t.layout) for t in ts]}")
+            raise ValueError(
+                f"{prefix(op)} expects one sparse COO tensor, or dense tensors only; got {[str(t.layout) for t in ts]}"
+            )
         t = ts[0]
         local = t.detach().coalesce()
         parts: list = [None] * len(self._ranks)
         mpidist.all_gather_object(parts, (tuple(t.shape), local.indices(), local.values()), self._arg)
         sizes = [p[0] for p in parts]
         if any(size != sizes[0] for size in sizes):
-            raise ValueError(f"{prefix(op)} the members' sparse tensors differ in size (group rank: size): "
-                             f"{dict(enumerate(sizes))}")
-        total = torch.sparse_coo_tensor(torch.cat([p[1] for p in parts], 1), torch.cat([p[2] for p in parts]),
-                                        t.shape, dtype=t.dtype).coalesce()
+            raise ValueError(
+                f"{prefix(op)} the members' sparse tensors differ in size (group rank: size): {dict(enumerate(sizes))}"
+            )
+        total = torch.sparse_coo_tensor(
+            torch.cat([p[1] for p in parts], 1), torch.cat([p[2] for p in parts]), t.shape, dtype=t.dtype
+        ).coalesce()
         with torch.no_grad():
             t.copy_(total)
         return TorchWork([], [t]) if async_op else None
@@ -374,8 +391,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """torch ``broadcast`` from group rank ``opts.rootRank`` (tensor ``opts.rootTensor``).
         While a torch profiler records: event ``mpidist:broadcast``."""
         if recording() and not _traced:
-            return record("broadcast", 0, ProcessGroupMpidist.broadcast, self, (tensors, opts, timeout),
-                          {"_traced": True})
+            return record(
+                "broadcast", 0, ProcessGroupMpidist.broadcast, self, (tensors, opts, timeout), {"_traced": True}
+            )
         op = "broadcast"
         if isinstance(opts, int):  # (tensor, root)
             opts = _options(None, BroadcastOptions, rootRank=opts)
@@ -388,17 +406,18 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             w = self._call(staged, mpidist.broadcast, staged.out(ts[0], op, "tensor"), src, self._arg, async_op)
         else:
             arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.broadcast_multigpu, arrays, src, self._arg, async_op,
-                           src_tensor=opts.rootTensor)
+            w = self._call(
+                staged, mpidist.broadcast_multigpu, arrays, src, self._arg, async_op, src_tensor=opts.rootTensor
+            )
         return self._done(w, ts, staged)
 
-    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
-               _traced: bool = False) -> Any:
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None, _traced: bool = False) -> Any:
         """torch ``reduce`` to group rank ``opts.rootRank`` (tensor ``opts.rootTensor``).
         While a torch profiler records: event ``mpidist:reduce``."""
         if recording() and not _traced:
-            return record("reduce", 0, ProcessGroupMpidist.reduce, self, (tensors, opts, op, timeout),
-                          {"_traced": True})
+            return record(
+                "reduce", 0, ProcessGroupMpidist.reduce, self, (tensors, opts, op, timeout), {"_traced": True}
+            )
         name = "reduce"
         if isinstance(opts, int):  # (tensor, root, op)
             opts = _options(None, ReduceOptions, rootRank=opts, reduceOp=op)
@@ -411,12 +430,12 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if red is _MAVG:
             red = self._avg(red, staged, ts, self.rank() == opts.rootRank)
         if len(ts) == 1:
-            w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg,
-                           async_op)
+            w = self._call(staged, mpidist.reduce, staged.out(ts[0], name, "tensor"), dst, red, self._arg, async_op)
         else:
             arrays = [staged.out(t, name, f"tensors[{i}]") for i, t in enumerate(ts)]
-            w = self._call(staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, async_op,
-                           dst_tensor=opts.rootTensor)
+            w = self._call(
+                staged, mpidist.reduce_multigpu, arrays, dst, red, self._arg, async_op, dst_tensor=opts.rootTensor
+            )
         return self._done(w, ts, staged)
 
     # -- gathers ---------------------------------------------------------------------------
@@ -431,11 +450,19 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         staged = Staged()
         if len(input_tensors) == 1:
             out = [staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])]
-            w = self._call(staged, mpidist.all_gather, out, staged.inp(input_tensors[0], op, "input_tensors[0]"),
-                           self._arg, _is_async(opts))
+            w = self._call(
+                staged,
+                mpidist.all_gather,
+                out,
+                staged.inp(input_tensors[0], op, "input_tensors[0]"),
+                self._arg,
+                _is_async(opts),
+            )
         else:
-            out = [[staged.out(t, op, f"output_tensors[{j}][{i}]") for i, t in enumerate(lst)]
-                   for j, lst in enumerate(outs)]
+            out = [
+                [staged.out(t, op, f"output_tensors[{j}][{i}]") for i, t in enumerate(lst)]
+                for j, lst in enumerate(outs)
+            ]
             inp = [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)]
             w = self._call(staged, mpidist.all_gather_multigpu, out, inp, self._arg, _is_async(opts))
         return self._done(w, outs, staged)
@@ -449,11 +476,14 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, AllgatherOptions)
         outs = [list(lst) for lst in output_lists]
         staged = Staged()
-        w = self._call(staged, _coalesced.all_gather_coalesced,
-                       [[staged.out(t, op, f"output_lists[{r}][{i}]") for i, t in enumerate(lst)]
-                        for r, lst in enumerate(outs)],
-                       [staged.inp(t, op, f"input_list[{i}]") for i, t in enumerate(_tensors(input_list))],
-                       self._arg, _is_async(opts))
+        w = self._call(
+            staged,
+            _coalesced.all_gather_coalesced,
+            [[staged.out(t, op, f"output_lists[{r}][{i}]") for i, t in enumerate(lst)] for r, lst in enumerate(outs)],
+            [staged.inp(t, op, f"input_list[{i}]") for i, t in enumerate(_tensors(input_list))],
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, outs, staged)
 
     @profiled("all_gather_into_tensor", 1)
@@ -464,8 +494,14 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         op = "all_gather_into_tensor"
         opts = _options(opts, AllgatherOptions)
         staged = Staged()
-        w = self._call(staged, gather_scatter.all_gather_into_tensor, staged.out(output, op, "output"),
-                       staged.inp(input, op, "input"), self._arg, _is_async(opts))
+        w = self._call(
+            staged,
+            gather_scatter.all_gather_into_tensor,
+            staged.out(output, op, "output"),
+            staged.inp(input, op, "input"),
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, [output], staged)
 
     all_gather_single = _allgather_base
@@ -475,7 +511,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """torch ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``: one
         ``_allgather_base`` per (output, input) pair, in order."""
         opts = _options(opts, AllgatherOptions)
-        return self._pairs(gather_scatter.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, _is_async(opts))
+        return self._pairs(
+            gather_scatter.all_gather_into_tensor, "all_gather_into_tensor", outputs, inputs, _is_async(opts)
+        )
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -491,10 +529,18 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         dst = self._global(opts.rootRank, op, "rootRank")
         outs = [list(lst) for lst in output_tensors]
         staged = Staged()
-        gather_list = ([staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])]
-                       if outs and outs[0] else None)
-        w = self._call(staged, mpidist.gather, staged.inp(input_tensors[0], op, "input_tensors[0]"), gather_list,
-                       dst, self._arg, _is_async(opts))
+        gather_list = (
+            [staged.out(t, op, f"output_tensors[0][{i}]") for i, t in enumerate(outs[0])] if outs and outs[0] else None
+        )
+        w = self._call(
+            staged,
+            mpidist.gather,
+            staged.inp(input_tensors[0], op, "input_tensors[0]"),
+            gather_list,
+            dst,
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, outs, staged)
 
     @profiled("scatter", 1)
@@ -509,10 +555,20 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         src = self._global(opts.rootRank, op, "rootRank")
         outs = list(output_tensors)
         staged = Staged()
-        scatter_list = ([staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
-                        if input_tensors and input_tensors[0] else None)
-        w = self._call(staged, mpidist.scatter, staged.out(outs[0], op, "output_tensors[0]"), scatter_list, src,
-                       self._arg, _is_async(opts))
+        scatter_list = (
+            [staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
+            if input_tensors and input_tensors[0]
+            else None
+        )
+        w = self._call(
+            staged,
+            mpidist.scatter,
+            staged.out(outs[0], op, "output_tensors[0]"),
+            scatter_list,
+            src,
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, outs, staged)
 
     # -- reduce-scatter --------------------------------------------------------------------
@@ -528,13 +584,22 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         red = _reduce_op(opts.reduceOp, op)
         outs = list(output_tensors)
         if len(outs) != 1 or len(input_tensors) != 1:
-            raise ValueError(f"{prefix(op)} expects one output tensor and one input list (one device per "
-                             f"process), got {len(outs)} and {len(input_tensors)}")
+            raise ValueError(
+                f"{prefix(op)} expects one output tensor and one input list (one device per "
+                f"process), got {len(outs)} and {len(input_tensors)}"
+            )
         staged = Staged()
         red = self._avg(red, staged, outs)
         inputs = [staged.inp(t, op, f"input_tensors[0][{i}]") for i, t in enumerate(input_tensors[0])]
-        w = self._call(staged, mpidist.reduce_scatter, staged.out(outs[0], op, "output_tensors[0]"), inputs, red,
-                       self._arg, _is_async(opts))
+        w = self._call(
+            staged,
+            mpidist.reduce_scatter,
+            staged.out(outs[0], op, "output_tensors[0]"),
+            inputs,
+            red,
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, outs, staged)
 
     @profiled("reduce_scatter_tensor", 1)
@@ -545,8 +610,15 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, ReduceScatterOptions)
         staged = Staged()
         red = self._avg(_reduce_op(opts.reduceOp, op), staged, [output])
-        w = self._call(staged, reductions.reduce_scatter_tensor, staged.out(output, op, "output"),
-                       staged.inp(input, op, "input"), red, self._arg, _is_async(opts))
+        w = self._call(
+            staged,
+            reductions.reduce_scatter_tensor,
+            staged.out(output, op, "output"),
+            staged.inp(input, op, "input"),
+            red,
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, [output], staged)
 
     reduce_scatter_single = _reduce_scatter_base
@@ -557,22 +629,36 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         one ``_reduce_scatter_base`` per (output, input) pair, in order."""
         op = "reduce_scatter_tensor"
         opts = _options(opts, ReduceScatterOptions)
-        return self._pairs(reductions.reduce_scatter_tensor, op, outputs, inputs, _is_async(opts),
-                           _reduce_op(opts.reduceOp, op))
+        return self._pairs(
+            reductions.reduce_scatter_tensor, op, outputs, inputs, _is_async(opts), _reduce_op(opts.reduceOp, op)
+        )
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # -- all-to-all ------------------------------------------------------------------------
     @profiled("all_to_all", 1)
-    def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,  # noqa: A002
-                      opts: Any = None) -> Any:
+    def alltoall_base(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Any,
+        input_split_sizes: Any,  # noqa: A002
+        opts: Any = None,
+    ) -> Any:
         """torch ``alltoall_base`` / ``all_to_all_single`` (empty split lists: equal splits)."""
         op = "all_to_all_single"
         opts = _options(opts, AllToAllOptions)
         staged = Staged()
-        w = self._call(staged, mpidist.all_to_all_single, staged.out(output, op, "output"),
-                       staged.inp(input, op, "input"), list(output_split_sizes) or None,
-                       list(input_split_sizes) or None, self._arg, _is_async(opts))
+        w = self._call(
+            staged,
+            mpidist.all_to_all_single,
+            staged.out(output, op, "output"),
+            staged.inp(input, op, "input"),
+            list(output_split_sizes) or None,
+            list(input_split_sizes) or None,
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, [output], staged)
 
     all_to_all_single = alltoall_base
@@ -584,10 +670,14 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         opts = _options(opts, AllToAllOptions)
         outs = list(output_tensors)
         staged = Staged()
-        w = self._call(staged, mpidist.all_to_all,
-                       [staged.out(t, op, f"output_tensors[{i}]") for i, t in enumerate(outs)],
-                       [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)],
-                       self._arg, _is_async(opts))
+        w = self._call(
+            staged,
+            mpidist.all_to_all,
+            [staged.out(t, op, f"output_tensors[{i}]") for i, t in enumerate(outs)],
+            [staged.inp(t, op, f"input_tensors[{i}]") for i, t in enumerate(input_tensors)],
+            self._arg,
+            _is_async(opts),
+        )
         return self._done(w, outs, staged)
 
     # -- synchronization -------------------------------------------------------------------
@@ -610,8 +700,10 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         limit = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         if limit is not None and limit <= 0:
             if self.rank() == 0:
-                raise DistError(f"{prefix('monitored_barrier')} Rank 0 timed out in monitoredBarrier after 0 ms: "
-                                f"a timeout of {timeout} leaves no time to wait for the other ranks")
+                raise DistError(
+                    f"{prefix('monitored_barrier')} Rank 0 timed out in monitoredBarrier after 0 ms: "
+                    f"a timeout of {timeout} leaves no time to wait for the other ranks"
+                )
             limit = None
         mpidist.monitored_barrier(self._arg, limit, wait_all_ranks)
 
@@ -622,8 +714,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         op = "isend"
         ts = _tensors(tensors)
         staged = Staged()
-        w = self._call(staged, mpidist.isend, staged.inp(ts[0], op, "tensor"), self._global(dstRank, op, "dstRank"),
-                       self._arg, tag)
+        w = self._call(
+            staged, mpidist.isend, staged.inp(ts[0], op, "tensor"), self._global(dstRank, op, "dstRank"), self._arg, tag
+        )
         return self._done(w, ts, staged)
 
     @profiled("recv", 0)
@@ -632,8 +725,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         op = "irecv"
         ts = _tensors(tensors)
         staged = Staged()
-        w = self._call(staged, mpidist.irecv, staged.out(ts[0], op, "tensor"), self._global(srcRank, op, "srcRank"),
-                       self._arg, tag)
+        w = self._call(
+            staged, mpidist.irecv, staged.out(ts[0], op, "tensor"), self._global(srcRank, op, "srcRank"), self._arg, tag
+        )
         return self._done(w, ts, staged, self._group_rank)
 
     @profiled("recvAnySource", 0)

@@ -19,6 +19,7 @@ module's; so the profiler marks it ``is_async``, as it marks gloo's. An op that 
 synchronously on the caller's thread (one rank, no ``MPI_THREAD_MULTIPLE``) ends there.
 Before torch 2.13 every event ends on the caller's thread (:data:`OFF_THREAD`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,13 +57,16 @@ def profiled(title: str, inputs: Optional[int]) -> Callable[[Callable[..., Any]]
     recorded as event ``"<backend name>:<title>"`` with the tensors of its positional argument ``inputs``
     (None: none) as the event's inputs. (A wrapper's call costs ~0.1-0.3 us: allreduce,
     broadcast and reduce call :func:`record` themselves instead.)"""
+
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def op(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not recording():
                 return method(self, *args, **kwargs)
             return record(title, inputs, method, self, args, kwargs)
+
         return op
+
     return wrap
 
 
@@ -74,7 +78,7 @@ class _Ender:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: "queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]] = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
 
     def run(self, fn: Callable[[], Any]) -> None:
@@ -99,14 +103,14 @@ class _Ender:
 _ENDER = _Ender()
 
 
-def record(title: str, inputs: Optional[int], method: Callable[..., Any], pg: Any, args: tuple,
-           kwargs: dict) -> Any:
+def record(title: str, inputs: Optional[int], method: Callable[..., Any], pg: Any, args: tuple, kwargs: dict) -> Any:
     """``method(pg, *args, **kwargs)`` recorded as event ``"<pg's backend name>:<title>"``
     (``mpidist:all_reduce``; ``mpi:all_reduce`` for backend "mpi"; see the module); for
     the hot ops, which call it themselves when :func:`recording` (no wrapper's call on
     their path), with a keyword in ``kwargs`` that stops the recursion."""
-    rec = _RecordFunctionFast(f"{pg.getBackendName()}:{title}",
-                              _flat(args[inputs]) if inputs is not None and len(args) > inputs else [])
+    rec = _RecordFunctionFast(
+        f"{pg.getBackendName()}:{title}", _flat(args[inputs]) if inputs is not None and len(args) > inputs else []
+    )
     rec.__enter__()
     if not OFF_THREAD:
         try:

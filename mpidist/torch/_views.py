@@ -15,10 +15,10 @@ A CUDA tensor becomes a :class:`mpidist.torch._cuda.CudaTensor` (its memory, its
 dtype, the stream it is ready on), which mpidist's device router sends down the NCCL,
 CUDA-aware MPI or host-staging path: never to the host path.
 """
+
 from __future__ import annotations
 
 import functools
-
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -93,21 +93,27 @@ def _check_tensor(t: Any, op: str, arg: str) -> None:
     if t.layout is not torch.strided:
         raise TypeError(f"{prefix(op)} {arg} must be a dense (strided) tensor, got layout {t.layout}")
     if t.is_quantized:
-        raise TypeError(f"{prefix(op)} {arg} is a quantized tensor ({t.dtype}), which mpidist does not "
-                        f"communicate; dequantize it first")
+        raise TypeError(
+            f"{prefix(op)} {arg} is a quantized tensor ({t.dtype}), which mpidist does not "
+            f"communicate; dequantize it first"
+        )
 
 
 def _numpy_dtype(dtype: torch.dtype, op: str, arg: str) -> tuple[Optional[torch.dtype], Any]:
     """(view dtype, numpy dtype) for a dtype ``tensor.numpy()`` refuses; TypeError if none."""
     entry = REINTERPRET.get(dtype)
     if entry is None:
-        raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}, which mpidist cannot communicate "
-                        f"(supported: bool, integer, float16/32/64, bfloat16, float8, complex64/128)")
+        raise TypeError(
+            f"{prefix(op)} {arg} has dtype {dtype}, which mpidist cannot communicate "
+            f"(supported: bool, integer, float16/32/64, bfloat16, float8, complex64/128)"
+        )
     try:
         import ml_dtypes  # noqa: PLC0415  (only for the dtypes numpy lacks)
     except ImportError:
-        raise TypeError(f"{prefix(op)} {arg} has dtype {dtype}: install ml_dtypes (pip install "
-                        f"'mpidist[torch]') for mpidist to read it") from None
+        raise TypeError(
+            f"{prefix(op)} {arg} has dtype {dtype}: install ml_dtypes (pip install "
+            f"'mpidist[torch]') for mpidist to read it"
+        ) from None
     return entry[0], np.dtype(getattr(ml_dtypes, entry[1]))
 
 

@@ -31,14 +31,16 @@ that say a larger world than MPI launched are an error. MASTER_ADDR/MASTER_PORT 
 needed and, when set, unused (said once, on rank 0, at debug level INFO or DETAIL:
 ``MPIDIST_DEBUG``/``TORCH_DISTRIBUTED_DEBUG``; frameworks set them on their own).
 """
+
 from __future__ import annotations
 
 import importlib
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 import torch.distributed as dist
@@ -108,8 +110,9 @@ def _user_stacklevel() -> int:
     return 1
 
 
-def mpi_rendezvous_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any
-                           ) -> Iterator[tuple[Any, int, int]]:
+def mpi_rendezvous_handler(
+    url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any
+) -> Iterator[tuple[Any, int, int]]:
     """torch rendezvous handler for ``mpi://``: yields ``(store, MPI rank, MPI size)``.
 
     ``url`` may carry ``rank=`` / ``world_size=`` (torch adds init_process_group's
@@ -131,16 +134,21 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kw
     backend = calling_backend()
     shared = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
     if size > 1 and not shared and backend is not None and not _is_ours(backend):
-        raise ValueError(f"{_where()} init_method 'mpi://' gives a process-local store here (MPI gives less "
-                         f"than MPI_THREAD_MULTIPLE, which the store over MPI needs), which backend {backend!r} "
-                         f"cannot use across {size} ranks; use backend 'mpidist' (import mpidist.torch)")
+        raise ValueError(
+            f"{_where()} init_method 'mpi://' gives a process-local store here (MPI gives less "
+            f"than MPI_THREAD_MULTIPLE, which the store over MPI needs), which backend {backend!r} "
+            f"cannot use across {size} ranks; use backend 'mpidist' (import mpidist.torch)"
+        )
     if _is_ours(backend):
         if not mpidist.is_initialized():
             _backend.start_runtime(timeout, given_rank, given_size)
         elif (given_rank, given_size) != (-1, -1) and (given_rank, given_size) != (rank, size):
-            warnings.warn(f"For MPI backend, world_size ({given_size}) and rank ({given_rank}) are ignored since "
-                          f"they are assigned by the MPI runtime (backend 'mpidist': rank {rank} of {size})",
-                          UserWarning, stacklevel=_user_stacklevel())
+            warnings.warn(
+                f"For MPI backend, world_size ({given_size}) and rank ({given_rank}) are ignored since "
+                f"they are assigned by the MPI runtime (backend 'mpidist': rank {rank} of {size})",
+                UserWarning,
+                stacklevel=_user_stacklevel(),
+            )
     yield store(timeout, shared), rank, size
     raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")
 
@@ -176,9 +184,13 @@ def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any)
     # Lightning, Accelerate and DeepSpeed set them themselves: said only when asked for
     # (debug level INFO or DETAIL), where it may explain a setup, never as routine noise
     if unused and MPI.COMM_WORLD.Get_rank() == 0 and mpidist.get_debug_level() != mpidist.DebugLevel.OFF:
-        warnings.warn(f"mpidist: {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but unused: "
-                      f"backend 'mpidist' takes ranks from MPI ({MPI.COMM_WORLD.Get_size()} processes) and "
-                      f"listens on no port", UserWarning, stacklevel=_user_stacklevel())
+        warnings.warn(
+            f"mpidist: {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but unused: "
+            f"backend 'mpidist' takes ranks from MPI ({MPI.COMM_WORLD.Get_size()} processes) and "
+            f"listens on no port",
+            UserWarning,
+            stacklevel=_user_stacklevel(),
+        )
     return mpi_rendezvous_handler(url, timeout=timeout, **kwargs)
 
 

@@ -33,15 +33,16 @@ store thread gets no message through and the others' requests wait (and time out
 lasts); collectives on buffers (``Allreduce``, ``Barrier``, mpidist's and torch's) do not
 stall it.
 """
+
 from __future__ import annotations
 
 import atexit
 import itertools
-import pickle
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch.distributed as dist
 from mpi4py import MPI
@@ -192,8 +193,10 @@ class MPIStore(dist.Store):
     def __init__(self, timeout: timedelta = _DEFAULT_TIMEOUT, comm: Optional[MPI.Comm] = None) -> None:
         super().__init__()
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            raise RuntimeError("MPIStore needs MPI_THREAD_MULTIPLE (rank 0 serves the store on a thread while "
-                               "it works); this MPI gives less")
+            raise RuntimeError(
+                "MPIStore needs MPI_THREAD_MULTIPLE (rank 0 serves the store on a thread while "
+                "it works); this MPI gives less"
+            )
         base = MPI.COMM_WORLD if comm is None else comm
         self._comm = base.Dup()
         self._rank = self._comm.Get_rank()
@@ -230,7 +233,8 @@ class MPIStore(dist.Store):
                     what = f" for keys {list(keys)}" if keys else ""
                     raise dist.DistStoreError(
                         f"[rank {self._rank}] MPIStore.{op}: no answer within the timeout of {secs:g} s{what}"
-                        + (" (the keys were never set)" if keys else " (rank 0 did not answer)"))
+                        + (" (the keys were never set)" if keys else " (rank 0 did not answer)")
+                    )
                 if time.monotonic() < hot:
                     time.sleep(0)
                     continue
@@ -255,8 +259,14 @@ class MPIStore(dist.Store):
         return self._ask("add", (_key(key, "add"), amount))
 
     def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
-        return self._ask("compare_set", (_key(key, "compare_set"), _bytes(expected_value, "compare_set", "expected_value"),
-                                         _bytes(desired_value, "compare_set", "desired_value")))
+        return self._ask(
+            "compare_set",
+            (
+                _key(key, "compare_set"),
+                _bytes(expected_value, "compare_set", "expected_value"),
+                _bytes(desired_value, "compare_set", "desired_value"),
+            ),
+        )
 
     def append(self, key: str, value: Any) -> None:
         self._ask("append", (_key(key, "append"), _bytes(value, "append", "value")))
@@ -276,8 +286,9 @@ class MPIStore(dist.Store):
         keys, values = list(keys), list(values)
         if len(keys) != len(values):
             raise ValueError(f"MPIStore.multi_set: {len(keys)} keys but {len(values)} values")
-        self._ask("multi_set", ([_key(k, "multi_set") for k in keys],
-                                [_bytes(v, "multi_set", "values") for v in values]))
+        self._ask(
+            "multi_set", ([_key(k, "multi_set") for k in keys], [_bytes(v, "multi_set", "values") for v in values])
+        )
 
     def delete_key(self, key: str) -> bool:
         return self._ask("delete_key", (_key(key, "delete_key"),))

@@ -18,6 +18,7 @@ then runs the module as ``__main__`` (as ``python -m`` does) with these faults a
 Before it injects, the rank writes the wall-clock time to ``MARKER`` (the harness measures the
 job's end from it). Only a test tool: the job's own code is unchanged.
 """
+
 from __future__ import annotations
 
 import errno
@@ -71,8 +72,10 @@ def arm() -> None:
                 elif os.geteuid() != 0:
                     os.chmod(os.path.dirname(os.path.abspath(path)), 0o555)
                 else:
+
                     def mkstemp(*args, **kwargs):
                         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), kwargs.get("dir"))
+
                     tempfile.mkstemp = mkstemp
             return save(path, arrays)
 

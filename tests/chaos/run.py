@@ -45,11 +45,13 @@ on any number of ranks) with ``MPIDIST_TIMEOUT`` = 8 s, and must show:
 
 Writes DIR/results.md (the table) and DIR/results.json; exit status 0 when every trial passed.
 """
+
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -64,25 +66,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from conftest import launcher_free_env  # noqa: E402  (tests/conftest.py)
+
 from mpidist.checkpoint import load_checkpoint  # noqa: E402
 
-TIMEOUT = 8.0   # MPIDIST_TIMEOUT of the trials' jobs, s
-GRACE = 15.0    # the bound past the fault (past the timeout for a stuck rank), s
-JOBS = {"numpy": (["-m", "mpidist.examples.train_digits", "--hidden", "32"], 30),
-        "torch": (["-m", "mpidist.examples.train_torch", "--channels", "4"], 6)}   # (argv, --epochs)
-FAULTS = ("sigkill", "sigstop", "sigterm-ranks", "sigusr1", "sigterm-mpiexec", "raise", "unwritable", "full",
-          "corrupt")
+TIMEOUT = 8.0  # MPIDIST_TIMEOUT of the trials' jobs, s
+GRACE = 15.0  # the bound past the fault (past the timeout for a stuck rank), s
+JOBS = {
+    "numpy": (["-m", "mpidist.examples.train_digits", "--hidden", "32"], 30),
+    "torch": (["-m", "mpidist.examples.train_torch", "--channels", "4"], 6),
+}  # (argv, --epochs)
+FAULTS = ("sigkill", "sigstop", "sigterm-ranks", "sigusr1", "sigterm-mpiexec", "raise", "unwritable", "full", "corrupt")
 SIGNALLED = {"sigterm-ranks": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigterm-mpiexec": signal.SIGTERM}
 OUTPUTS = {"checkpoint.npz", "metrics.json", "training.png"}
 DUMP = re.compile(r"(/\S*?mpidist-trace-[\w.-]+)")
 
 
 # --- processes ---------------------------------------------------------------------------------
+
 
 def _stat(pid: int) -> Optional[tuple[int, str]]:
     """(parent pid, start time) of ``pid``, or None when it is gone."""
@@ -143,14 +146,21 @@ class Job:
 
     def __init__(self, n: int, argv: list[str], mpiexec: str, env: dict[str, str]) -> None:
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([mpiexec, "-n", str(n), sys.executable, "-m", "mpidist", *argv],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [mpiexec, "-n", str(n), sys.executable, "-m", "mpidist", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         self.lines: dict[str, list[tuple[float, str]]] = {"out": [], "err": []}
         self.seen: dict[int, str] = {}
-        self.end: Optional[float] = None   # monotonic time the job was over (wait)
-        self._readers = [threading.Thread(target=self._read, args=(s, k), daemon=True)
-                         for s, k in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        self.end: Optional[float] = None  # monotonic time the job was over (wait)
+        self._readers = [
+            threading.Thread(target=self._read, args=(s, k), daemon=True)
+            for s, k in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))
+        ]
         for t in self._readers:
             t.start()
 
@@ -217,6 +227,7 @@ class Job:
 
 # --- files -------------------------------------------------------------------------------------
 
+
 def temp_entries() -> set[str]:
     """Everything in the directories a job may leave files in: /tmp, $TMPDIR, /dev/shm."""
     dirs = {"/tmp", tempfile.gettempdir(), "/dev/shm"}
@@ -231,8 +242,10 @@ def same_run(a: dict, b: dict) -> Optional[str]:
     differ = [k for k in a if k != "history" and not (a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes())]
     if differ:
         return f"arrays differ: {differ}"
-    untimed = [[{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(c["history"].tobytes())]
-               for c in (a, b)]
+    untimed = [
+        [{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(c["history"].tobytes())]
+        for c in (a, b)
+    ]
     return None if untimed[0] == untimed[1] else "histories differ"
 
 
@@ -250,23 +263,25 @@ def corrupt(path: Path, rng: random.Random) -> str:
         what = f"one bit flipped at byte {at}"
     else:
         at, size = rng.randrange(len(data)), rng.randint(1, 4096)
-        data[at:at + size] = bytes(len(data[at:at + size]))
-        what = f"{len(data[at:at + size])} bytes zeroed at {at}"
+        data[at : at + size] = bytes(len(data[at : at + size]))
+        what = f"{len(data[at : at + size])} bytes zeroed at {at}"
     path.write_bytes(bytes(data))
     return what
 
 
 # --- trials ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Reference:
     """A config's previous checkpoint (its one-epoch run) and timings estimated from that run."""
+
     base: Path
-    startup: float        # from the launch to the banner, s
-    training: float       # the trials' training (epochs 2..E), estimated, s
-    seconds: float        # a trial's whole job, estimated, s
-    steps: int            # training steps of a trial's run
-    final: Optional[dict] = None   # the uninterrupted run's last checkpoint (Harness.final)
+    startup: float  # from the launch to the banner, s
+    training: float  # the trials' training (epochs 2..E), estimated, s
+    seconds: float  # a trial's whole job, estimated, s
+    steps: int  # training steps of a trial's run
+    final: Optional[dict] = None  # the uninterrupted run's last checkpoint (Harness.final)
 
 
 @dataclass
@@ -276,11 +291,11 @@ class Trial:
     n: int
     fault: str
     rank: int
-    moment: float         # s from the launch (signals), or the step (raise)
+    moment: float  # s from the launch (signals), or the step (raise)
     detail: str = ""
     outcome: str = ""
     rc: Optional[int] = None
-    seconds: Optional[float] = None   # from the fault (launch for corrupt) to the end
+    seconds: Optional[float] = None  # from the fault (launch for corrupt) to the end
     bound: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -291,7 +306,7 @@ class Harness:
         self.refs: dict[tuple[str, int], Reference] = {}
         self.bases: dict[str, tuple] = {}  # job -> (checkpoint, banner s, epoch line s, run s, train samples)
         self.env = launcher_free_env(OMP_NUM_THREADS="1", MPIDIST_TIMEOUT=str(TIMEOUT))
-        self.logs: list[str] = []   # the current trial's jobs' output
+        self.logs: list[str] = []  # the current trial's jobs' output
         self.resumed: list[Job] = []  # the current trial's --resume job, if any
 
     def argv(self, job: str, out: Path, *extra: str) -> list[str]:
@@ -317,14 +332,20 @@ class Harness:
                 run = self.run(2, [*argv, "--out", str(base), "--epochs", "1", "--no-progress"])
                 if run.proc.returncode != 0:
                     raise RuntimeError(f"the one-epoch reference run failed:\n{run.stdout}\n{run.stderr}")
-                self.bases[job] = (base / "checkpoint.npz", run.first("steps/epoch"), run.first("epoch   1/1"),
-                                   run.end - run.t0, int(re.search(r"(\d+) train", run.stdout).group(1)))
+                self.bases[job] = (
+                    base / "checkpoint.npz",
+                    run.first("steps/epoch"),
+                    run.first("epoch   1/1"),
+                    run.end - run.t0,
+                    int(re.search(r"(\d+) train", run.stdout).group(1)),
+                )
             path, startup, epoch_line, seconds, samples = self.bases[job]
             epochs, scale = JOBS[job][1], n / 2
             training = (epoch_line - startup) * (epochs - 1) * scale
-            steps = -(-(-(-samples // n)) // 16)  # ceil(ceil(samples / n) / batch size 16) per epoch
-            self.refs[key] = Reference(path, startup * scale, training, seconds * scale + training,
-                                       steps * (epochs - 1))
+            steps = -(-math.ceil(samples / n) // 16)  # ceil(ceil(samples / n) / batch size 16) per epoch
+            self.refs[key] = Reference(
+                path, startup * scale, training, seconds * scale + training, steps * (epochs - 1)
+            )
         return self.refs[key]
 
     def final(self, job: str, n: int) -> dict:
@@ -417,8 +438,11 @@ class Harness:
     def check_outcome(self, t: Trial, job: Job, handled: Optional[bool], injected: bool) -> None:
         out, err, rc = job.stdout, job.stderr, t.rc
         stopped, finished = "stopped by SIG" in out, "final test accuracy" in out
-        t.outcome = ("stopped" if stopped else "finished") if rc == 0 and (stopped or finished) else \
-            ("exit 0 with neither final nor stop line" if rc == 0 else f"failed (exit {rc})")
+        t.outcome = (
+            ("stopped" if stopped else "finished")
+            if rc == 0 and (stopped or finished)
+            else ("exit 0 with neither final nor stop line" if rc == 0 else f"failed (exit {rc})")
+        )
         bad = t.problems.append
         if not injected:
             if t.fault in ("raise", "unwritable", "full"):
@@ -445,7 +469,9 @@ class Harness:
             if rc == 0 or "chaos: fault injected" not in err:
                 bad(f"the injected exception is not what ended the job (exit {rc})")
         elif t.fault in ("unwritable", "full"):
-            if rc == 0 or not re.search(r"cannot write checkpoint \S*checkpoint\.npz.*(Permission denied|File too large)", err):
+            if rc == 0 or not re.search(
+                r"cannot write checkpoint \S*checkpoint\.npz.*(Permission denied|File too large)", err
+            ):
                 bad(f"the failed checkpoint write is not what ended the job (exit {rc})")
         elif t.fault == "corrupt":
             if rc == 0 or not re.search(r"checkpoint \S*checkpoint\.npz (is corrupt|holds pickled)", err):
@@ -519,8 +545,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("out/chaos"))
     p.add_argument("--mpiexec", default=str(Path(sys.executable).with_name("mpiexec")))
     args = p.parse_args()
-    print(f"chaos: {args.trials} trials, seed {args.seed} (rerun: --trials {args.trials} --seed {args.seed})",
-          flush=True)
+    print(
+        f"chaos: {args.trials} trials, seed {args.seed} (rerun: --trials {args.trials} --seed {args.seed})", flush=True
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.out.resolve()))
     harness = Harness(work, args.mpiexec)
@@ -533,7 +560,7 @@ def main() -> int:
             t.moment = rng.randint(1, ref.steps)
         elif rng.random() < 0.5:  # anywhere in the job, start-up and exit included
             t.moment = round(rng.uniform(0, ref.seconds * 1.1), 2)
-        else:                     # while it trains
+        else:  # while it trains
             t.moment = round(rng.uniform(ref.startup, ref.startup + ref.training), 2)
         harness.logs, harness.resumed = [], []
         try:
@@ -542,32 +569,43 @@ def main() -> int:
             t.problems.append(f"harness error: {type(exc).__name__}: {exc}")
         if t.problems:  # the jobs' output, for the failure's cause
             (args.out / f"trial-{t.index + 1:03d}.log").write_text("\n".join(harness.logs))
-        print(f"[{t.index + 1:3d}/{len(trials)}] {'ok  ' if not t.problems else 'FAIL'} {t.job:5s} -n {t.n} "
-              f"{t.fault:15s} rank {t.rank} at {'step ' if t.fault == 'raise' else ''}{t.moment:g}"
-              f"{'' if t.fault == 'raise' else ' s'}: {t.outcome}, "
-              f"{'-' if t.seconds is None else f'{t.seconds:.1f}'} s (bound {t.bound:.0f})"
-              f"{'; ' + t.detail if t.detail else ''}{''.join(chr(10) + '      ' + x for x in t.problems)}",
-              flush=True)
+        print(
+            f"[{t.index + 1:3d}/{len(trials)}] {'ok  ' if not t.problems else 'FAIL'} {t.job:5s} -n {t.n} "
+            f"{t.fault:15s} rank {t.rank} at {'step ' if t.fault == 'raise' else ''}{t.moment:g}"
+            f"{'' if t.fault == 'raise' else ' s'}: {t.outcome}, "
+            f"{'-' if t.seconds is None else f'{t.seconds:.1f}'} s (bound {t.bound:.0f})"
+            f"{'; ' + t.detail if t.detail else ''}{''.join(chr(10) + '      ' + x for x in t.problems)}",
+            flush=True,
+        )
     failed = [t for t in trials if t.problems]
     report(args.out, trials, args.seed, time.monotonic() - started)
     shutil.rmtree(work, ignore_errors=True)
-    print(f"chaos: {len(trials) - len(failed)} of {len(trials)} trials passed (seed {args.seed}); "
-          f"{args.out / 'results.md'}", flush=True)
+    print(
+        f"chaos: {len(trials) - len(failed)} of {len(trials)} trials passed (seed {args.seed}); "
+        f"{args.out / 'results.md'}",
+        flush=True,
+    )
     return 1 if failed else 0
 
 
 def report(out: Path, trials: list[Trial], seed: int, seconds: float) -> None:
-    rows = ["| # | job | ranks | fault | rank | moment | outcome | exit | end after fault (s) | bound (s) | result |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| # | job | ranks | fault | rank | moment | outcome | exit | end after fault (s) | bound (s) | result |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for t in trials:
         moment = f"step {t.moment:g}" if t.fault == "raise" else f"{t.moment:g} s"
-        rows.append(f"| {t.index + 1} | {t.job} | {t.n} | {t.fault} | {t.rank} | {moment} | {t.outcome}"
-                    f"{' (' + t.detail + ')' if t.detail else ''} | {t.rc} | "
-                    f"{'-' if t.seconds is None else f'{t.seconds:.1f}'} | {t.bound:.0f} | "
-                    f"{'ok' if not t.problems else 'FAIL: ' + '; '.join(t.problems)} |")
+        rows.append(
+            f"| {t.index + 1} | {t.job} | {t.n} | {t.fault} | {t.rank} | {moment} | {t.outcome}"
+            f"{' (' + t.detail + ')' if t.detail else ''} | {t.rc} | "
+            f"{'-' if t.seconds is None else f'{t.seconds:.1f}'} | {t.bound:.0f} | "
+            f"{'ok' if not t.problems else 'FAIL: ' + '; '.join(t.problems)} |"
+        )
     passed = sum(not t.problems for t in trials)
-    (out / "results.md").write_text(f"# Chaos trials: {passed} of {len(trials)} passed (seed {seed}, "
-                                    f"{seconds / 60:.1f} min)\n\n" + "\n".join(rows) + "\n")
+    (out / "results.md").write_text(
+        f"# Chaos trials: {passed} of {len(trials)} passed (seed {seed}, "
+        f"{seconds / 60:.1f} min)\n\n" + "\n".join(rows) + "\n"
+    )
     (out / "results.json").write_text(json.dumps([t.__dict__ for t in trials], indent=1, default=str))
 
 

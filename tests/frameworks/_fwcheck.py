@@ -17,12 +17,13 @@ A run passes when, on every rank:
 Rank 0 then prints ``FRAMEWORK OK <name> ...``, the line the tests look for. A failed check
 raises AssertionError, which ``python -m mpidist`` turns into the end of the whole job.
 """
+
 from __future__ import annotations
 
 import hashlib
 import math
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,8 +53,9 @@ def regression_data(n: int = 256, features: int = 16, seed: int = 0) -> tuple[to
     return x, x @ w + 0.01 * torch.randn(n, 1, generator=g)
 
 
-def reference_step(reference: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                   idx: torch.Tensor) -> None:
+def reference_step(
+    reference: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor
+) -> None:
     """One step of the one-process reference model on the global batch ``idx`` (MSE loss)."""
     opt.zero_grad()
     torch.nn.functional.mse_loss(reference(x[idx]), y[idx]).backward()
@@ -71,23 +73,25 @@ def param_digest(params: Iterable[torch.Tensor]) -> str:
     return hashlib.sha256(torch.cat(flat).numpy().tobytes()).hexdigest()
 
 
-def finish(name: str, params: Iterable[torch.Tensor], losses: Sequence[float], served: Sequence[int],
-           n_samples: int) -> None:
+def finish(
+    name: str, params: Iterable[torch.Tensor], losses: Sequence[float], served: Sequence[int], n_samples: int
+) -> None:
     """Check the end of a run (the module's docstring) and print rank 0's ``FRAMEWORK OK`` line."""
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     backend, want = dist.get_backend(), os.environ.get("FW_BACKEND", "mpidist")
     assert backend == want, f"[rank {rank}] {name}: torch.distributed.get_backend() is {backend!r}, not {want!r}"
-    assert dist.get_world_size() == size and dist.get_rank() == rank, \
+    assert dist.get_world_size() == size and dist.get_rank() == rank, (
         f"[rank {rank}] {name}: torch's rank/world {dist.get_rank()}/{dist.get_world_size()} is not MPI's {rank}/{size}"
+    )
 
-    assert n_samples % size == 0 and len(served) >= n_samples // size, \
+    assert n_samples % size == 0 and len(served) >= n_samples // size, (
         f"[rank {rank}] {name}: served {len(served)} samples, fewer than one epoch's {n_samples // size}"
-    every = comm.allgather(sorted(served[:n_samples // size]))
+    )
+    every = comm.allgather(sorted(served[: n_samples // size]))
     seen = [i for s in every for i in s]
     assert len(seen) == len(set(seen)), f"{name}: ranks served overlapping samples (the data was not sharded)"
-    assert set(seen) == set(range(n_samples)), \
-        f"{name}: the ranks served {len(set(seen))} of {n_samples} samples"
+    assert set(seen) == set(range(n_samples)), f"{name}: the ranks served {len(set(seen))} of {n_samples} samples"
 
     digest = param_digest(params)
     digests = comm.allgather(digest)
@@ -101,5 +105,8 @@ def finish(name: str, params: Iterable[torch.Tensor], losses: Sequence[float], s
     assert last < 0.9 * first, f"[rank {rank}] {name}: the loss did not fall: {first:.4g} -> {last:.4g}"
     comm.Barrier()
     if rank == 0:
-        print(f"FRAMEWORK OK {name} np={size} backend={backend} steps={len(losses)} "
-              f"loss {first:.4g} -> {last:.4g} params sha256 {digest[:16]} on every rank", flush=True)
+        print(
+            f"FRAMEWORK OK {name} np={size} backend={backend} steps={len(losses)} "
+            f"loss {first:.4g} -> {last:.4g} params sha256 {digest[:16]} on every rank",
+            flush=True,
+        )

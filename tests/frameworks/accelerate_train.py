@@ -3,16 +3,17 @@
 the group initialized and uses it. Without ``cpu=True`` on a node without GPUs, Accelerate
 starts no distributed run and does not wrap the model: every rank would train alone.
 """
+
 from __future__ import annotations
 
 import os
+
 import torch
 import torch.distributed as dist
+from _fwcheck import Indexed, finish, regression_data
 from mpi4py import MPI
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
-
-from _fwcheck import Indexed, finish, regression_data
 
 N = 256
 

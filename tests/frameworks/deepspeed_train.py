@@ -15,6 +15,7 @@ match (to float32 rounding) the same model trained in one process on the global 
 computed on every rank beside it. DeepSpeed clips gradients to norm 1.0 unless told otherwise
 (``gradient_clipping``); the config sets 0 so that the two compare.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,10 @@ import copy
 
 import torch
 import torch.distributed as dist
+from _fwcheck import Indexed, finish, param_digest, reference_step, regression_data
 from mpi4py import MPI
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
-
-from _fwcheck import Indexed, finish, param_digest, reference_step, regression_data
 
 N, BATCH = 256, 16
 
@@ -73,10 +73,15 @@ def train(stage: int) -> str:
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
-            reference_step(reference, ref_opt, x, y, order[step * BATCH:(step + 1) * BATCH].reshape(-1))
+            reference_step(reference, ref_opt, x, y, order[step * BATCH : (step + 1) * BATCH].reshape(-1))
     for p, r in zip(engine.module.parameters(), reference.parameters()):
-        torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"ZeRO-{stage}: DeepSpeed and one-process training differ: {m}")
+        torch.testing.assert_close(
+            p.detach(),
+            r.detach(),
+            rtol=1e-4,
+            atol=1e-5,
+            msg=lambda m: f"ZeRO-{stage}: DeepSpeed and one-process training differ: {m}",
+        )
     finish(f"deepspeed-zero{stage}", engine.module.parameters(), losses, data.served, N)
     digest = param_digest(engine.module.parameters())
     engine.destroy()

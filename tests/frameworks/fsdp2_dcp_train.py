@@ -10,6 +10,7 @@
 3. The same through ``dcp.async_save`` (its future's ``result()``), then ``dcp.load``:
    ``FRAMEWORK OK fsdp2-dcp-async``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,16 +19,19 @@ import os
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _fwcheck import Indexed, finish, out_dir, reference_step, regression_data
 from mpi4py import MPI
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
-
-from _fwcheck import Indexed, finish, out_dir, reference_step, regression_data
 
 N, BATCH = 256, 8
 
@@ -41,8 +45,12 @@ def full_params(model) -> list[torch.Tensor]:
 
 
 def full_optim(osd: dict) -> list[torch.Tensor]:
-    return [full(v).clone() for _, st in sorted(osd["state"].items()) for _, v in sorted(st.items())
-            if isinstance(v, torch.Tensor)]
+    return [
+        full(v).clone()
+        for _, st in sorted(osd["state"].items())
+        for _, v in sorted(st.items())
+        if isinstance(v, torch.Tensor)
+    ]
 
 
 def roundtrip(model, opt, path: str, use_async: bool) -> None:
@@ -68,8 +76,9 @@ def roundtrip(model, opt, path: str, use_async: bool) -> None:
     set_optimizer_state_dict(model, opt, state["optim"])
     after, opt_after = full_params(model), full_optim(get_optimizer_state_dict(model, opt))
     assert all(torch.equal(a, b) for a, b in zip(before, after)), f"{path}: the parameters did not load back"
-    assert len(opt_before) == len(opt_after) > 0 and all(torch.equal(a, b) for a, b in zip(opt_before, opt_after)), \
+    assert len(opt_before) == len(opt_after) > 0 and all(torch.equal(a, b) for a, b in zip(opt_before, opt_after)), (
         f"{path}: the optimizer state did not load back"
+    )
 
 
 def main() -> None:
@@ -92,17 +101,22 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
     order = torch.arange(N).reshape(-1, world)  # position i of every rank's shard: indices i*world + r
     losses = []
-    for epoch in range(2):
+    for _epoch in range(2):
         for step, (xb, yb) in enumerate(loader):
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(xb), yb)
             loss.backward()
             opt.step()
             losses.append(loss.item())
-            reference_step(reference, ref_opt, x, y, order[step * BATCH:(step + 1) * BATCH].reshape(-1))
+            reference_step(reference, ref_opt, x, y, order[step * BATCH : (step + 1) * BATCH].reshape(-1))
     for p, r in zip(full_params(model), reference.parameters()):
-        torch.testing.assert_close(p, r.detach(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"[rank {rank}] FSDP2 and one-process training differ: {m}")
+        torch.testing.assert_close(
+            p,
+            r.detach(),
+            rtol=1e-4,
+            atol=1e-5,
+            msg=lambda m: f"[rank {rank}] FSDP2 and one-process training differ: {m}",
+        )
     finish("fsdp2", full_params(model), losses, data.served, N)
 
     root = os.path.join(out_dir(), "dcp")
@@ -113,8 +127,10 @@ def main() -> None:
     roundtrip(model, opt, os.path.join(root, "async"), use_async=True)
     MPI.COMM_WORLD.Barrier()
     if rank == 0:
-        print(f"FRAMEWORK OK fsdp2-dcp-async np={world} dcp.async_save and dcp.load: model and optimizer bitwise",
-              flush=True)
+        print(
+            f"FRAMEWORK OK fsdp2-dcp-async np={world} dcp.async_save and dcp.load: model and optimizer bitwise",
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

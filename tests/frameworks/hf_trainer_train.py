@@ -4,17 +4,17 @@ the Trainer's Accelerate finds the group initialized and uses it. A tiny BERT bu
 ``BertConfig`` (no download) learns a sequence classification in which the label is decided by
 the first token.
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 import torch.distributed as dist
+from _fwcheck import Indexed, finish, out_dir
 from mpi4py import MPI
 
 import mpidist.torch  # noqa: F401  registers backend "mpidist"
-
-from _fwcheck import Indexed, finish, out_dir
 
 N, SEQ, VOCAB = 256, 8, 32
 
@@ -24,8 +24,14 @@ def main() -> None:
         dist.init_process_group("mpidist")
     # else (FW_BACKEND=mpi): the framework picks backend "mpi" on its own (import mpidist.torch
     # made torch.distributed.is_mpi_available() True) and initializes the group itself
-    from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,
-                              TrainingArguments, set_seed)
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
     from transformers.training_args import ParallelMode
 
     set_seed(0)
@@ -33,8 +39,15 @@ def main() -> None:
     ids = torch.randint(1, VOCAB, (N, SEQ), generator=g)
     labels = (ids[:, 0] >= VOCAB // 2).long()
     data = Indexed(ids, torch.ones_like(ids), labels, as_dict=("input_ids", "attention_mask", "labels"))
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=SEQ, num_labels=2)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(config)
 
     losses = []
@@ -45,9 +58,18 @@ def main() -> None:
                 losses.append(float(logs["loss"]))
 
     args = TrainingArguments(
-        output_dir=os.path.join(out_dir(), "hf"), use_cpu=True, per_device_train_batch_size=16,
-        num_train_epochs=4, learning_rate=3e-3, logging_steps=1, save_strategy="no", report_to=[],
-        seed=0, dataloader_num_workers=0, disable_tqdm=True)
+        output_dir=os.path.join(out_dir(), "hf"),
+        use_cpu=True,
+        per_device_train_batch_size=16,
+        num_train_epochs=4,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     assert args.parallel_mode == ParallelMode.DISTRIBUTED, args.parallel_mode
     assert args.world_size == MPI.COMM_WORLD.Get_size() and args.process_index == dist.get_rank()
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Record()])

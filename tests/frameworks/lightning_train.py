@@ -6,17 +6,17 @@ Two fits in one job, each with its own Trainer and model: first logging with ``s
 (``FRAMEWORK OK lightning-sync-dist``). The module overrides ``prepare_data``, which Lightning
 runs on local rank 0 inside a barrier on a gloo group of its own.
 """
+
 from __future__ import annotations
 
-import torch
-from mpi4py import MPI
-
-import mpidist.torch  # noqa: F401  registers backend "mpidist"
 import pytorch_lightning as pl
+import torch
+from _fwcheck import Indexed, finish, out_dir, regression_data
 from lightning_fabric.plugins.environments import MPIEnvironment
+from mpi4py import MPI
 from pytorch_lightning.strategies import DDPStrategy
 
-from _fwcheck import Indexed, finish, out_dir, regression_data
+import mpidist.torch  # noqa: F401  registers backend "mpidist"
 
 N = 256
 
@@ -51,10 +51,18 @@ def fit(sync_dist: bool) -> None:
     data = Indexed(*regression_data(N))
     model = Regressor(sync_dist=sync_dist)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=MPI.COMM_WORLD.Get_size(), num_nodes=1, max_epochs=4,
+        accelerator="cpu",
+        devices=MPI.COMM_WORLD.Get_size(),
+        num_nodes=1,
+        max_epochs=4,
         strategy=DDPStrategy(process_group_backend="mpidist", cluster_environment=MPIEnvironment()),
-        default_root_dir=out_dir(), logger=pl.loggers.CSVLogger(out_dir()), enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
+        default_root_dir=out_dir(),
+        logger=pl.loggers.CSVLogger(out_dir()),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True)
     trainer.fit(model, loader)
     assert trainer.world_size == MPI.COMM_WORLD.Get_size()

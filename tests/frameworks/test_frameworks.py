@@ -13,6 +13,7 @@ The suite runs only under ``make test-frameworks`` (``MPIDIST_TEST_FRAMEWORKS=1`
 installs the ``frameworks`` extra first; elsewhere (the other passes of ``make test``, a plain
 ``pytest``) it is skipped, so that it neither runs twice nor fails for want of the packages.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,12 +24,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_free_env
 
 if os.environ.get("MPIDIST_TEST_FRAMEWORKS") != "1":
-    pytest.skip("the frameworks suite runs under `make test-frameworks` (MPIDIST_TEST_FRAMEWORKS=1)",
-                allow_module_level=True)
+    pytest.skip(
+        "the frameworks suite runs under `make test-frameworks` (MPIDIST_TEST_FRAMEWORKS=1)", allow_module_level=True
+    )
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -38,11 +39,17 @@ SIZES = [2, 4]
 
 
 def job_env(out: Path) -> dict:
-    env = launcher_free_env(OMP_NUM_THREADS="1", FW_OUT=str(out), TMPDIR=str(out), HF_HOME=str(out / "hf-home"),
-                            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MPLCONFIGDIR=str(out / "mpl"),
-                            TOKENIZERS_PARALLELISM="false")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "PYTHONPATH"):
+    env = launcher_free_env(
+        OMP_NUM_THREADS="1",
+        FW_OUT=str(out),
+        TMPDIR=str(out),
+        HF_HOME=str(out / "hf-home"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        MPLCONFIGDIR=str(out / "mpl"),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH"):
         env.pop(name, None)
     return env
 
@@ -58,10 +65,28 @@ def run_job():
         key = (script, n, backend)
         if key not in jobs:
             out = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}-np{n}-", dir=root.name))
-            cmd = ["timeout", "-k", "10", str(JOB_TIMEOUT), MPIEXEC, "-n", str(n), sys.executable, "-m", "mpidist",
-                   str(HERE / script)]
-            jobs[key] = subprocess.run(cmd, cwd=out, env=dict(job_env(out), FW_BACKEND=backend), stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT + 30)
+            cmd = [
+                "timeout",
+                "-k",
+                "10",
+                str(JOB_TIMEOUT),
+                MPIEXEC,
+                "-n",
+                str(n),
+                sys.executable,
+                "-m",
+                "mpidist",
+                str(HERE / script),
+            ]
+            jobs[key] = subprocess.run(
+                cmd,
+                cwd=out,
+                env=dict(job_env(out), FW_BACKEND=backend),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=JOB_TIMEOUT + 30,
+            )
         return jobs[key]
 
     with root:

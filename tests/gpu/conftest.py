@@ -1,5 +1,6 @@
 """tests/gpu: run only where CuPy imports and sees a CUDA device; skipped with the reason
 otherwise (so `make test` on a CPU machine collects and skips them)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,10 @@ _HERE = Path(__file__).parent
 
 def _no_gpu_reason() -> Optional[str]:
     if importlib.util.find_spec("cupy") is None:
-        return ("CuPy is not importable by this Python: the GPU tests need it (pip install 'mpidist[gpu]', "
-                "or a venv made with --system-site-packages where CuPy is installed system-wide)")
+        return (
+            "CuPy is not importable by this Python: the GPU tests need it (pip install 'mpidist[gpu]', "
+            "or a venv made with --system-site-packages where CuPy is installed system-wide)"
+        )
     try:
         import cupy
 

@@ -8,6 +8,7 @@ The CPU suite covers the same code with a stand-in array module (tests/test_ddp_
 this file checks what only real cupy shows: its kernels, streams, cuSOLVER's QR and
 the device paths of the collectives underneath DDP.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,13 +20,13 @@ from mpi4py import MPI
 cupy = pytest.importorskip("cupy", reason="cupy is not installed")
 
 import mpidist  # noqa: E402
+from mpidist._reduce_op import ReduceOp  # noqa: E402
 from mpidist.algorithms import ring_all_reduce  # noqa: E402
 from mpidist.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential  # noqa: E402
 from mpidist.optim import SGD  # noqa: E402
 from mpidist.parallel import DistributedDataParallel  # noqa: E402
 from mpidist.parallel.comm_hooks import PowerSGDState, fp16_compress_hook, powerSGD_hook  # noqa: E402
-from mpidist._reduce_op import ReduceOp  # noqa: E402
 
 
 def _device_count() -> int:
@@ -59,8 +60,9 @@ D_IN, HIDDEN, CLASSES, BATCH, STEPS = 16, 64, 5, 8, 5
 
 def mlp(seed: int) -> Sequential:
     rng = np.random.default_rng(seed)
-    return Sequential(Linear(D_IN, HIDDEN, rng=rng), ReLU(), Linear(HIDDEN, HIDDEN, rng=rng), ReLU(),
-                      Linear(HIDDEN, CLASSES, rng=rng))
+    return Sequential(
+        Linear(D_IN, HIDDEN, rng=rng), ReLU(), Linear(HIDDEN, HIDDEN, rng=rng), ReLU(), Linear(HIDDEN, CLASSES, rng=rng)
+    )
 
 
 def batches(world_size: int, rank: int):
@@ -81,8 +83,11 @@ def test_module_to_cuda_and_back_round_trip():
         assert isinstance(p.data, cupy.ndarray) and p.data.device.id == cupy.cuda.Device().id
         assert cupy.asnumpy(p.data).tobytes() == b.tobytes()
     x = np.random.default_rng(1).standard_normal((3, D_IN)).astype(np.float32)
-    with pytest.raises(TypeError, match=r"Linear.forward: x must be on cuda:\d \(the device of parameter "
-                                        r"'0.weight'\), got a cpu array"):
+    with pytest.raises(
+        TypeError,
+        match=r"Linear.forward: x must be on cuda:\d \(the device of parameter "
+        r"'0.weight'\), got a cpu array",
+    ):
         model(x)
     out = model(cupy.asarray(x))
     assert isinstance(out, cupy.ndarray)
@@ -129,9 +134,16 @@ def test_mlp_on_cupy_under_ddp_matches_numpy_and_agrees_across_ranks(dist, world
             ddp.register_comm_hook(None, fp16_compress_hook)
         elif hook is not None:
             ddp.register_comm_hook(PowerSGDState(None, start_powerSGD_iter=2, **hook), powerSGD_hook)
-        models.append((model, ddp, SGD(model.parameters(), lr=0.05, momentum=0.9), CrossEntropyLoss(),
-                       cupy.asarray if on_gpu else np.asarray))
-    for model, ddp, opt, crit, to_device in models:
+        models.append(
+            (
+                model,
+                ddp,
+                SGD(model.parameters(), lr=0.05, momentum=0.9),
+                CrossEntropyLoss(),
+                cupy.asarray if on_gpu else np.asarray,
+            )
+        )
+    for _model, ddp, opt, crit, to_device in models:
         for step in range(STEPS):
             opt.zero_grad()
             crit(ddp(to_device(x[step])), to_device(y[step]))
@@ -146,8 +158,16 @@ def test_mlp_on_cupy_under_ddp_matches_numpy_and_agrees_across_ranks(dist, world
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype, op", [("float32", ReduceOp.SUM), ("float32", ReduceOp.MAX),
-                                       ("float16", ReduceOp.SUM), ("int32", ReduceOp.SUM), ("bool", ReduceOp.BOR)])
+@pytest.mark.parametrize(
+    "dtype, op",
+    [
+        ("float32", ReduceOp.SUM),
+        ("float32", ReduceOp.MAX),
+        ("float16", ReduceOp.SUM),
+        ("int32", ReduceOp.SUM),
+        ("bool", ReduceOp.BOR),
+    ],
+)
 def test_ring_all_reduce_on_cupy_arrays(dist, dtype, op):
     if not _cuda_aware():
         pytest.skip("the ring on device arrays needs a CUDA-aware MPI (MPIDIST_CUDA_AWARE=1 or detected)")

@@ -8,8 +8,8 @@ exact; every rank checks its own result against numpy.
 
 Run: ``mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_gpu_nccl.py`` (and -n 1).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -36,6 +36,7 @@ def _gpu_skip_reason() -> str:
         return "no GPU"
     try:
         from cupy.cuda import nccl as cnccl  # noqa: PLC0415
+
         version = cnccl.get_version()
     except Exception as exc:  # noqa: BLE001
         return f"CuPy has no NCCL: {exc}"
@@ -80,9 +81,19 @@ def total(name: str, dtype, shape, n: int, salt: int) -> np.ndarray:
     return (acc / n).astype(dtype) if name == "AVG" else acc
 
 
-CASES = [("SUM", np.float32), ("SUM", np.int64), ("SUM", np.float16), ("AVG", np.float64), ("PRODUCT", np.int32),
-         ("MIN", np.uint8), ("MAX", np.float32), ("SUM", np.bool_), ("PRODUCT", np.bool_), ("SUM", np.complex64),
-         ("AVG", np.complex128)]
+CASES = [
+    ("SUM", np.float32),
+    ("SUM", np.int64),
+    ("SUM", np.float16),
+    ("AVG", np.float64),
+    ("PRODUCT", np.int32),
+    ("MIN", np.uint8),
+    ("MAX", np.float32),
+    ("SUM", np.bool_),
+    ("PRODUCT", np.bool_),
+    ("SUM", np.complex64),
+    ("AVG", np.complex128),
+]
 
 
 @pytest.mark.parametrize("async_op", [False, True])
@@ -149,8 +160,9 @@ def test_reduce_scatter_and_all_to_all(gpu):
         np.testing.assert_array_equal(cupy.asnumpy(a_out[k]), data(np.int64, k + me + 1, 10, k, me))
     single = cupy.asarray(np.concatenate([data(np.int64, (2, 2), 11, me, k) for k in range(n)]))
     nccl.run("all_to_all_single", gpu, {"output": single, "input": single})  # overlapping: staged
-    np.testing.assert_array_equal(cupy.asnumpy(single),
-                                  np.concatenate([data(np.int64, (2, 2), 11, k, me) for k in range(n)]))
+    np.testing.assert_array_equal(
+        cupy.asnumpy(single), np.concatenate([data(np.int64, (2, 2), 11, k, me) for k in range(n)])
+    )
 
 
 @pytest.mark.mpi(min_size=2)
@@ -168,8 +180,10 @@ def test_point_to_point(gpu):
         nccl.run("send", gpu, {"tensor": mine, "dst": other})
     np.testing.assert_array_equal(cupy.asnumpy(got), data(np.float32, 1000, 12, other))
     got[...] = 0
-    works = [nccl.run("irecv", gpu, {"tensor": got, "src": other}),
-             nccl.run("isend", gpu, {"tensor": mine, "dst": other})]
+    works = [
+        nccl.run("irecv", gpu, {"tensor": got, "src": other}),
+        nccl.run("isend", gpu, {"tensor": mine, "dst": other}),
+    ]
     for w in works:
         w.wait()
     np.testing.assert_array_equal(cupy.asnumpy(got), data(np.float32, 1000, 12, other))
@@ -217,6 +231,7 @@ def test_bad_device(gpu):
 
 # -- the public API: the router sends device arrays on an NCCL group to NCCL --------------------
 
+
 @pytest.fixture
 def nccl_group(gpu):
     """A group of every rank with torch's mixed backend string; destroyed afterwards."""
@@ -253,8 +268,8 @@ def test_ddp_over_nccl_matches_ddp_over_mpi_on_the_host(nccl_group):
 
     rank = MPI.COMM_WORLD.Get_rank()
     rng = np.random.default_rng(3)
-    xs = rng.standard_normal((4, 8 * _SIZE, 6)).astype(np.float32)[:, rank * 8:(rank + 1) * 8]
-    ys = rng.integers(0, 3, size=(4, 8 * _SIZE))[:, rank * 8:(rank + 1) * 8]
+    xs = rng.standard_normal((4, 8 * _SIZE, 6)).astype(np.float32)[:, rank * 8 : (rank + 1) * 8]
+    ys = rng.integers(0, 3, size=(4, 8 * _SIZE))[:, rank * 8 : (rank + 1) * 8]
     for hook, tol in ((None, 1e-5), (fp16_compress_hook, 2e-2)):
         runs = []
         for on_gpu in (False, True):

@@ -1,6 +1,7 @@
 """Real cupy arrays through host staging and through CUDA-aware MPI: every op equals the
 host op on numpy, sync and async, at world sizes 1 and 2 (several ranks may share a GPU:
 staging and CUDA-aware MPI allow it; NCCL is tests/gpu/test_gpu_nccl.py)."""
+
 from __future__ import annotations
 
 import os

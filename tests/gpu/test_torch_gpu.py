@@ -6,6 +6,7 @@ Run: ``python -m pytest --with-mpi -q tests/gpu/test_torch_gpu.py`` and under
 ``mpiexec -n 2`` (two ranks may share one GPU). torch's default group starts mpidist's
 runtime, whose CUDA tensors take NCCL where CuPy has it (else CUDA-aware MPI or staging).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,9 +16,9 @@ if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device (or is a CPU build)", allow_module_level=True)
 
 import torch.distributed as tdist  # noqa: E402
+from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
 
 import mpidist.torch  # noqa: E402, F401
-from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

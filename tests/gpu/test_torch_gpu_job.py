@@ -5,6 +5,7 @@ Both reach the CPU job's accuracy; at 1 rank the two backends train bitwise the 
 
 Skipped with the reason where torch sees no CUDA device. Run serially (it starts its own jobs).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,9 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device (or is a CPU build)", allow_module_level=True)
 
+from conftest import launcher_free_env  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from conftest import launcher_free_env  # noqa: E402
 from mpidist.checkpoint import load_checkpoint  # noqa: E402
 from mpidist.device import _nccl_core  # noqa: E402
 
@@ -29,16 +30,27 @@ if MPI.COMM_WORLD.Get_size() > 1:
     pytest.skip("starts its own jobs: runs in the serial pass", allow_module_level=True)
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
-JOB = [sys.executable, "-m", "mpidist", "-m", "mpidist.examples.train_torch", "--no-progress", "--device", "cuda",
-       "--epochs", "8"]
+JOB = [
+    sys.executable,
+    "-m",
+    "mpidist",
+    "-m",
+    "mpidist.examples.train_torch",
+    "--no-progress",
+    "--device",
+    "cuda",
+    "--epochs",
+    "8",
+]
 
 
 def run(n: int, out: Path, *args: str) -> dict:
     env = launcher_free_env(OMP_NUM_THREADS="1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    job = subprocess.run([MPIEXEC, "-n", str(n), *JOB, "--out", str(out), *args], capture_output=True, text=True,
-                         timeout=300, env=env)
+    job = subprocess.run(
+        [MPIEXEC, "-n", str(n), *JOB, "--out", str(out), *args], capture_output=True, text=True, timeout=300, env=env
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     assert " on cuda, " in job.stdout, job.stdout
     history = json.loads((out / "metrics.json").read_text())

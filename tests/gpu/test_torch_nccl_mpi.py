@@ -7,6 +7,7 @@ torch's NCCL is >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL refuses it otherw
 Run: ``python -m pytest --with-mpi -q tests/gpu/test_torch_nccl_mpi.py`` and under
 ``mpiexec -n 2``.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,9 @@ if not torch.cuda.is_available():
 
 import torch.distributed as tdist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
 
 import mpidist.torch  # noqa: E402, F401  (registers mpi://)
-from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
 from mpidist.device._nccl_core import shared_gpu_refused  # noqa: E402
 
 pytestmark = pytest.mark.mpi

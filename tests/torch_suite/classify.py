@@ -36,6 +36,7 @@ Classification of ``"mpidist"`` (only this; no assertion, helper or test body is
 
 For the gloo control nothing is changed: ``BACKEND`` is the plain ``"gloo"``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -50,14 +51,22 @@ WORLD_SIZE = 3
 #: torch's gate reasons for the CPU all_to_all tests (MPI only in torch's classification).
 ALL_TO_ALL_REASONS = ("Only MPI supports all_to_all", "Only MPI supports CPU all_to_all_single")
 #: The tests that carry those gates in torch 2.13.0 (checked by :func:`load`).
-ALL_TO_ALL_TESTS = frozenset({
-    "test_all_to_all", "test_all_to_all_complex",
-    "test_all_to_all_full_group", "test_all_to_all_group",
-    "test_all_to_all_single_equal_split", "test_all_to_all_single_equal_split_complex",
-    "test_all_to_all_single_equal_split_full_group", "test_all_to_all_single_equal_split_group",
-    "test_all_to_all_single_unequal_split", "test_all_to_all_single_unequal_split_complex",
-    "test_all_to_all_single_unequal_split_full_group", "test_all_to_all_single_unequal_split_group",
-})
+ALL_TO_ALL_TESTS = frozenset(
+    {
+        "test_all_to_all",
+        "test_all_to_all_complex",
+        "test_all_to_all_full_group",
+        "test_all_to_all_group",
+        "test_all_to_all_single_equal_split",
+        "test_all_to_all_single_equal_split_complex",
+        "test_all_to_all_single_equal_split_full_group",
+        "test_all_to_all_single_equal_split_group",
+        "test_all_to_all_single_unequal_split",
+        "test_all_to_all_single_unequal_split_complex",
+        "test_all_to_all_single_unequal_split_full_group",
+        "test_all_to_all_single_unequal_split_group",
+    }
+)
 _BUILTIN = frozenset({"gloo", "nccl", "mpi", "ucc", "xccl", "hccl", "fake", "threaded", "undefined"})
 MODULE = "torch.testing._internal.distributed.distributed_test"
 
@@ -70,7 +79,7 @@ class Classified(str):
     method (``lower``, ``upper``, formatting, ``str()``) gives plain strs of ``value``.
     """
 
-    def __new__(cls, value: str, like: str) -> "Classified":
+    def __new__(cls, value: str, like: str) -> Classified:
         self = super().__new__(cls, value)
         self.like = like
         return self
@@ -93,7 +102,7 @@ def prepare_env(init_method: str) -> None:
     os.environ["BACKEND"] = "gloo"
     os.environ["WORLD_SIZE"] = str(WORLD_SIZE)
     os.environ["INIT_METHOD"] = init_method
-    os.environ.setdefault("TEMP_DIR", os.path.dirname(init_method[len("file://"):]))
+    os.environ.setdefault("TEMP_DIR", os.path.dirname(init_method[len("file://") :]))
 
 
 def load(backend: str, profile: bool = PROFILE_MPIDIST) -> Any:
@@ -104,14 +113,21 @@ def load(backend: str, profile: bool = PROFILE_MPIDIST) -> Any:
         raise RuntimeError("call prepare_env() before load(): the suite's gates are evaluated at import")
     dt = importlib.import_module(MODULE)
     base = dt.DistributedTest._DistTestBase
-    gated = {name for name, fn in vars(base).items()
-             if name.startswith("test") and getattr(fn, "__unittest_skip__", False)
-             and getattr(fn, "__unittest_skip_why__", None) in ALL_TO_ALL_REASONS}
+    gated = {
+        name
+        for name, fn in vars(base).items()
+        if name.startswith("test")
+        and getattr(fn, "__unittest_skip__", False)
+        and getattr(fn, "__unittest_skip_why__", None) in ALL_TO_ALL_REASONS
+    }
     if gated != ALL_TO_ALL_TESTS:
-        raise RuntimeError(f"torch gates other tests as all_to_all than this harness knows: "
-                           f"new {sorted(gated - ALL_TO_ALL_TESTS)}, gone {sorted(ALL_TO_ALL_TESTS - gated)}")
+        raise RuntimeError(
+            f"torch gates other tests as all_to_all than this harness knows: "
+            f"new {sorted(gated - ALL_TO_ALL_TESTS)}, gone {sorted(ALL_TO_ALL_TESTS - gated)}"
+        )
     if backend == "mpidist":
         import mpidist.torch  # noqa: F401  (registers the backend)
+
         for name in gated:
             fn = vars(base)[name]
             del fn.__unittest_skip__, fn.__unittest_skip_why__
@@ -135,6 +151,7 @@ def static_skip(dt: Any, name: str) -> Any:
 
 if __name__ == "__main__":  # list the selection: python classify.py [gloo|mpidist]
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         prepare_env("file://" + os.path.join(d, "init"))
         mod = load(sys.argv[1] if len(sys.argv) > 1 else "mpidist")

@@ -19,6 +19,7 @@ test (set-up, test and tear-down) on a watchdog thread, which writes ``timeout``
 thread's stack to stderr and aborts the whole job (MPI_Abort); an exception outside a test
 aborts the job as well. run.py then restarts the job at the next test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ RANK = COMM.Get_rank()
 
 
 def _abort_on_exception(kind, value, tb):  # a failing rank ends the job, never hangs it
-    sys.stderr.write(f"[rank {RANK}] torch_suite harness error, aborting the job:\n"
-                     + "".join(traceback.format_exception(kind, value, tb)))
+    sys.stderr.write(
+        f"[rank {RANK}] torch_suite harness error, aborting the job:\n"
+        + "".join(traceback.format_exception(kind, value, tb))
+    )
     sys.stderr.flush()
     COMM.Abort(2)
 
@@ -85,7 +88,7 @@ class _Req:
 class Watchdog(threading.Thread):
     """Aborts the job when a test runs past its time."""
 
-    def __init__(self, out: "Recorder") -> None:
+    def __init__(self, out: Recorder) -> None:
         super().__init__(daemon=True, name="torch_suite watchdog")
         self.out = out
         self.cv = threading.Condition()
@@ -109,10 +112,13 @@ class Watchdog(threading.Thread):
                     self.cv.wait(left)
                     continue
                 test = self.test
-                self.out.write(test, "timeout", f"no result after {self.limit:.0f} s on rank {RANK} (job aborted)",
-                               "", self.limit)
-                sys.stderr.write(f"\n[rank {RANK}] torch_suite: {test} still running after {self.limit:.0f} s; "
-                                 f"stacks of every thread, then MPI_Abort:\n")
+                self.out.write(
+                    test, "timeout", f"no result after {self.limit:.0f} s on rank {RANK} (job aborted)", "", self.limit
+                )
+                sys.stderr.write(
+                    f"\n[rank {RANK}] torch_suite: {test} still running after {self.limit:.0f} s; "
+                    f"stacks of every thread, then MPI_Abort:\n"
+                )
                 faulthandler.dump_traceback(all_threads=True)
                 sys.stderr.flush()
                 time.sleep(5)  # the other ranks' watchdogs (armed within ms of this one) dump theirs too
@@ -125,8 +131,9 @@ class Recorder:
         self.lock = threading.Lock()
 
     def write(self, test: str, outcome: str, cause: str, tb: str, secs: float) -> None:
-        line = json.dumps({"test": test, "rank": RANK, "outcome": outcome, "cause": cause, "traceback": tb,
-                           "secs": round(secs, 2)})
+        line = json.dumps(
+            {"test": test, "rank": RANK, "outcome": outcome, "cause": cause, "traceback": tb, "secs": round(secs, 2)}
+        )
         with self.lock, open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()
@@ -138,8 +145,9 @@ def one_line(tb: str) -> str:
     column 0 that names it, e.g. ``AssertionError: ...``), shortened."""
     pick = ""
     for ln in tb.splitlines():
-        if re.match(r"[A-Za-z_][\w.]*(: |$)", ln) and not ln.startswith(("Traceback", "During handling",
-                                                                          "The above exception")):
+        if re.match(r"[A-Za-z_][\w.]*(: |$)", ln) and not ln.startswith(
+            ("Traceback", "During handling", "The above exception")
+        ):
             pick = ln.strip()
     pick = pick or (tb.strip().splitlines() or [""])[-1].strip()
     return pick if len(pick) <= 300 else pick[:297] + "..."
@@ -147,8 +155,8 @@ def one_line(tb: str) -> str:
 
 def make_case(dt: Any, backend: str, chan: Channel) -> type:
     """torch's TestDistBackend + _DistTestBase, with the process machinery replaced by MPI ranks."""
-    from torch.testing._internal import common_distributed, common_utils
     import torch.distributed as dist
+    from torch.testing._internal import common_distributed, common_utils
 
     skip_codes = {s.exit_code: s.message for s in common_distributed.TEST_SKIPS.values()}
 
@@ -158,6 +166,7 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
         def join_or_run(self, fn):
             """torch's wrapper runs the test in the children and joins them in the parent; here the
             rank runs it, and a sys.exit with a skip code is a skip (the parent's reading of it)."""
+
             def run(*args, **kwargs):
                 try:
                     fn(*args, **kwargs)
@@ -167,6 +176,7 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
                         raise unittest.SkipTest(skip_codes[code]) from None
                     raise AssertionError(f"the test exited the process with code {e.code!r}") from e
                 self.passed = True
+
             return run
 
         def setUp(self):
@@ -174,8 +184,9 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
             # on every rank, then every rank takes rank 0's paths: one shared set, as the children's.
             chan.sync()
             super().setUp()
-            shared = chan.bcast((self.file_name, os.environ["TEMP_DIR"], os.environ["INIT_METHOD"])
-                                if RANK == 0 else None)
+            shared = chan.bcast(
+                (self.file_name, os.environ["TEMP_DIR"], os.environ["INIT_METHOD"]) if RANK == 0 else None
+            )
             if RANK != 0:
                 os.unlink(self.file_name)
             self.file_name, os.environ["TEMP_DIR"], os.environ["INIT_METHOD"] = shared
@@ -185,8 +196,13 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
             self.rank = RANK
             name = self._testMethodName
             timeout = timedelta(seconds=dt.CUSTOM_PG_TIMEOUT.get(name, dt.default_pg_timeout))
-            dist.init_process_group(init_method=self.init_method, backend=dt.BACKEND,
-                                    world_size=int(self.world_size), rank=self.rank, timeout=timeout)
+            dist.init_process_group(
+                init_method=self.init_method,
+                backend=dt.BACKEND,
+                world_size=int(self.world_size),
+                rank=self.rank,
+                timeout=timeout,
+            )
             self._barrier()
             common_utils.set_rng_seed()
 
@@ -227,8 +243,7 @@ def main() -> None:
     p.add_argument("--tests", required=True, help="file with one test name per line, run in that order")
     p.add_argument("--out", required=True, help="directory for rank{R}.jsonl")
     p.add_argument("--test-timeout", type=float, default=120.0)
-    p.add_argument("--pg-timeout", type=float, default=None,
-                   help="the suite's default_pg_timeout (torch: 60 s)")
+    p.add_argument("--pg-timeout", type=float, default=None, help="the suite's default_pg_timeout (torch: 60 s)")
     p.add_argument("--profile", action="store_true", help="mpidist in the suite's profiling lists")
     args = p.parse_args()
     sys.excepthook = _abort_on_exception
@@ -249,8 +264,11 @@ def main() -> None:
     dog = Watchdog(rec)
     dog.start()
     for name in names:
-        limit = max(args.test_timeout, dt.CUSTOM_PG_TIMEOUT[name] + 60) if name in dt.CUSTOM_PG_TIMEOUT \
+        limit = (
+            max(args.test_timeout, dt.CUSTOM_PG_TIMEOUT[name] + 60)
+            if name in dt.CUSTOM_PG_TIMEOUT
             else args.test_timeout
+        )
         dog.arm(name, limit)
         t0 = time.monotonic()
         outcome, cause, tb = run_one(case_cls, name)
@@ -258,8 +276,10 @@ def main() -> None:
         dog.arm(None, 0)
         rec.write(name, outcome, cause, tb, secs)
         if RANK == 0:
-            print(f"[{args.backend}] {name}: {outcome} ({secs:.1f} s){' ' + cause if outcome == 'fail' else ''}",
-                  flush=True)
+            print(
+                f"[{args.backend}] {name}: {outcome} ({secs:.1f} s){' ' + cause if outcome == 'fail' else ''}",
+                flush=True,
+            )
         chan.sync()
     case_cls.tearDownClass()
 

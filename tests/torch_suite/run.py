@@ -19,6 +19,7 @@ test (at most ``--restarts`` times per backend), and the test is reported as ``t
 ``OUT/{backend}.log`` (every rank's output), ``OUT/results.json`` and ``OUT/results.md``.
 README.md next to this file: the classification, the selection, the exceptions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -42,9 +42,9 @@ TORCH_C10D = "torch/distributed/distributed_c10d.py"
 #: Tests that a backend registered from Python cannot pass because of torch itself, with the
 #: torch line that stops them (torch 2.13.0). Reported, never run on mpidist.
 EXCEPTIONS = {
-    "test_monitored_barrier_gloo":
-        f"{TORCH_C10D}:5418-5419: dist.monitored_barrier raises 'monitored_barrier is only implemented for "
-        f"GLOO backend' for any other backend",
+    "test_monitored_barrier_gloo": f"{TORCH_C10D}:5418-5419: dist.monitored_barrier raises "
+    "'monitored_barrier is only implemented for "
+    f"GLOO backend' for any other backend",
     "test_monitored_barrier_gloo_subgroup": f"{TORCH_C10D}:5418-5419: as test_monitored_barrier_gloo",
     "test_monitored_barrier_failure_order": f"{TORCH_C10D}:5418-5419: as test_monitored_barrier_gloo",
     "test_monitored_barrier_wait_all_ranks": f"{TORCH_C10D}:5418-5419: as test_monitored_barrier_gloo",
@@ -70,8 +70,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--job-timeout", type=float, default=1800.0, help="seconds per backend in all (default 1800)")
     p.add_argument("--restarts", type=int, default=20, help="job restarts per backend after a hang or crash")
     p.add_argument("--profile", action="store_true", help="mpidist in the suite's profiling lists")
-    p.add_argument("--control", choices=("all", "failures"), default="all",
-                   help="gloo runs every test (all), or only those that did not pass on mpidist (failures)")
+    p.add_argument(
+        "--control",
+        choices=("all", "failures"),
+        default="all",
+        help="gloo runs every test (all), or only those that did not pass on mpidist (failures)",
+    )
     p.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable), "mpiexec"))
     return p.parse_args()
 
@@ -111,8 +115,12 @@ def merge(records: list) -> dict:
         if bad in outs:
             first = min(r for r in by if by[r]["outcome"] == bad)
             ranks = sorted(r for r in by if by[r]["outcome"] == bad)
-            return {"outcome": bad, "cause": f"rank {','.join(map(str, ranks))}: {by[first]['cause']}",
-                    "secs": secs, "traceback": by[first]["traceback"]}
+            return {
+                "outcome": bad,
+                "cause": f"rank {','.join(map(str, ranks))}: {by[first]['cause']}",
+                "secs": secs,
+                "traceback": by[first]["traceback"],
+            }
     if "skip" in outs:
         first = min(r for r in by if by[r]["outcome"] == "skip")
         return {"outcome": "skip", "cause": by[first]["cause"], "secs": secs}
@@ -147,19 +155,43 @@ def run_backend(args: argparse.Namespace, backend: str, tests: list, tmp: str, l
         list_file = os.path.join(job_dir, "tests.txt")
         with open(list_file, "w") as f:
             f.write("\n".join(remaining) + "\n")
-        cmd = ["timeout", "-k", "10", str(int(left)), args.mpiexec, "-n", str(classify.WORLD_SIZE),
-               sys.executable, os.path.join(HERE, "rank.py"), "--backend", backend, "--tests", list_file,
-               "--out", job_dir, "--test-timeout", str(args.test_timeout)]
+        cmd = [
+            "timeout",
+            "-k",
+            "10",
+            str(int(left)),
+            args.mpiexec,
+            "-n",
+            str(classify.WORLD_SIZE),
+            sys.executable,
+            os.path.join(HERE, "rank.py"),
+            "--backend",
+            backend,
+            "--tests",
+            list_file,
+            "--out",
+            job_dir,
+            "--test-timeout",
+            str(args.test_timeout),
+        ]
         if args.pg_timeout is not None:
             cmd += ["--pg-timeout", str(args.pg_timeout)]
         if args.profile:
             cmd.append("--profile")
-        env = dict(os.environ, TORCH_SUITE_TMP=job_dir, OMP_NUM_THREADS="1", KINETO_LOG_LEVEL="5",
-                   MPIDIST_ABORT_ON_TIMEOUT="0", TMPDIR=job_dir, PYTORCH_PRINT_REPRO_ON_FAILURE="0")
+        env = dict(
+            os.environ,
+            TORCH_SUITE_TMP=job_dir,
+            OMP_NUM_THREADS="1",
+            KINETO_LOG_LEVEL="5",
+            MPIDIST_ABORT_ON_TIMEOUT="0",
+            TMPDIR=job_dir,
+            PYTORCH_PRINT_REPRO_ON_FAILURE="0",
+        )
         log.write(f"\n===== {backend}: job {attempt}: {len(remaining)} tests from {remaining[0]}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -188,9 +220,12 @@ def run_backend(args: argparse.Namespace, backend: str, tests: list, tmp: str, l
             if any(r["outcome"] == "timeout" for r in got.values()):
                 results[n] = merge(list(got.values()))
             else:
-                results[n] = {"outcome": "crash", "secs": 0,
-                              "cause": f"the job ended (exit code {rc}) during this test; ranks that finished it: "
-                                       f"{sorted(got)}; see {backend}.log"}
+                results[n] = {
+                    "outcome": "crash",
+                    "secs": 0,
+                    "cause": f"the job ended (exit code {rc}) during this test; ranks that finished it: "
+                    f"{sorted(got)}; see {backend}.log",
+                }
             done += 1
             sys.stdout.write(f"[{backend}] {n}: {results[n]['outcome']}: {results[n]['cause']}\n")
             break
@@ -232,12 +267,17 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
             o = r[n]["outcome"] if n in r else "not selected"
             c[o] = c.get(o, 0) + 1
         counts[b] = c
-    lines = ["# torch's DistributedTest suite: gloo vs mpidist", "",
-             f"torch {_torch_version()}, world size {classify.WORLD_SIZE}, `mpiexec -n {classify.WORLD_SIZE}`; "
-             f"generated by `tests/torch_suite/run.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", ""]
+    lines = [
+        "# torch's DistributedTest suite: gloo vs mpidist",
+        "",
+        f"torch {_torch_version()}, world size {classify.WORLD_SIZE}, `mpiexec -n {classify.WORLD_SIZE}`; "
+        f"generated by `tests/torch_suite/run.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
+        "",
+    ]
     for b, c in counts.items():
-        lines.append(f"- **{b}**: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
-                     + f" ({elapsed.get(b, 0):.0f} s)")
+        lines.append(
+            f"- **{b}**: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())) + f" ({elapsed.get(b, 0):.0f} s)"
+        )
     if args.control == "failures" and "mpidist" in res:
         lines.append("- gloo (the control) ran only the tests that did not pass on mpidist (`--control failures`)")
     lines += ["", "| test | gloo | mpidist | mpidist's cause / skip reason |", "|---|---|---|---|"]
@@ -272,13 +312,16 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
     print(f"results: {os.path.join(args.out, 'results.md')}")
     bad = len(problems) + len(fixed)
     if mpi is not None:
-        print(f"torch suite: {sum(1 for n in names if mpi.get(n, {}).get('outcome') == 'pass')} passed, "
-              f"{bad} failed on mpidist ({len(known)} known failures)")
+        print(
+            f"torch suite: {sum(1 for n in names if mpi.get(n, {}).get('outcome') == 'pass')} passed, "
+            f"{bad} failed on mpidist ({len(known)} known failures)"
+        )
     return 1 if bad else 0
 
 
 def _torch_version() -> str:
     import torch
+
     return torch.__version__
 
 
