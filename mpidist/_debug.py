@@ -58,7 +58,7 @@ import collections
 import enum
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -229,7 +229,7 @@ except ValueError:
 # -- the per-group state -------------------------------------------------------------------
 #: group -> its GroupCheck, from the state's making to the group's free (never rebound:
 #: ``_dispatch`` keeps its ``get``)
-STATES: dict = {}
+STATES: dict[Any, GroupCheck] = {}
 #: The key of an op that is not compared (monitored_barrier): the check only notes it.
 NOTE = ("(not compared)",)
 _ABANDONED: list = []  # exchanges given up on (requests with their buffers): kept for the process's life
@@ -399,7 +399,8 @@ def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple) -> None:
     chk.exchanged.append(seq)  # (a peer waiting in an exchange at ``seq`` is matched by this one)
     chk.keys[seq & KEYS_MASK] = key
     chk.decided = seq
-    chk.pending = (chk.comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), fp, rows, seq, key)
+    comm = cast(MPI.Comm, chk.comm)  # None only after free(), when no op of the group runs
+    chk.pending = (comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), fp, rows, seq, key)
     chk.h = hb  # (the call at a multiple of PERIOD weighs 0: compared word by word)
 
 
@@ -415,7 +416,7 @@ def _settle(g: Any, chk: GroupCheck, rec: list) -> None:
     prec[R.SEQ] = pseq
     _wait(g, chk, prec, pkey, req, (fp, rows))
     if S.mismatched(rows):
-        _mismatch(g, chk, pkey, pseq, rows, chk.report_comm)
+        _mismatch(g, chk, pkey, pseq, rows, cast(MPI.Comm, chk.report_comm))  # (None only after free())
     chk.base = pseq
 
 
@@ -456,7 +457,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     # The final comparison has a communicator of its own: it must never meet an exchange that a
     # peer's op left waiting (torch's barrier-timeout tests: one rank waits alone until its
     # timeout while the others go on to destroy_process_group); such a peer is found by asking.
-    comm = chk.final_comm if final else chk.comm
+    comm = cast(MPI.Comm, chk.final_comm if final else chk.comm)  # None only after free()
     if DETAIL and not final:
         comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
     elif not _wait(g, chk, rec, key, comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), (fp, rows), final):
@@ -475,7 +476,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
         chk.lkey = None
         _forget()
     chk.agreed[key] = kh
-    chk.lkey, chk.lkh = key, kh
+    chk.lkey, chk.lkh = key, cast(int, kh)  # (set above: only a final comparison leaves it None, and it returned)
     if own == -1:
         chk.fps[key] = fp
 
@@ -715,12 +716,13 @@ def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, ro
     """The sizes of gather / scatter / the all-to-alls, against what the root or the peers
     expect (every member is in the same op here: the fingerprints agreed)."""
     n, op = g.size(), key[S.OP]
+    comm = cast(MPI.Comm, chk.comm)  # None only after free(), when no op of the group runs
     bad: list = []
     if parts[0] == "pairs":  # all-to-all: what rank i sends me must be what I expect from i
         got = np.empty(n, np.int64)
-        chk.comm.Alltoall([np.asarray(parts[1], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
+        comm.Alltoall([np.asarray(parts[1], np.int64), MPI.INT64_T], [got, MPI.INT64_T])
         mine = [(g.ranks[i], int(got[i]), int(parts[2][i])) for i in range(n) if got[i] != parts[2][i]]
-        for r, found in enumerate(chk.comm.allgather(mine[:4])):
+        for r, found in enumerate(comm.allgather(mine[:4])):
             bad += [
                 f"rank {src} sends {sent} elements to rank {g.ranks[r]}, which expects {want}"
                 for src, sent, want in found
@@ -728,7 +730,7 @@ def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, ro
     else:
         root = g.group_rank(key[S.ROOT])
         expected = np.asarray(parts[2] if g.rank() == root else np.zeros(n), np.int64)
-        chk.comm.Bcast([expected, MPI.INT64_T], root)
+        comm.Bcast([expected, MPI.INT64_T], root)
         own = rows[:, S.OWN]
         where = "dst" if parts[0] == "gather" else "src"
         lst = "gather_list" if parts[0] == "gather" else "scatter_list"
@@ -752,7 +754,7 @@ def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
     every member). Nobody ran the call: it leaves the running hash of the group's calls."""
     chk = STATES.get(g)
     key = chk.keys[seq & KEYS_MASK] if chk is not None and chk.decided == seq else None
-    if key is not None and key in chk.agreed:
+    if key is not None and chk is not None and key in chk.agreed:  # (key is None where chk is)
         chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
         chk.keys[seq & KEYS_MASK] = None
     keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]

@@ -12,15 +12,19 @@ undeprecated implementations (which mpidist itself calls, so it never warns):
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 from mpidist import _coalesced, gather_scatter, reductions
 
 __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced", "all_gather_coalesced"]
 
 
-def _deprecated(impl: Callable[..., Any], message: str) -> Callable[..., Any]:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _deprecated(impl: F, message: str) -> F:
     """``impl`` (same name, signature and docstring) that first warns ``message``
     (FutureWarning, pointing at the caller's line)."""
 
@@ -29,8 +33,9 @@ def _deprecated(impl: Callable[..., Any], message: str) -> Callable[..., Any]:
         warnings.warn(message, FutureWarning, stacklevel=2)
         return impl(*args, **kwargs)
 
-    public.__doc__ = f"Deprecated, as in torch 2.13: {message}\n\n{impl.__doc__}"
-    return public
+    # (impl's docstring dedented: the note before it must not leave its body indented)
+    public.__doc__ = f"Deprecated, as in torch 2.13: {message}\n\n{inspect.cleandoc(impl.__doc__ or '')}"
+    return cast(F, public)
 
 
 all_gather_into_tensor = _deprecated(

@@ -6,7 +6,7 @@ into mpidist's.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -84,10 +84,10 @@ def _guarded(
                         chk.lkey, chk.lkh = key, kh
                 seq = rec[0]
                 i = seq & _PMASK
-                if kh is not None and i:  # _debug.check's cached case, inline
-                    chk.h += kh * i  # mpidist._signature.fold
-                    chk.keys[seq & _KMASK] = key
-                    chk.decided = seq
+                if kh is not None and i:  # _debug.check's cached case, inline (kh is None where chk is)
+                    chk.h += kh * i  # type: ignore[union-attr]  # mpidist._signature.fold
+                    chk.keys[seq & _KMASK] = key  # type: ignore[union-attr]  # (chk is not None: see kh)
+                    chk.decided = seq  # type: ignore[union-attr]  # (chk is not None: see kh)
                 else:
                     _debug.check(g, rec, key, parts)
             out = fn(*args)
@@ -163,6 +163,7 @@ def launch(
         eng.run_before_queued(rec)
     if limit is not None:
         rec[R.LIMIT] = limit
+    key: Optional[tuple]  # (a declaration: no code)
     if not _debug.CHECK or len(group.ranks) == 1:  # signature(), inline: every op pays for it
         key = None
     elif not checked:
@@ -238,7 +239,7 @@ class p2p_call:  # noqa: N801  (a context manager: ``with p2p_call(g, "send", ..
         R.watched[id(self.rec)] = self.rec
         return self.rec
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> Literal[False]:
         R.watched.pop(id(self.rec), None)
         if exc is None:
             R.end(self.rec)

@@ -34,7 +34,7 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -196,10 +196,10 @@ def verdict(rows: np.ndarray, texts: Optional[list] = None) -> Optional[tuple[ty
     error or the backends differ, every rank's ``(error type name, message, backend)``):
     (exception class, message starting ``init_process_group:``), or None."""
     if rows[:, ERROR].any():
-        return _local_errors(rows, texts)
+        return _local_errors(rows, cast(list, texts))  # (given when some rank had a local error)
     if len(set(rows[:, BACKEND].tolist())) > 1:
         by_name: dict = {}
-        for r, (_, _, name) in enumerate(texts):
+        for r, (_, _, name) in enumerate(cast(list, texts)):  # (given when the backends differ)
             by_name.setdefault(name, []).append(r)
         names = "; ".join(f"{name!r} on {_ranks(ranks)}" for name, ranks in by_name.items())
         return ValueError, f"{_OP} the ranks passed different backends: {names} (every rank must pass the same)"

@@ -27,7 +27,7 @@ arguments (the 8-byte all_reduce feels ~60 ns: benchmarks/results/latency_layers
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 import numpy as np
 
@@ -38,8 +38,11 @@ from mpidist.device.route import device_call, first_takes, takes
 
 __all__ = ["public_op"]
 
+#: A stub's type: the public op made from it keeps the stub's signature for type checkers.
+F = TypeVar("F", bound=Callable[..., Any])
 
-def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+
+def public_op(body: Callable[..., Any]) -> Callable[[F], F]:
     """Decorator: the stub it decorates becomes the public op running ``body`` (see the module).
 
     Args:
@@ -52,7 +55,7 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
             stub has code besides its docstring.
     """
 
-    def make(stub: Callable[..., Any]) -> Callable[..., Any]:
+    def make(stub: F) -> F:
         name, op = stub.__name__, body.__name__
         sig = inspect.signature(stub)
         names = list(sig.parameters)
@@ -88,7 +91,7 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
                 f"        return _device_call({op!r}, {'g' if resolve else '_member(group)'}, {{{by_name}}})",
             ]
         lines.append(f"    return _body({', '.join(expected)})")
-        scope = {
+        scope: dict[str, Any] = {
             "_current": _current,
             "_member": member,
             "_ndarray": np.ndarray,
@@ -102,6 +105,6 @@ def public_op(body: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callab
         for attr in ("__module__", "__qualname__", "__doc__", "__annotations__"):
             setattr(fn, attr, getattr(stub, attr))
         fn.__wrapped__ = stub  # where typing.get_type_hints finds the annotations' names
-        return fn
+        return cast(F, fn)
 
     return make

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import numbers
 from functools import cache
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, final
 
 import numpy as np
 from mpi4py import MPI
@@ -124,6 +124,7 @@ _BOOL_OPS = {
 }
 
 
+@final  # ops test ``type(op) is PremulSum``: a subclass would not be one (and mypy narrows on it)
 class PremulSum:
     """``ReduceOp.PREMUL_SUM`` with its factor: the op is ``sum_i(factor * x_i)``.
 
@@ -170,7 +171,9 @@ def _premul_factor(op: PremulSum, dtype: np.dtype) -> np.ndarray:
     return np.asarray(op.factor).astype(dtype)
 
 
-def scaled(op: Any, src: np.ndarray, out: Optional[np.ndarray] = None) -> tuple[Any, np.ndarray]:
+def scaled(
+    op: Union[ReduceOp, PremulSum], src: np.ndarray, out: Optional[np.ndarray] = None
+) -> tuple[ReduceOp, np.ndarray]:
     """Apply a PREMUL_SUM factor: ``(ReduceOp.SUM, factor * src)``, else ``(op, src)``.
 
     The product goes to ``out`` (may be ``src``; allocated when None). Every rank
@@ -220,7 +223,7 @@ def check_op_dtype(op: Any, dtype: np.dtype, where: str) -> Union[ReduceOp, Prem
             on complex, bitwise ops on floats, a premul sum on bool, a fractional factor
             on integers, a complex factor on reals), or the bare ReduceOp.PREMUL_SUM.
     """
-    kind = dtype.kind
+    kind: str = dtype.kind
     if kind == "V":  # ml_dtypes' bfloat16, float8_*: what they hold
         kind = value_kind(dtype)
     if type(op) is PremulSum:

@@ -33,11 +33,14 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from mpidist import _mpi_init
 
-MPI = _mpi_init.import_mpi()  # MPI_Init, bounded: a rank stopped before it must not hang the others
+if TYPE_CHECKING:  # what import_mpi returns, as mypy should see it
+    from mpi4py import MPI
+else:
+    MPI = _mpi_init.import_mpi()  # MPI_Init, bounded: a rank stopped before it must not hang the others
 
 # The package's other modules import mpi4py.MPI (an unbounded MPI_Init) and come after it: E402.
 from mpidist import (  # noqa: E402
@@ -128,7 +131,7 @@ def state_or_none() -> Optional[RuntimeState]:
 
 def state() -> RuntimeState:
     """The runtime state; ValueError (as torch) when init_process_group was not called."""
-    st = _current.state
+    st: Optional[RuntimeState] = _current.state
     if st is None:
         raise ValueError(_NOT_INIT)
     return st
@@ -349,7 +352,8 @@ def init_process_group(
     _environ.export(
         {"RANK": mpi_rank, "WORLD_SIZE": mpi_size, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_size}
     )
-    R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(group.comm))
+    # (group.comm: the Dup made above, not None)
+    R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(cast(MPI.Comm, group.comm)))
     work.ABORT_ON_TIMEOUT = settings.abort
     _debug.set_debug_level(settings.level or _debug.get_debug_level())  # unset: keep the level set before init
     _watchdog.start(st)
@@ -538,7 +542,7 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
     Before init it reads the LOCAL_RANK environment variable, then ``fallback_rank``,
     as torch does; raises RuntimeError if none is available.
     """
-    st = _current.state
+    st: Optional[RuntimeState] = _current.state
     if st is not None:
         return st.local_rank
     if "LOCAL_RANK" in os.environ:

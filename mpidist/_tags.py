@@ -15,6 +15,8 @@ MPI guarantees MPI_TAG_UB >= 32767, so users always keep at least 28,671 tags.
 
 from __future__ import annotations
 
+from typing import cast
+
 from mpi4py import MPI
 
 __all__ = [
@@ -26,7 +28,7 @@ __all__ = [
     "monitored_barrier_tag",
 ]
 
-TAG_UB: int = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+TAG_UB: int = int(cast(int, MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)))  # (MPI always sets MPI_TAG_UB on COMM_WORLD)
 OBJECT_TAG: int = TAG_UB
 MONITORED_BARRIER_TAGS: int = 4095
 CREATE_GROUP_TAG: int = TAG_UB - 1 - MONITORED_BARRIER_TAGS

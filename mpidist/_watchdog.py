@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from mpi4py import MPI
 
@@ -113,7 +113,7 @@ class _Watchdog:
         where its Python handler cannot run; dump now and, if the handler is mpidist's and
         has not ended the process within a second, end it as SIGTERM would."""
         try:
-            data = self.rsock.recv(64)
+            data = cast(socket.socket, self.rsock).recv(64)  # (called only when the loop found rsock ready)
         except (BlockingIOError, OSError):
             return
         if signal.SIGTERM not in data:
@@ -132,7 +132,7 @@ class _Watchdog:
             current = signal.set_wakeup_fd(-1)
             if current != self.wsock.fileno():  # someone replaced ours since: keep theirs
                 signal.set_wakeup_fd(current)
-            self.rsock.close()
+            cast(socket.socket, self.rsock).close()  # (set together with wsock)
             self.wsock.close()
 
     # -- the loop --------------------------------------------------------------------------
@@ -170,7 +170,7 @@ class _Watchdog:
         """isend ``msg``; the request is kept (with its buffer) until it completes."""
         with self.lock:  # the watchdog thread and dump_all (main thread) both send
             self.sends = [s for s in self.sends if not s.Test()]
-            self.sends.append(self.comm.isend(msg, dest, tag))
+            self.sends.append(self.comm.isend(msg, dest, tag))  # type: ignore[union-attr]  # only sent with a comm
 
     def _serve(self) -> None:
         """Answer the probes and dump requests that arrived."""
@@ -181,7 +181,7 @@ class _Watchdog:
             flag, msg = self.req.test(status)
             if not flag:
                 return
-            self.req = self.comm.irecv(bytearray(_MAX_MSG), MPI.ANY_SOURCE, _PROBE)
+            self.req = self.comm.irecv(bytearray(_MAX_MSG), MPI.ANY_SOURCE, _PROBE)  # type: ignore[union-attr]  # req: with comm
             self._answer(status.Get_source(), msg)
 
     def _answer(self, src: int, msg: tuple) -> None:
@@ -252,7 +252,7 @@ class _Watchdog:
         reqs = {}
         for p in peers:
             self._send(msg, p, _PROBE)
-            reqs[p] = self.comm.irecv(bytearray(_MAX_MSG), p, reply_tag)
+            reqs[p] = self.comm.irecv(bytearray(_MAX_MSG), p, reply_tag)  # type: ignore[union-attr]  # callers check comm
         answers: dict = {}
         deadline = time.monotonic() + wait
         while reqs and time.monotonic() < deadline:
@@ -264,7 +264,7 @@ class _Watchdog:
                     answers[p] = got[2] if len(got) > 2 else True
                     del reqs[p]
                 else:  # a late answer to an earlier question
-                    reqs[p] = self.comm.irecv(bytearray(_MAX_MSG), p, reply_tag)
+                    reqs[p] = self.comm.irecv(bytearray(_MAX_MSG), p, reply_tag)  # type: ignore[union-attr]  # (see above)
             if threading.current_thread() is self.thread:
                 self._serve()
             time.sleep(0.005)
@@ -351,8 +351,8 @@ class _Watchdog:
         self._restore_signals()
         if self.comm is not None:
             with contextlib.suppress(MPI.Exception):
-                self.req.Cancel()
-                self.req.Wait()
+                cast(MPI.Request, self.req).Cancel()  # (req is made with comm)
+                cast(MPI.Request, self.req).Wait()
             for s in self.sends:  # sends to a peer that is gone may never complete: let go
                 with contextlib.suppress(MPI.Exception):
                     s.Free()

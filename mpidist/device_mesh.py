@@ -61,7 +61,7 @@ def _check_device_type(device_type: Any, op: str) -> str:
     return device_type
 
 
-def _check_names(names: Any, ndim: int, op: str) -> Optional[tuple]:
+def _check_names(names: object, ndim: int, op: str) -> Optional[tuple]:
     if names is None:
         return None
     if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
@@ -165,7 +165,7 @@ class DeviceMesh:
 
     @staticmethod
     def _make_groups(
-        st: Any, arr: np.ndarray, dim: int, names: Optional[tuple], backend: Optional[str], op: str
+        st: _runtime.RuntimeState, arr: np.ndarray, dim: int, names: Optional[tuple], backend: Optional[str], op: str
     ) -> ProcessGroup:
         """This rank's group along ``dim``: the default group when a group along it holds
         every rank (and no backend is imposed), as torch; else one MPI_Comm_split."""
@@ -182,7 +182,7 @@ class DeviceMesh:
         device_type: str,
         mesh: np.ndarray,
         names: Optional[tuple],
-        groups: list,
+        groups: list[ProcessGroup],
         coordinate: Optional[tuple],
         whole: bool = True,
     ) -> None:
@@ -200,7 +200,7 @@ class DeviceMesh:
         device_type: str,
         mesh: np.ndarray,
         names: Optional[tuple],
-        groups: list,
+        groups: list[ProcessGroup],
         coordinate: Optional[tuple],
         whole: bool = True,
     ) -> DeviceMesh:

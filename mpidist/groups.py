@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, cast, overload
 
 import numpy as np
 from mpi4py import MPI
@@ -84,6 +84,10 @@ def _check_ranks(
     return sorted(out) if sort else out
 
 
+@overload
+def _check_backend(backend: str, op: str) -> str: ...
+@overload
+def _check_backend(backend: Optional[str], op: str) -> Optional[str]: ...
 def _check_backend(backend: Optional[str], op: str) -> Optional[str]:
     """The canonical form of a group's ``backend`` (None: inherit the default group's)."""
     return None if backend is None else _runtime.canonical_backend(backend, prefix(op))
@@ -136,7 +140,7 @@ def get_pg_count() -> int:
         return 0
     if _count[0] is not st:  # a new runtime: only its default group so far
         _count[:] = [st, 1]
-    return _count[1]
+    return cast(int, _count[1])
 
 
 def new_group(
@@ -191,9 +195,10 @@ def new_group(
         _counted(1)
 
     def create() -> Optional[MPI.Comm]:
-        mpi_group = world.comm.Get_group().Incl(members)
+        wcomm = cast(MPI.Intracomm, world.comm)  # the default group's: every rank's (a Dup of COMM_WORLD)
+        mpi_group = wcomm.Get_group().Incl(members)
         try:
-            comm = world.comm.Create_group(mpi_group, CREATE_GROUP_TAG) if local else world.comm.Create(mpi_group)
+            comm = wcomm.Create_group(mpi_group, CREATE_GROUP_TAG) if local else wcomm.Create(mpi_group)
         finally:
             mpi_group.Free()
         return None if comm == MPI.COMM_NULL else comm
@@ -234,7 +239,8 @@ def agree(g: ProcessGroup, obj: Any, op: str, what: str) -> None:
 
     def compare() -> bool:
         agreed = np.array([digest, -digest], np.int64)
-        g.comm.Allreduce(MPI.IN_PLACE, agreed, MPI.MAX)  # the largest and the smallest digest
+        comm = cast(MPI.Comm, g.comm)  # a member's (the callers' contract)
+        comm.Allreduce(MPI.IN_PLACE, agreed, MPI.MAX)  # the largest and the smallest digest
         return bool(agreed[0] == -agreed[1])
 
     if not g.engine.run_sync(compare):
@@ -267,12 +273,13 @@ def split(
     agree(parent, [list(m) for m in subgroups], op, "ranks")
 
     def create() -> Optional[MPI.Comm]:
-        comm = parent.comm.Split(color, key)
+        comm = cast(MPI.Comm, parent.comm).Split(color, key)  # (the caller is a member of parent)
         return None if comm == MPI.COMM_NULL else comm
 
     comm = parent.engine.run_sync(create)
     if comm is None:
         return None
+    mine = cast(list, mine)  # (set: a rank in none of the subgroups got no communicator)
     return _register(comm, mine, _name(st, group_desc, mine), backend, _key(mine))
 
 

@@ -32,8 +32,8 @@ import platform
 import shutil
 import socket
 import sys
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -73,7 +73,7 @@ _RANK_VARIABLES = (
 )
 
 
-def launcher(env: Optional[dict] = None) -> str:
+def launcher(env: Optional[Mapping[str, str]] = None) -> str:
     """The launcher that started this process, from its variables (and, for hydra, the parent)."""
     env = os.environ if env is None else env
     if "HYDI_CONTROL_FD" in env or "PMI_FD" in env and "SLURM_STEP_ID" not in env:
@@ -129,7 +129,7 @@ def _torch() -> dict:
     return out
 
 
-def _shared_memory(node: MPI.Comm) -> dict:
+def _shared_memory(node: MPI.Intracomm) -> dict:
     out: dict = {}
     try:
         win = MPI.Win.Allocate_shared(8, 1, comm=node)
@@ -150,7 +150,8 @@ def collect() -> dict:
     import mpi4py  # noqa: PLC0415
 
     world = MPI.COMM_WORLD
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    # an Intracomm (split from one), which mpi4py's stubs type as its base Comm
+    node = cast(MPI.Intracomm, world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank()))
     try:
         shm = _shared_memory(node)
         local = (node.Get_rank(), node.Get_size())

@@ -48,7 +48,7 @@ Which messages can meet which:
 from __future__ import annotations
 
 import pickle
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn, Optional, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -194,11 +194,12 @@ def _gather(g: ProcessGroup, object_gather_list: Optional[list], obj: Any, root:
                 got = [_unpack(e, "obj", g.ranks[i], me) for i, e in enumerate(envelopes)]
             except _Unusable as bad:
                 failed, cause = str(bad), bad.__cause__
-    failed = _bcast_text(g.comm, failed, root)  # dst tells every rank: each raises the same error
+    # dst tells every rank: each raises the same error (g.comm: a member's, an intracommunicator)
+    failed = _bcast_text(cast(MPI.Intracomm, g.comm), failed, root)
     if failed:
         _fail(op, failed, cause)
     if object_gather_list is not None:
-        object_gather_list[:] = got
+        object_gather_list[:] = cast(list, got)  # (dst, where nothing failed: got is its list)
 
 
 def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -> None:

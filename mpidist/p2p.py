@@ -13,7 +13,7 @@ message of another size is refused); one on device arrays to the router
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, cast
 
 import numpy as np
 
@@ -44,7 +44,7 @@ def send(
 
 
 @public_op(H.recv)
-def recv(
+def recv(  # type: ignore[empty-body]  # a stub: public_op compiles the op from its signature, never runs it
     tensor: np.ndarray,
     src: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
@@ -122,5 +122,5 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
         if not isinstance(p, P2POp):
             raise ValueError(f"{prefix(op)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
     if batch_takes(p2p_op_list):  # device arrays: to the router
-        return device_call("batch_isend_irecv", None, {"p2p_op_list": p2p_op_list})
+        return cast(list, device_call("batch_isend_irecv", None, {"p2p_op_list": p2p_op_list}))  # (its Works)
     return H.batch_isend_irecv(p2p_op_list)

@@ -114,7 +114,8 @@ def _run(argv: list[str]) -> None:
             raise _UsageError("-m needs a module name")
         sys.argv = [argv[1], *argv[2:]]
         _fresh_main()
-        runpy._run_module_as_main(argv[1], alter_argv=True)  # what ``python -m`` runs
+        # what ``python -m`` runs (private, so not in typeshed's runpy)
+        runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
     elif first == "-c":
         if len(argv) < 2:
             raise _UsageError("-c needs the code to run")

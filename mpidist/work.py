@@ -23,7 +23,7 @@ import enum
 import threading
 import time
 from functools import cache
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from mpi4py import MPI
 
@@ -45,7 +45,7 @@ _ABANDONED: list = []
 def _timed_out(rec: Optional[list]) -> None:
     """Raise the watchdog's DistError if it declared ``rec`` timed out."""
     if _declared_timed_out(rec):
-        raise DistError(rec[R.INFO])
+        raise DistError(cast(list, rec)[R.INFO])  # (declared timed out: rec is not None)
 
 
 def bounded_result(future: concurrent.futures.Future, rec: Optional[list]) -> Any:
@@ -441,7 +441,7 @@ class RequestWork(Work):
                 self._settle()
             elif _thread_multiple():
                 _PROGRESS.watch(self)
-        return self._future
+        return cast(concurrent.futures.Future, self._future)  # (made above if it was None)
 
 
 @cache

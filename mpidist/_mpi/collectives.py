@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -48,7 +48,9 @@ _STARTED, _COMPLETED, _T_END, _STATE = R.STARTED, R.COMPLETED, R.T_END, R.STATE
 
 def _mpi_all_reduce(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     op, _ = scaled(op, arr, arr)
-    g.comm.Allreduce(MPI.IN_PLACE, [arr, mpi_datatype(arr.dtype)], to_mpi_op(op, arr.dtype))
+    g.comm.Allreduce(  # type: ignore[union-attr]  # a member's comm (None on non-members only)
+        MPI.IN_PLACE, [arr, mpi_datatype(arr.dtype)], to_mpi_op(op, arr.dtype)
+    )
     if op is _AVG:
         arr /= g.size()
 
@@ -105,10 +107,11 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
             # only with no op queued or running: otherwise another thread (the engine's, or
             # a callback's op on it) may be numbering one of the group's ops, which launch does
             # under the engine's lock
+            ok: Optional[tuple]  # (a declaration: no code)
             if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0:
                 ok = _agreed
                 if not (ok[1] is plan and ok[0] is g and ok[2] == tensor.size):
-                    ok = _agree(g, plan, tensor, op)
+                    ok = _agree(g, plan, tensor, op)  # type: ignore[arg-type]  # a plan is made for a ReduceOp only
             else:
                 ok = None
             if ok is not None:
@@ -148,7 +151,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                         st.decided = seq  # (what a peer's stalled check asks)
                     elif st is not _UNCHECKED:  # a multiple of the check's PERIOD: the members compare
                         _debug.check(g, rec, ok[4])  # their calls so far (none on a group not checked)
-                    g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])
+                    g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])  # type: ignore[union-attr]  # a member's
                 except MPI.Exception as exc:
                     R.fail(rec)
                     raise from_mpi("all_reduce", exc) from exc
@@ -327,12 +330,13 @@ class _GroupShm:
         mine = [_measured(t, n > cores, n) if env is None else (env, _NEVER) for t in (SHM_OVER_RING, SHM_OVER_MPI)]
         # [lo, -hi] per range: one MAX gives the largest lo and the smallest hi
         agreed = np.array([v for lo, hi in mine for v in (lo, -hi)], np.int64)
-        local = shm_applicable(g.comm)
-        g.comm.Allreduce(MPI.IN_PLACE, agreed, MPI.MAX)
+        comm = cast(MPI.Comm, g.comm)  # made on a member only (comm is None on non-members)
+        local = shm_applicable(comm)
+        comm.Allreduce(MPI.IN_PLACE, agreed, MPI.MAX)
         #: [lo, hi) byte ranges; index 1: against MPI, 0: against the ring (index = whether
         #: MPI reduces the dtype)
         self.ranges = ((int(agreed[0]), -int(agreed[1])), (int(agreed[2]), -int(agreed[3])))
-        self.run: Optional[ShmAllReduce] = ShmAllReduce(g.comm) if local else None
+        self.run: Optional[ShmAllReduce] = ShmAllReduce(comm) if local else None
 
     def free(self) -> None:
         if self.run is not None:
@@ -367,7 +371,7 @@ def broadcast(
     return launch(
         g,
         "broadcast",
-        g.comm.Bcast,
+        g.comm.Bcast,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
         ([arr, mpi_datatype(arr.dtype)], root),
         async_op,
         (tensor,),
@@ -383,7 +387,7 @@ def barrier(
 ) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.barrier`."""
     limit = None if timeout is None else _seconds(timeout, "barrier")
-    return launch(g, "barrier", g.comm.Barrier, (), async_op, limit=limit)
+    return launch(g, "barrier", g.comm.Barrier, (), async_op, limit=limit)  # type: ignore[union-attr]  # a member's
 
 
 # -- monitored_barrier ---------------------------------------------------------------------
@@ -453,10 +457,11 @@ def _mb_root(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) ->
     the verdict (one int8 per group rank: 1 = arrived in time)."""
     deadline = time.monotonic() + secs
     n = g.size()
+    comm = cast(MPI.Comm, g.comm)  # a member's (comm is None on non-members only)
     tokens = np.zeros(n, np.int8)
-    arrived = _wait_until([(g.comm.Irecv(tokens[r : r + 1], r, tag), tokens) for r in range(1, n)], deadline)
+    arrived = _wait_until([(comm.Irecv(tokens[r : r + 1], r, tag), tokens) for r in range(1, n)], deadline)
     verdict = np.array([1] + arrived, np.int8)
-    _wait_until([(g.comm.Isend(verdict, r, tag), verdict) for r in range(1, n)], time.monotonic())
+    _wait_until([(comm.Isend(verdict, r, tag), verdict) for r in range(1, n)], time.monotonic())
     missing = [g.ranks[r] for r in range(1, n) if not verdict[r]]
     if missing:
         raise DistError(
@@ -468,8 +473,9 @@ def _mb_other(g: ProcessGroup, tag: int, secs: float, wait_all: bool, op: str) -
     """Any other member: check in with group rank 0, then wait for its verdict."""
     limit = secs + min(secs, 5.0)  # grace: rank 0 may have entered a little later
     token, verdict = np.ones(1, np.int8), np.zeros(g.size(), np.int8)
+    comm = cast(MPI.Comm, g.comm)  # a member's (comm is None on non-members only)
     _, got = _wait_until(
-        [(g.comm.Isend(token, 0, tag), token), (g.comm.Irecv(verdict, 0, tag), verdict)], time.monotonic() + limit
+        [(comm.Isend(token, 0, tag), token), (comm.Irecv(verdict, 0, tag), verdict)], time.monotonic() + limit
     )
     if not got:
         raise DistError(
@@ -493,4 +499,5 @@ def monitored_barrier(g: ProcessGroup, timeout: Union[datetime.timedelta, float,
         return None
     body = _mb_root if g.rank() == 0 else _mb_other
     # its own timeout, plus the grace of _mb_other, bounds it: the watchdog stays out of its way
-    return launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0, checked=False)
+    launch(g, op, body, (g, tag, secs, bool(wait_all_ranks), op), False, limit=2 * secs + 10.0, checked=False)
+    return None  # (launch returns None for a sync op)

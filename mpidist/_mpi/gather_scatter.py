@@ -101,7 +101,7 @@ def _block(arrays: Sequence[np.ndarray], writable: bool) -> Optional[np.ndarray]
         # e.g. list(out.reshape(n, k)): the rows' common base is the block (a writable
         # view's base is writable too)
         return base.reshape(-1)
-    return np.frombuffer(MPI.buffer.fromaddress(start, end - start, readonly=not writable), first.dtype)
+    return np.frombuffer(MPI.buffer.fromaddress(start, end - start, readonly=not writable), first.dtype)  # type: ignore[call-overload]  # numpy's stubs omit buffer-protocol objects (MPI.buffer)
 
 
 def _pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -274,9 +274,9 @@ def _all_gatherv(
     buf, staged = _recv_buffer(outs, total)
     send = _send_part(inp, buf, rank_displs[g.rank()], dt)
     if equal:
-        call, args = g.comm.Allgather, (send, [buf, rank_counts[0], dt])
+        call, args = g.comm.Allgather, (send, [buf, rank_counts[0], dt])  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     else:
-        call, args = g.comm.Allgatherv, (send, [buf, rank_counts, rank_displs, dt])
+        call, args = g.comm.Allgatherv, (send, [buf, rank_counts, rank_displs, dt])  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     fn, fn_args = _body(call, args, buf if staged else None, outs, slot_displs, copies)
     # every member passes the same list of sizes (else the ranks' slots disagree); equal
     # counts are given by the total
@@ -306,7 +306,15 @@ def all_gather_into_tensor(
     dt = mpi_datatype(inp.dtype)
     send = _send_part(inp, out, g.rank() * inp.size, dt)
     return _run(
-        g, op, g.comm.Allgather, (send, [out, dt]), async_op, (output_tensor,), inp.shape, inp.dtype, count=out.size
+        g,
+        op,
+        g.comm.Allgather,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
+        (send, [out, dt]),
+        async_op,
+        (output_tensor,),
+        inp.shape,
+        inp.dtype,
+        count=out.size,
     )
 
 
@@ -409,7 +417,7 @@ def gather(
         return _run(
             g,
             op,
-            g.comm.Gatherv,
+            g.comm.Gatherv,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
             ([inp, dt], None, root),
             async_op,
             (),
@@ -422,9 +430,18 @@ def gather(
     displs, total, _ = _layout(counts)
     buf, staged = _recv_buffer(outs, total)
     args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
-    fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)
+    fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     return _run(
-        g, op, fn, fn_args, async_op, tuple(gather_list), inp.shape, inp.dtype, dst, parts=("gather", inp.size, counts)
+        g,
+        op,
+        fn,
+        fn_args,
+        async_op,
+        tuple(gather_list),  # type: ignore[arg-type]  # not None where outs is not (_root_list)
+        inp.shape,
+        inp.dtype,
+        dst,
+        parts=("gather", inp.size, counts),
     )
 
 
@@ -447,7 +464,7 @@ def scatter(
         return _run(
             g,
             op,
-            g.comm.Scatterv,
+            g.comm.Scatterv,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
             (None, [out, dt], root),
             async_op,
             (tensor,),
@@ -466,7 +483,7 @@ def scatter(
     return _run(
         g,
         op,
-        g.comm.Scatterv,
+        g.comm.Scatterv,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
         ([send, counts, displs, dt], recv, root),
         async_op,
         (tensor,),
@@ -510,7 +527,7 @@ def _all_to_allv(
         send = send.copy()
     dt = mpi_datatype(buf.dtype)
     args = ([send, send_counts, send_displs, dt], [buf, recv_counts, recv_displs, dt])
-    fn, fn_args = _body(g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs)
+    fn, fn_args = _body(g.comm.Alltoallv, args, buf if staged else None, outs, recv_displs)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     return _run(g, op, fn, fn_args, async_op, results, send.shape, buf.dtype, parts=("pairs", send_counts, recv_counts))
 
 
@@ -598,5 +615,5 @@ def broadcast_multigpu(
             )
     lead = arrs[src_tensor] if g.rank() == root else arrs[0]
     copies = [(a, lead) for a in arrs if a is not lead]
-    fn, fn_args = _body(g.comm.Bcast, ([lead, mpi_datatype(lead.dtype)], root), None, (), (), copies)
+    fn, fn_args = _body(g.comm.Bcast, ([lead, mpi_datatype(lead.dtype)], root), None, (), (), copies)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     return _run(g, op, fn, fn_args, async_op, tuple(tensor_list), [a.shape for a in arrs], lead.dtype, src, lead.size)

@@ -10,7 +10,7 @@ monitored_barrier), so they never match a user's (see :mod:`mpidist._tags`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -106,7 +106,7 @@ class mpi_errors:  # noqa: N801  (used as a context manager: ``with mpi_errors(o
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> Literal[False]:
         if isinstance(exc, MPI.Exception):
             raise from_mpi(self.op, exc) from exc
         return False
@@ -152,7 +152,7 @@ def _global(g: ProcessGroup, peer: int) -> int:
 def _post_isend(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str = "isend") -> Work:
     rec = begin_p2p(g, op, arr.shape, arr.dtype, _global(g, peer))
     with mpi_errors(op):
-        req = g.comm.Isend([arr, mpi_datatype(arr.dtype)], peer, tag)
+        req = g.comm.Isend([arr, mpi_datatype(arr.dtype)], peer, tag)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     return RequestWork(op, prefix(op), req, rec=rec)
 
 
@@ -164,7 +164,7 @@ def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
     datatype = mpi_datatype(arr.dtype)
     status = MPI.Status()
     with mpi_errors(op):
-        message = g.comm.Improbe(peer, tag, status)
+        message = g.comm.Improbe(peer, tag, status)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
         if message is not None:  # it is here: its size is known before anything is written
             if status.Get_count(datatype) == arr.size:
                 req = message.Irecv([arr, datatype])
@@ -175,13 +175,13 @@ def _post_irecv(g: ProcessGroup, arr: np.ndarray, peer: int, tag: int, op: str =
             scratch, in_place = None, False
         elif type(arr) is not np.ndarray:  # a device array on the CUDA-aware path: in place
             scratch, in_place = None, True
-            req = g.comm.Irecv([arr, datatype], peer, tag)
+            req = g.comm.Irecv([arr, datatype], peer, tag)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
         elif strict:  # not yet: into a scratch buffer, copied on completion
             scratch, in_place = np.empty(arr.nbytes + arr.itemsize, dtype=np.uint8), False
-            req = g.comm.Irecv([scratch, MPI.BYTE], peer, tag)
+            req = g.comm.Irecv([scratch, MPI.BYTE], peer, tag)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
         else:  # not yet: in place, as bytes (a size that is no whole number of elements is reported)
             scratch, in_place = None, True
-            req = g.comm.Irecv([arr.reshape(-1).view(np.uint8), MPI.BYTE], peer, tag)
+            req = g.comm.Irecv([arr.reshape(-1).view(np.uint8), MPI.BYTE], peer, tag)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     return RequestWork(op, prefix(op), req, (arr,), _finisher(g, arr, op, scratch, in_place), rec=rec)
 
 

@@ -76,11 +76,11 @@ def _reduce(g: ProcessGroup, arr: np.ndarray, op: Op, root: int, contributions: 
     dt = mpi_datatype(arr.dtype)
     if g.rank() == root:
         op, _ = scaled(op, arr, arr)
-        g.comm.Reduce(MPI.IN_PLACE, [arr, dt], to_mpi_op(op, arr.dtype), root)
+        g.comm.Reduce(MPI.IN_PLACE, [arr, dt], to_mpi_op(op, arr.dtype), root)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
         _avg(arr, op, contributions)
     else:
         op, send = scaled(op, arr)
-        g.comm.Reduce([send, dt], None, to_mpi_op(op, arr.dtype), root)
+        g.comm.Reduce([send, dt], None, to_mpi_op(op, arr.dtype), root)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
 
 
 def reduce(
@@ -111,7 +111,7 @@ def _reduce_scatter_block(g: ProcessGroup, send: np.ndarray, out: np.ndarray, op
     """MPI_Reduce_scatter_block: block r of ``send`` (reduced over ranks) lands in rank r's
     ``out``. ``op`` is a ReduceOp (a premul factor was applied to ``send`` already)."""
     dt = mpi_datatype(out.dtype)
-    g.comm.Reduce_scatter_block([send, dt], [out, dt], to_mpi_op(op, out.dtype))
+    g.comm.Reduce_scatter_block([send, dt], [out, dt], to_mpi_op(op, out.dtype))  # type: ignore[union-attr]  # a member's comm (None on non-members only)
     _avg(out, op, g.size())
 
 
@@ -122,7 +122,7 @@ def _reduce_scatter_list(g: ProcessGroup, out: np.ndarray, inputs: list, op: Op)
         base, src = scaled(op, x.reshape(-1), block)
         if src is not block:
             block[...] = src
-    _reduce_scatter_block(g, send, out, base)
+    _reduce_scatter_block(g, send, out, base)  # type: ignore[arg-type]  # from scaled: inputs holds g.size() >= 1 arrays
 
 
 def _reduce_scatter_tensor(g: ProcessGroup, out: np.ndarray, inp: np.ndarray, op: Op) -> None:

@@ -41,7 +41,7 @@ import os
 import threading
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -172,7 +172,7 @@ class ShmAllReduce:
                 f"{prefix('ShmAllReduce')} the ranks of comm do not all share memory (more than "
                 f"one node); use another all-reduce algorithm"
             )
-        self.comm = comm.Dup()
+        self.comm = cast(MPI.Intracomm, comm.Dup())  # ranks that share memory: an intra-communicator
         self.size, self.rank = n, self.comm.Get_rank()
         self.parts = 2 if n == 2 else n  # regions per slot: halves, or one per slice
         self.part_bytes = slot_bytes // self.parts // _LINE * _LINE
@@ -184,8 +184,9 @@ class ShmAllReduce:
         finally:
             info.Free()
         self._mems = [self.win.Shared_query(k)[0] for k in range(n)]
-        self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]
-        self._calls = [[memoryview(m)[at : at + 16].cast("q") for at in _CALL] for m in self._mems]
+        # (mpi4py's buffer has the buffer protocol; its stub declares __buffer__ only for Python >= 3.12)
+        self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]  # type: ignore[arg-type]
+        self._calls = [[memoryview(m)[at : at + 16].cast("q") for at in _CALL] for m in self._mems]  # type: ignore[arg-type]
         self._peer_calls = [heads for k, heads in enumerate(self._calls) if k != self.rank]
         self._views: dict = {}
         self._checked: dict = {}  # (dtype, op) pairs validated already -> their header code
@@ -206,7 +207,8 @@ class ShmAllReduce:
         dtype and op) before it, where the barrier's parity puts it, and reads every peer's
         after it; raises :class:`_Differ` when one differs (then on every rank: all read the
         same headers)."""
-        win, flags, e = self.win, self._flags, self._epoch + 1
+        win: MPI.Win  # not None: only __call__ (after its freed check) reaches here
+        win, flags, e = self.win, self._flags, self._epoch + 1  # type: ignore[assignment]  # (see above)
         self._epoch = e
         if code >= 0:
             word = hash((count, code))  # (ints: the same in every process)
@@ -336,7 +338,7 @@ class ShmAllReduce:
             self._fold(views, chunk, bounds, ufunc)
             self._barrier()
             pending = chunk, bounds
-        self._gather(views, *pending)
+        self._gather(views, *pending)  # type: ignore[misc]  # set: __call__ returns early for an empty buffer
 
     def _tail_bounds(self, m: int, align: int) -> list:
         """Slices of a last chunk of ``m`` elements: cache-line multiples (``align`` elements),

@@ -22,7 +22,7 @@ PathLike = Union[str, os.PathLike]
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 # IDX type code -> big-endian numpy dtype (http://yann.lecun.com/exdb/mnist/).
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),
@@ -161,9 +161,9 @@ def _mnist_pair(root: Path, images: str, labels: str, dtype: DTypeLike) -> tuple
         )
     if len(x) != len(y):
         raise ValueError(f"MNIST files {x_path}, {y_path}: {len(x)} images but {len(y)} labels")
-    images = x.reshape(len(x), -1).astype(dtype)
-    images /= 255
-    return images, y.astype(np.int64)
+    pixels = x.reshape(len(x), -1).astype(dtype)
+    pixels /= 255
+    return pixels, y.astype(np.int64)
 
 
 def load_mnist(root: PathLike, dtype: DTypeLike = np.float32) -> Split:

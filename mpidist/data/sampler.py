@@ -88,6 +88,7 @@ class DistributedSampler:
     def _indices(self) -> list[int]:
         """All ``total_size`` indices, shuffled and padded or truncated."""
         n = len(self.dataset)
+        indices: list[int]
         if self.shuffle:
             indices = np.random.default_rng(self.seed + self.epoch).permutation(n).tolist()
         else:

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -380,9 +380,10 @@ class NcclGroupState:
         meets point-to-point traffic) carries the unique id; then it is freed."""
         g = self.g
         lo, hi = sorted((g.rank(), peer))
-        whole = g.comm.Get_group()
+        parent = cast(MPI.Intracomm, g.comm)  # a member's communicator: an intra-communicator, never None
+        whole = parent.Get_group()
         two = whole.Incl([lo, hi])
-        mpi_pair = g.comm.Create_group(two, (lo * g.size() + hi) % 32768)
+        mpi_pair = parent.Create_group(two, (lo * g.size() + hi) % 32768)
         two.Free()
         whole.Free()
         try:

@@ -94,7 +94,7 @@ class CupyShim:
 
     def device_of(self, x: Any, ptr: int) -> int:
         """The CUDA device holding array ``x`` (data pointer ``ptr``)."""
-        dev = getattr(x, "device", None)
+        dev: Any = getattr(x, "device", None)
         if isinstance(dev, int):
             return dev
         if hasattr(dev, "id"):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional, cast
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from mpidist._buffers import holds, same_dtype, split_sizes
 from mpidist._dispatch import check_tag, group_root, peer_rank, root_list
 from mpidist._group import ProcessGroup
 from mpidist._p2p_op import P2POp, is_receive
-from mpidist._reduce_op import ReduceOp, _premul_factor
+from mpidist._reduce_op import PremulSum, ReduceOp, _premul_factor
 from mpidist.device import _nccl_shim
 from mpidist.device._nccl_core import (
     Dev,
@@ -84,7 +84,7 @@ def pair(
     shim = _nccl_shim.get()
     out = device_array(output, name, out_arg, True, shim)
     inp = device_array(input, name, in_arg, False, shim)
-    same_dtype(out, inp, name, out_arg, in_arg)
+    same_dtype(out, inp, name, out_arg, in_arg)  # type: ignore[arg-type]  # Dev duck-types the ndarray's dtype
     return shim, out, inp
 
 
@@ -109,7 +109,7 @@ def arrays(
     devs = [device_array(x, name, f"{arg}[{i}]", writable, shim) for i, x in enumerate(xs)]
     ref, ref_arg = (ref, ref_arg) if ref is not None else (devs[0], f"{arg}[0]")
     for i, d in enumerate(devs):
-        same_dtype(ref, d, name, ref_arg, f"{arg}[{i}]")
+        same_dtype(ref, d, name, ref_arg, f"{arg}[{i}]")  # type: ignore[arg-type]  # Dev duck-types the ndarray's dtype
     return devs
 
 
@@ -136,7 +136,7 @@ def copy_of(comm: NcclComm, d: Dev) -> tuple[Any, int]:
 def scale(comm: NcclComm, src: Dev, dst_ptr: int, plan: Plan) -> None:
     """``dst = factor * src`` on the stream (PREMUL_SUM; ``dst`` may be ``src``)."""
     shim = comm.shim
-    factor = _premul_factor(plan.premul, src.dtype)[()]
+    factor = _premul_factor(cast(PremulSum, plan.premul), src.dtype)[()]  # set: callers scale for PREMUL_SUM only
     with shim.on_stream(comm.stream):
         out = shim.view(dst_ptr, src.size, src.dtype, comm.device)
         shim.xp.multiply(shim.view(src.ptr, src.size, src.dtype, comm.device, src.obj), factor, out=out)
@@ -480,6 +480,8 @@ def all_gather(g: ProcessGroup, tensor_list: Any, tensor: Any, async_op: bool = 
     outs = arrays(tensor_list, name, "tensor_list", g.size(), True, shim, inp, "tensor")
     me = g.rank()
     same_shape(outs[me], inp, name, f"tensor_list[{me}]", "tensor", " (it receives this rank's own tensor)")
+    body: Callable[..., Any]
+    bargs: tuple[Any, ...]
     if back_to_back(outs) and all(o.size == inp.size for o in outs):
         body, bargs = _all_gather_body, (inp, outs[0].ptr)
     else:
@@ -633,8 +635,9 @@ def all_to_all_single(
     name = "all_to_all_single"
     _, out, inp = pair(name, output, input)
     n, me = g.size(), g.rank()
-    out_rows = split_sizes(output_split_sizes, out, name, "output_split_sizes", "output", n)
-    in_rows = split_sizes(input_split_sizes, inp, name, "input_split_sizes", "input", n)
+    # (Dev duck-types the ndarray's ndim and shape that split_sizes reads)
+    out_rows = split_sizes(output_split_sizes, out, name, "output_split_sizes", "output", n)  # type: ignore[arg-type]
+    in_rows = split_sizes(input_split_sizes, inp, name, "input_split_sizes", "input", n)  # type: ignore[arg-type]
     ins, outs = rows(inp, in_rows), rows(out, out_rows)
     _check_own(name, me, ins[me].size, outs[me].size)
     return collective(
@@ -707,17 +710,17 @@ def recv(g: ProcessGroup, tensor: Any, src: Optional[int] = None, tag: int = 0) 
     """ncclRecv into ``tensor`` from global rank ``src`` (required: NCCL has no any-source
     receive); returns ``src``."""
     _p2p(g, "recv", tensor, src, tag, True, False, "src")
-    return int(src)  # type: ignore[arg-type]  (checked by _p2p)
+    return int(src)  # type: ignore[arg-type]  # not None: _p2p raised for None
 
 
 def isend(g: ProcessGroup, tensor: Any, dst: int, tag: int = 0) -> NcclWork:
     """Async :func:`send`: returns its NcclWork."""
-    return _p2p(g, "isend", tensor, dst, tag, False, True, "dst")
+    return cast(NcclWork, _p2p(g, "isend", tensor, dst, tag, False, True, "dst"))  # async: a Work
 
 
 def irecv(g: ProcessGroup, tensor: Any, src: Optional[int] = None, tag: int = 0) -> NcclWork:
     """Async :func:`recv`: returns its NcclWork (``source_rank()`` is ``src``)."""
-    return _p2p(g, "irecv", tensor, src, tag, True, True, "src")
+    return cast(NcclWork, _p2p(g, "irecv", tensor, src, tag, True, True, "src"))  # async: a Work
 
 
 def batch_isend_irecv(g: ProcessGroup, p2p_op_list: Any) -> list:
@@ -756,8 +759,19 @@ def batch_isend_irecv(g: ProcessGroup, p2p_op_list: Any) -> list:
         ("irecv", (p.tensor,), [rec], int(p.peer)) if rcv else ("isend", (), [rec], None)
         for (rcv, _, _, p), rec in zip(plan, recs)
     ]
-    return launch(
-        comm, g, name, p2p_group_body, (sends, recvs), tuple(p.tensor for p in p2p_op_list), True, handles, devs=devs
+    return cast(  # async: one Work per op
+        list,
+        launch(
+            comm,
+            g,
+            name,
+            p2p_group_body,
+            (sends, recvs),
+            tuple(p.tensor for p in p2p_op_list),
+            True,
+            handles,
+            devs=devs,
+        ),
     )
 
 

@@ -255,7 +255,10 @@ class Staging:
             ops = args["p2p_op_list"]
             staged.left = len(result)
             outmap = staged.outmap()
-            return [DeviceWork(w, lambda ok, x=p.tensor: staged.finish(ok, x), outmap) for w, p in zip(result, ops)]
+            return [
+                DeviceWork(w, lambda ok, x=p.tensor: staged.finish(ok, x), outmap)  # type: ignore[misc]  # mypy cannot infer a lambda with a defaulted extra parameter
+                for w, p in zip(result, ops)
+            ]
         if isinstance(result, Work):
             return DeviceWork(result, staged.finish, staged.outmap())
         staged.finish(True)

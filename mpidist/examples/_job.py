@@ -13,9 +13,9 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -29,6 +29,16 @@ from mpidist.data import load_digits_split, load_mnist
 # waits for it before it sends the time-limit warning.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _AUTO = ""  # --resume without a path: --out/checkpoint.npz if it exists
+
+
+class Sampler(Protocol):
+    """What :meth:`Job.run` uses of a job's sampler (mpidist's or torch's DistributedSampler)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
 
 
 def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> argparse.ArgumentParser:
@@ -260,6 +270,32 @@ class Job:
 
     name = ""
     resume_keys: tuple[str, ...] = ()
+    # Loaded as numpy arrays; a subclass may replace them by its framework's (TorchJob: tensors).
+    x_train: Any
+    y_train: Any
+    x_test: Any
+    y_test: Any
+    # Set by the subclass's ``__init__``.
+    progress: tuple[Optional[Path], int, int, np.ndarray, list[dict]]
+    sampler: Sampler
+
+    if TYPE_CHECKING:  # defined by each subclass (see above); no defaults at run time
+
+        def all_reduce(self, arr: np.ndarray, op: str = "SUM") -> object: ...
+
+        def all_gather(self, out: np.ndarray, arr: np.ndarray, /) -> object: ...
+
+        def barrier(self) -> object: ...
+
+        def train_step(self, idx: np.ndarray) -> Any: ...
+
+        def count_right(self, x: Any, y: Any) -> int: ...
+
+        def model_state(self) -> dict[str, np.ndarray]: ...
+
+        def load_model_state(self, ckpt: dict[str, np.ndarray]) -> None: ...
+
+        def banner(self, steps: int) -> str: ...
 
     def __init__(self, args: argparse.Namespace, rank: int, world: int, **own: Any) -> None:
         self.args, self.rank, self.world = args, rank, world
@@ -390,6 +426,7 @@ class Job:
         while epoch < args.epochs and not stopped:
             self.sampler.set_epoch(epoch)
             order = np.fromiter(self.sampler, dtype=np.int64)
+            step_losses: list[tuple[int, float]]
             resumed_samples, start, step_losses = totals[1], time.perf_counter(), []
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a diverging run: reported below
                 step, stopped = self.train_steps(order, step, steps, totals, stop, bar, step_losses)

@@ -220,7 +220,11 @@ class TorchJob(Job):
         prime_buckets(self.ddp, self.x_train)  # every run: a resumed one then reduces exactly as an uninterrupted one
         self.criterion = nn.CrossEntropyLoss()
         self.sampler = DistributedSampler(
-            range(len(self.x_train)), num_replicas=world, rank=rank, shuffle=True, seed=args.seed
+            range(len(self.x_train)),  # type: ignore[arg-type]  # torch annotates a Dataset; it only takes len()
+            num_replicas=world,
+            rank=rank,
+            shuffle=True,
+            seed=args.seed,
         )
 
     def all_reduce(self, arr: np.ndarray, op: str = "SUM") -> None:
@@ -241,9 +245,9 @@ class TorchJob(Job):
             mpidist.check_collectives()
 
     def train_step(self, idx: np.ndarray) -> float:
-        idx = torch.from_numpy(idx).to(self.device)
+        index = torch.from_numpy(idx).to(self.device)
         self.optimizer.zero_grad(set_to_none=False)
-        loss = self.criterion(self.ddp(self.x_train[idx]), self.y_train[idx])
+        loss = self.criterion(self.ddp(self.x_train[index]), self.y_train[index])
         loss.backward()  # DDP all-reduces the gradients, bucket by bucket, during backward
         self.optimizer.step()
         return loss.item()

@@ -28,8 +28,8 @@ class DataArray(np.ndarray):
     is still available as ``memoryview(a)``.
     """
 
-    @property
-    def data(self) -> DataArray:  # type: ignore[override]
+    @property  # type: ignore[override]  # torch-like ``.data`` replaces numpy's memoryview on purpose
+    def data(self) -> DataArray:
         return self
 
     @data.setter

@@ -12,7 +12,7 @@ of constructions and forwards gives the same values, on every rank that was give
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -24,7 +24,8 @@ _MIN_SEED, _MAX_SEED = -0x8000_0000_0000_0000, 0xFFFF_FFFF_FFFF_FFFF  # torch's 
 
 
 class _Default:
-    seed: int = int(np.random.SeedSequence().entropy) % 2**64
+    # Without an argument, SeedSequence draws its entropy as one int (the stubs allow any).
+    seed: int = int(cast(int, np.random.SeedSequence().entropy)) % 2**64
     gen: np.random.Generator = np.random.default_rng(seed)
 
 

@@ -84,6 +84,10 @@ class Module:
     """
 
     training: bool
+    # Set in ``__init__`` through ``object.__setattr__`` (bypassing registration).
+    _parameters: dict[str, Parameter]
+    _buffers: dict[str, Any]  # a buffer reassigned to None stays registered
+    _modules: dict[str, Module]
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
@@ -462,6 +466,10 @@ class Dropout(Module):
         RuntimeError: backward before forward.
     """
 
+    p: float
+    inplace: bool
+    _rng: Optional[np.random.Generator]
+
     def __init__(
         self, p: float = 0.5, inplace: bool = False, *, rng: Union[np.random.Generator, int, None] = None
     ) -> None:
@@ -525,7 +533,7 @@ class LogSoftmax(Module):
             raise TypeError(f"{prefix('LogSoftmax')} dim must be an int or None, got {type(dim).__name__}")
         self.dim = dim
         self._out: Optional[Any] = None
-        self._axis = 0
+        self._axis: Optional[int] = 0
 
     def forward(self, x: Any) -> Any:
         op = "LogSoftmax.forward"

@@ -40,7 +40,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from mpidist._reduce_op import ReduceOp
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist.nn._util import check_bool, check_int, copy_into, on_device
+from mpidist.work import Work
 
 __all__ = [
     "GradBucket",
@@ -162,7 +163,7 @@ def _allreduce_fut(g: ProcessGroup, tensor: Any) -> Future:
     """Divide ``tensor`` by the group size, start a SUM all-reduce; future of ``tensor``."""
     if g.size() > 1:
         tensor /= g.size()
-    work = all_reduce(tensor, ReduceOp.SUM, g, async_op=True)
+    work = cast(Work, all_reduce(tensor, ReduceOp.SUM, g, async_op=True))  # a member's async op: a Work
     return then(work.get_future(), lambda f: f.result()[0])
 
 
@@ -184,7 +185,7 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
         # float32 (torch's opmath for half types) and round again; bitwise torch's result
         compressed = buffer.astype(dtype)
         xp.divide(compressed, g.size(), out=compressed, dtype=np.float32, casting="same_kind")
-    work = all_reduce(compressed, ReduceOp.SUM, g, async_op=True)
+    work = cast(Work, all_reduce(compressed, ReduceOp.SUM, g, async_op=True))  # a member's async op: a Work
 
     def decompress(done: Future) -> Any:
         copy_into(buffer, done.result()[0], op)
@@ -225,7 +226,7 @@ def bf16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket
 
 # -- PowerSGD ------------------------------------------------------------------------------
 def _check_real(op: str, name: str, value: Any) -> None:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:  # type: ignore[operator]  # numbers.Real's stub has no __ge__
         raise ValueError(f"{prefix(op)} {name} must be a real number >= 0, got {value!r}")
 
 
@@ -462,7 +463,7 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         _orthogonalize(q, eps)
     for matrix, q, p in zip(compress, qs, ps):
         xp.matmul(matrix, q, out=p)
-    work = all_reduce(plain_memory, ReduceOp.SUM, g, async_op=True)
+    work = cast(Work, all_reduce(plain_memory, ReduceOp.SUM, g, async_op=True))  # a member's async op: a Work
 
     def finish(done: Future) -> Any:
         done.result()

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import numpy as np
 
@@ -76,7 +76,7 @@ def _bucket_limits(bucket_cap_mb: Any, bucket_cap_mb_list: Any) -> _BucketLimits
     where = prefix(_OP)
 
     def positive(value: Any) -> bool:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0  # type: ignore[operator]  # numbers.Real's stub has no __gt__
 
     if bucket_cap_mb is not None and not positive(bucket_cap_mb):
         raise ValueError(f"{where} bucket_cap_mb must be > 0, got {bucket_cap_mb!r} (None: the default, 25 MiB)")
@@ -92,7 +92,7 @@ def _bucket_limits(bucket_cap_mb: Any, bucket_cap_mb_list: Any) -> _BucketLimits
     return _BucketLimits(bucket_cap_mb, False, [])
 
 
-def _buffer_sync(broadcast_buffers: Optional[bool], forward_sync_buffers: Optional[bool]) -> tuple:
+def _buffer_sync(broadcast_buffers: Optional[bool], forward_sync_buffers: Optional[bool]) -> tuple[bool, bool]:
     """``(forward_sync_buffers, init_sync_buffers)`` from torch 2.13's two buffer flags, with its warnings."""
     if broadcast_buffers is not None:
         if forward_sync_buffers is not None:
@@ -153,7 +153,7 @@ def _mesh_group(process_group: Optional[ProcessGroup], device_mesh: Any) -> Opti
         )
     if device_mesh.ndim != 1:
         raise RuntimeError(f"{where} Only 1D device mesh is supported, but got {device_mesh}.")
-    return device_mesh.get_group(mesh_dim=0)
+    return cast(ProcessGroup, device_mesh.get_group(mesh_dim=0))  # a DeviceMesh's group
 
 
 class DistributedDataParallel:
@@ -276,6 +276,7 @@ class DistributedDataParallel:
         algorithm: Optional[str] = None,
     ) -> None:
         where = prefix(_OP)
+        flag: Optional[bool]
         for name, flag in (
             ("init_sync", init_sync),
             ("find_unused_parameters", find_unused_parameters),
@@ -363,7 +364,7 @@ class DistributedDataParallel:
     # -- construction -----------------------------------------------------------------
     def _parameters_device(self, where: str) -> str:
         """The one device ("cpu" or "cuda:N") of all parameters; ValueError naming them otherwise."""
-        by_device: dict = {}
+        by_device: dict[str, list[str]] = {}
         for i, p in enumerate(self._params):
             by_device.setdefault(device_of(p.data), []).append(p.name or f"parameter {i}")
         if len(by_device) > 1:
@@ -671,7 +672,7 @@ class DistributedDataParallel:
         return [(_PREFIX + name, p) for name, p in self.module.named_parameters()]
 
     def buffers(self) -> list:
-        return self.module.buffers()
+        return cast(list, self.module.buffers())  # an mpidist.nn.Module's buffers
 
     def named_buffers(self) -> list:
         """``("module.<name>", array)`` pairs, as :meth:`named_parameters`."""

@@ -398,7 +398,7 @@ class Reducer:
         again): a parameter used anywhere in that step counts as used in every step of the
         join phase, so the active ranks write its (zero, if they did not use it) reduced
         gradient instead of leaving its ``.grad`` untouched. Zeros before any step."""
-        pending = []
+        pending: list[Any] = []  # per bucket: its Work or hook Future, None when skipped
         for b in self.buckets:
             if b.index in self.skipped:
                 pending.append(None)

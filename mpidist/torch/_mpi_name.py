@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from types import FrameType
 from typing import Any, Optional
 
 import torch
@@ -45,7 +46,7 @@ NAME = "mpi"
 def _helper_timeout() -> Any:
     """The ``timeout`` local of torch's ``_new_process_group_helper`` on this thread's stack
     (the group's timeout: torch passes none to ``ProcessGroupMPI.create``), or None."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         if frame.f_code is c10d._new_process_group_helper.__code__:
             return frame.f_locals.get("timeout")
@@ -93,5 +94,5 @@ def install() -> None:
             stacklevel=3,
         )
         return
-    c10d.ProcessGroupMPI = ProcessGroupMPI
+    c10d.ProcessGroupMPI = ProcessGroupMPI  # type: ignore[misc,assignment]  # fills torch's ProcessGroupMPI slot
     c10d._MPI_AVAILABLE = True

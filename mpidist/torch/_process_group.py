@@ -52,7 +52,8 @@ __all__ = ["ProcessGroupMpidist", "BACKEND_NAME"]
 
 BACKEND_NAME = "mpidist"
 
-_RedOpType = dist.ReduceOp.RedOpType
+#: (Any: torch's stub declares RedOpType an Enum with no members; it is a pybind enum that has them)
+_RedOpType: Any = dist.ReduceOp.RedOpType
 _OPS = {
     int(_RedOpType.SUM): mpidist.ReduceOp.SUM,
     int(_RedOpType.AVG): mpidist.ReduceOp.AVG,
@@ -83,7 +84,7 @@ def _reduce_op(red: Any, op: str) -> Any:
     that ``_make_nccl_premul_sum(factor)`` made)."""
     if red == _SUM:
         return _MSUM
-    kind = red.op if isinstance(red, dist.ReduceOp) else red
+    kind = red.op if isinstance(red, dist.ReduceOp) else red  # type: ignore[attr-defined]  # ReduceOp.op: missing from torch's stub
     try:
         value = int(kind)
     except (TypeError, ValueError):
@@ -150,7 +151,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     def __init__(
         self, group: mpidist.ProcessGroup, rank: int, size: int, owns_runtime: bool, backend_name: str = BACKEND_NAME
     ) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # torch's (rank, size) overload: missing from its stub
         self._backend_name = backend_name
         self._mg = group
         st = _runtime.state_or_none()
@@ -197,7 +198,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     supports_splitting = False
     supports_time_estimate = False
 
-    def _get_backend(self, device: Any = None) -> ProcessGroupMpidist:
+    def _get_backend(self, device: Any = None) -> ProcessGroupMpidist:  # type: ignore[override]  # its own backend
         """The group itself: it is its own backend for every device (torch 2.15's
         ``batch_isend_irecv`` asks it whether it coalesces: no)."""
         return self

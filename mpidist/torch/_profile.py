@@ -118,7 +118,7 @@ def record(title: str, inputs: Optional[int], method: Callable[..., Any], pg: An
         finally:
             rec.__exit__(None, None, None)
     # a synchronous call is issued asynchronously, so that the event ends where the op does
-    opts = next((a for a in (*args, *kwargs.values()) if hasattr(type(a), "asyncOp")), None)
+    opts: Any = next((a for a in (*args, *kwargs.values()) if hasattr(type(a), "asyncOp")), None)
     forced = opts is not None and not opts.asyncOp
     try:
         if forced:

@@ -99,7 +99,7 @@ def _check_tensor(t: Any, op: str, arg: str) -> None:
         )
 
 
-def _numpy_dtype(dtype: torch.dtype, op: str, arg: str) -> tuple[Optional[torch.dtype], Any]:
+def _numpy_dtype(dtype: torch.dtype, op: str, arg: str) -> tuple[torch.dtype, np.dtype]:
     """(view dtype, numpy dtype) for a dtype ``tensor.numpy()`` refuses; TypeError if none."""
     entry = REINTERPRET.get(dtype)
     if entry is None:

@@ -175,7 +175,7 @@ class TorchWork(dist._Work):
             waiting = shim.external_stream(int(side.cuda_stream))
             for w in self._works:
                 shim.wait_event(waiting, w._event)
-        fut = torch.futures.Future(devices=[torch.device("cuda", device)])
+        fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future(devices=[torch.device("cuda", device)])
         with torch.cuda.stream(side):
             fut.set_result(list(self._outputs))  # torch records its events on ``side``, after the op
         return fut

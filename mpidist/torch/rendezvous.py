@@ -40,6 +40,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
+from types import FrameType
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -69,7 +70,7 @@ def calling_backend() -> Optional[str]:
     """The ``backend`` of the ``torch.distributed.init_process_group`` call on this
     thread's stack, as torch normalized it (``"mpidist"``, ``"gloo"``, ...), or None when
     there is none (a direct call of torch's ``rendezvous``)."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "init_process_group" and code.co_filename.endswith(_C10D):
@@ -99,6 +100,7 @@ def _int(value: Optional[str], source: str) -> int:
 
 def _user_stacklevel() -> int:
     """The stacklevel of the first frame outside torch.distributed and this package."""
+    frame: Optional[FrameType]
     level, frame = 1, sys._getframe(1)
     torch_dir = os.path.join("torch", "distributed")
     while frame is not None:

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch.distributed as dist
 from mpi4py import MPI
@@ -209,10 +209,11 @@ class MPIStore(dist.Store):
         atexit.register(self.close)
 
     # -- the client side: one request, its answer ------------------------------------------
+    # (rank 0 answers each op with the type torch's Store gives: the methods below cast to it)
     def _ask(self, op: str, args: tuple, limit: Optional[timedelta] = None, keys: Sequence[str] = ()) -> Any:
         if self._closed:
             raise RuntimeError(f"MPIStore.{op}: the store is closed")
-        secs = (self.timeout if limit is None else limit).total_seconds()
+        secs = (self.timeout if limit is None else limit).total_seconds()  # type: ignore[attr-defined]  # Store.timeout: torch's C++ property, missing from its stub
         deadline = time.monotonic() + (secs if secs > 0 else float("inf"))
         with self._lock:
             rid = next(self._ids)
@@ -251,20 +252,23 @@ class MPIStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         key = _key(key, "get")
-        return self._ask("get", ([key],), keys=[key])
+        return cast(bytes, self._ask("get", ([key],), keys=[key]))
 
     def add(self, key: str, amount: int) -> int:
         if not isinstance(amount, int) or isinstance(amount, bool):
             raise TypeError(f"MPIStore.add: amount must be an int, got {type(amount).__name__}")
-        return self._ask("add", (_key(key, "add"), amount))
+        return cast(int, self._ask("add", (_key(key, "add"), amount)))
 
     def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
-        return self._ask(
-            "compare_set",
-            (
-                _key(key, "compare_set"),
-                _bytes(expected_value, "compare_set", "expected_value"),
-                _bytes(desired_value, "compare_set", "desired_value"),
+        return cast(
+            bytes,
+            self._ask(
+                "compare_set",
+                (
+                    _key(key, "compare_set"),
+                    _bytes(expected_value, "compare_set", "expected_value"),
+                    _bytes(desired_value, "compare_set", "desired_value"),
+                ),
             ),
         )
 
@@ -272,7 +276,7 @@ class MPIStore(dist.Store):
         self._ask("append", (_key(key, "append"), _bytes(value, "append", "value")))
 
     def check(self, keys: Sequence[str]) -> bool:
-        return self._ask("check", ([_key(k, "check") for k in keys],))
+        return cast(bool, self._ask("check", ([_key(k, "check") for k in keys],)))
 
     def wait(self, keys: Sequence[str], timeout: Optional[timedelta] = None) -> None:
         keys = [_key(k, "wait") for k in keys]
@@ -280,7 +284,7 @@ class MPIStore(dist.Store):
 
     def multi_get(self, keys: Sequence[str]) -> list:
         keys = [_key(k, "multi_get") for k in keys]
-        return self._ask("multi_get", (keys,), keys=keys)
+        return cast(list, self._ask("multi_get", (keys,), keys=keys))
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
         keys, values = list(keys), list(values)
@@ -291,10 +295,10 @@ class MPIStore(dist.Store):
         )
 
     def delete_key(self, key: str) -> bool:
-        return self._ask("delete_key", (_key(key, "delete_key"),))
+        return cast(bool, self._ask("delete_key", (_key(key, "delete_key"),)))
 
     def num_keys(self) -> int:
-        return self._ask("num_keys", ())
+        return cast(int, self._ask("num_keys", ()))
 
     def has_extended_api(self) -> bool:
         return True
