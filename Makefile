@@ -4,6 +4,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 MPIEXEC     := $(VENV)/bin/mpiexec
 STAMP       := $(VENV)/.installed-stamp
+TOOLS_STAMP := $(VENV)/.tools-installed-stamp
 EXTRAS      ?= mpich,examples,test,torch
 # The torch the tests install (the `torch` extra allows any supported version): the CPU build.
 TORCH_PIN   ?= torch==2.13.0
@@ -41,7 +42,46 @@ run-torch: install
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) -e '.[torch]' '$(TORCH_PIN)'
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
-test: test-layers test-serial test-mpi test-slurm test-torch-suite test-frameworks test-chaos
+test: test-static test-serial test-mpi test-slurm test-torch-suite test-frameworks test-chaos
+
+# What needs no MPI job and no timing, side by side: lint and types, the layers, the wheel in
+# a fresh venv, the docs site (each target's output printed whole when it ends).
+.PHONY: test-static
+test-static: $(TOOLS_STAMP)
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-layers test-wheel docs
+
+# The tools of lint, dist and docs (the lint and docs extras), installed once into $(VENV).
+$(TOOLS_STAMP): $(STAMP) setup.cfg
+	$(PIP) -e '.[$(EXTRAS),lint,docs]' $(if $(findstring torch,$(EXTRAS)),'$(TORCH_PIN)')
+	@touch $@
+
+# Style and types (pyproject.toml: the rule sets and why): ruff's lint rules and its formatter
+# over the repository, mypy over the package.
+.PHONY: lint
+lint: $(TOOLS_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy mpidist
+
+# The sdist and the wheel, in dist/ (python -m build: an isolated build environment, as pip's).
+.PHONY: dist
+dist: $(TOOLS_STAMP)
+	rm -rf dist
+	$(PY) -m build --quiet --outdir dist .
+
+# The docs site, in out/docs (Sphinx with MyST over docs/*.md, the API reference from the
+# docstrings; docs/conf.py). Warnings are errors.
+.PHONY: docs
+docs: $(TOOLS_STAMP)
+	$(VENV)/bin/sphinx-build -q -W --keep-going -c docs -b html . out/docs
+	@echo "docs: out/docs/docs/index.html"
+
+# The wheel as users get it: installed (not the checkout) into a fresh venv with the mpich,
+# examples and torch extras, and used from outside the checkout (tests/wheel/run.sh).
+WHEEL_VENV ?= .venv-wheel
+.PHONY: test-wheel
+test-wheel: dist
+	timeout -k 10 900 tests/wheel/run.sh "$$(ls $(abspath dist)/mpidist-*.whl)" $(WHEEL_VENV) $(PYTHON) '$(TORCH_PIN)'
 
 # The package's layers only look down and no modules import each other in a cycle
 # (tools/layers.py; docs/architecture.md, "Layers"). Needs nothing installed.
@@ -101,7 +141,8 @@ test-slurm: install
 
 # Training frameworks over backend "mpidist" (tests/frameworks; docs/torch.md, "Frameworks"):
 # PyTorch Lightning, Accelerate, the transformers Trainer, DeepSpeed ZeRO-1/2 (CPU, no compiled
-# ops) and FSDP2 with torch.distributed.checkpoint, each job at mpiexec -n 2 and -n 4 under
+# ops) and FSDP2 with torch.distributed.checkpoint, at mpiexec -n 2 and -n 4 (Accelerate and the
+# Trainer after our init_process_group at -n 2 only: they train again at both when they pick "mpi"), under
 # `timeout -k 10` (MPIDIST_FRAMEWORKS_JOB_TIMEOUT s, default 150). Installs the `frameworks`
 # extra into $(VENV) once (stamp) with torch held at $(TORCH_PIN), and fails if torch changed.
 # Measured only on the 2-core machine while other jobs loaded it (load average 5-12): the
@@ -161,7 +202,7 @@ test-torch-version-%: .venv-torch%/.installed-stamp
 	@touch $@
 
 clean:
-	rm -rf $(VENV) .venv-torch* out build *.egg-info
+	rm -rf $(VENV) .venv-torch* .venv-wheel out build dist *.egg-info .mypy_cache .ruff_cache
 
 # Benchmarks: results land in benchmarks/results/. bench_allreduce.py: all_reduce variants;
 # bench_collectives.py: every collective vs raw mpi4py, mpidist's ring and torch.distributed
