@@ -15,9 +15,7 @@ RUN_ARGS    ?=
 RUN_TIMEOUT ?= 600
 TEST_TIMEOUT ?= 900
 PYTEST      := $(PY) -m pytest --with-mpi
-# pip without byte-compiling what it installs (torch and the frameworks: over a minute on 2 cores);
-# Python compiles the modules a program imports on first import, once.
-PIP         := $(PY) -m pip install -q --no-compile
+PIP         := $(PY) -m pip install -q
 # Extra `python -m venv` arguments, e.g. --system-site-packages so the venv sees a
 # system-wide CuPy (the GPU machines have CuPy for CUDA 13 preinstalled).
 VENV_ARGS   ?=
@@ -141,8 +139,8 @@ test-slurm: install
 
 # Training frameworks over backend "mpidist" (tests/frameworks; docs/torch.md, "Frameworks"):
 # PyTorch Lightning, Accelerate, the transformers Trainer, DeepSpeed ZeRO-1/2 (CPU, no compiled
-# ops) and FSDP2 with torch.distributed.checkpoint, at mpiexec -n 2 and -n 4 (Accelerate and the
-# Trainer after our init_process_group at -n 2 only: they train again at both when they pick "mpi"), under
+# ops) and FSDP2 with torch.distributed.checkpoint, at mpiexec -n 2 (DeepSpeed and FSDP2, which
+# shard the model, at -n 4 too), under
 # `timeout -k 10` (MPIDIST_FRAMEWORKS_JOB_TIMEOUT s, default 150). Installs the `frameworks`
 # extra into $(VENV) once (stamp) with torch held at $(TORCH_PIN), and fails if torch changed.
 # Measured only on the 2-core machine while other jobs loaded it (load average 5-12): the
@@ -198,7 +196,7 @@ test-torch-version-%: .venv-torch%/.installed-stamp
 .PRECIOUS: .venv-torch%/.installed-stamp
 .venv-torch%/.installed-stamp: setup.cfg pyproject.toml
 	@test -x .venv-torch$*/bin/python || $(PYTHON) -m venv $(VENV_ARGS) .venv-torch$*
-	.venv-torch$*/bin/python -m pip install -q --no-compile -e '.[mpich,examples,test,torch]' 'torch==$*' $(TORCH_PIP_ARGS)
+	.venv-torch$*/bin/python -m pip install -q -e '.[mpich,examples,test,torch]' 'torch==$*' $(TORCH_PIP_ARGS)
 	@touch $@
 
 clean:

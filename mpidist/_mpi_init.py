@@ -27,11 +27,12 @@ SIGUSR1 has its default action, :func:`import_mpi` installs a handler that recor
 :func:`early_signals` tells a program that installs its handler later what arrived before.
 
 T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
-(``init_process_group``'s default timeout, which is not known yet at import time), plus
-:data:`GRACE` s: both waits also cover work that is no wait for a peer (a slow start-up, the
-program's exit handlers), which a short timeout meant for collectives must not cut. As with
-any collective, a rank that is only slower than its peers by more than that (a rank 0 that
-writes outputs for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
+(``init_process_group``'s default timeout, which is not known yet at import time), plus a
+grace, ``MPIDIST_INIT_FINALIZE_GRACE`` s where it is a number >= 0, else :data:`GRACE`: both
+waits also cover work that is no wait for a peer (a slow start-up, the program's exit
+handlers), which a short timeout meant for collectives must not cut. As with any collective,
+a rank that is only slower than its peers by more than that (a rank 0 that writes outputs
+for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
 ``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
 """
 
@@ -46,21 +47,29 @@ import sys
 import threading
 from types import ModuleType
 
-__all__ = ["import_mpi", "bound_seconds", "early_signals", "ENV"]
+__all__ = ["import_mpi", "bound_seconds", "early_signals", "ENV", "GRACE_ENV"]
 
 ENV = "MPIDIST_BOUND_INIT_FINALIZE"
-GRACE = 10.0
+GRACE_ENV = "MPIDIST_INIT_FINALIZE_GRACE"
+GRACE = 10.0  # s, the default grace
 _DEFAULT_S = 30 * 60.0
 
 
-def bound_seconds() -> float:
-    """T + GRACE: T is MPIDIST_TIMEOUT when it is a positive finite number of seconds, else 30
-    minutes (a bad value is reported by init_process_group, not here)."""
+def _seconds(name: str, default: float, zero: bool) -> float:
+    """The environment variable ``name`` as seconds when it is a finite number > 0 (>= 0 with
+    ``zero``), else ``default``."""
     try:
-        value = float(os.environ.get("MPIDIST_TIMEOUT", "").strip())
+        value = float(os.environ.get(name, "").strip())
     except ValueError:
-        value = _DEFAULT_S
-    return (value if 0 < value < math.inf else _DEFAULT_S) + GRACE
+        return default
+    return value if (value >= 0 if zero else value > 0) and value < math.inf else default
+
+
+def bound_seconds() -> float:
+    """T + grace: T is MPIDIST_TIMEOUT when it is a positive finite number of seconds, else 30
+    minutes (a bad value is reported by init_process_group, not here); the grace is
+    MPIDIST_INIT_FINALIZE_GRACE when it is a finite number >= 0, else GRACE."""
+    return _seconds("MPIDIST_TIMEOUT", _DEFAULT_S, False) + _seconds(GRACE_ENV, GRACE, True)
 
 
 _RECORDED = (signal.SIGUSR1,)  # what MPICH's MPI_Init would swallow

@@ -50,28 +50,32 @@ def run(tmp_path: Path, code: str, limit: float, **env: str) -> tuple[subprocess
     return job, time.monotonic() - t0
 
 
+# MPIDIST_TIMEOUT 3 s plus a grace of 1 s (MPIDIST_INIT_FINALIZE_GRACE; 10 s by default): the bound is 4 s.
+BOUND = {"MPIDIST_TIMEOUT": "3", "MPIDIST_INIT_FINALIZE_GRACE": "1"}
+
+
 def test_a_rank_stopped_before_mpi_init_ends_the_job_at_the_timeout(tmp_path):
-    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 60, MPIDIST_TIMEOUT="3")
+    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 60, **BOUND)
     # rank 0 exits with 1; hydra then kills the stopped rank 1 (SIGKILL): mpiexec reports
     # whichever it saw first (1 or 9, both seen)
     assert job.returncode in (1, 9), (job.returncode, job.stdout, job.stderr)
-    assert took < 25
-    assert "Timeout (0:00:13)!" in job.stderr  # MPIDIST_TIMEOUT + GRACE
+    assert took < 15
+    assert "Timeout (0:00:04)!" in job.stderr  # MPIDIST_TIMEOUT + the grace
     assert "_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT" in job.stderr
     assert "past MPI_Init" not in job.stdout
 
 
 def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path):
-    job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, MPIDIST_TIMEOUT="3")
+    job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, **BOUND)
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
-    assert took < 25
+    assert took < 15
     assert "Alarm clock" in job.stdout + job.stderr  # hydra names the signal that ended rank 0
 
 
 def test_switched_off_the_job_waits(tmp_path):
     """The control: without the bounds the same job is still waiting when timeout(1) ends it."""
-    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 16, MPIDIST_TIMEOUT="3", MPIDIST_BOUND_INIT_FINALIZE="0")
-    assert job.returncode == 124 and took >= 16  # the bound would have ended it at 13 s
+    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 9, **BOUND, MPIDIST_BOUND_INIT_FINALIZE="0")
+    assert job.returncode == 124 and took >= 9  # the bound would have ended it at 4 s
 
 
 @pytest.mark.parametrize(
@@ -89,7 +93,18 @@ def test_switched_off_the_job_waits(tmp_path):
 )
 def test_the_bound_is_mpidist_timeout_or_30_minutes_plus_the_grace(monkeypatch, value, expected):
     monkeypatch.setenv("MPIDIST_TIMEOUT", value)
+    monkeypatch.delenv("MPIDIST_INIT_FINALIZE_GRACE", raising=False)
     assert _mpi_init.bound_seconds() == expected + _mpi_init.GRACE
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("", 10.0), ("0", 0.0), ("2.5", 2.5), ("-1", 10.0), ("inf", 10.0), ("nan", 10.0), ("later", 10.0)],
+)
+def test_the_grace_is_mpidist_init_finalize_grace_or_10_s(monkeypatch, value, expected):
+    monkeypatch.setenv("MPIDIST_TIMEOUT", "8")
+    monkeypatch.setenv("MPIDIST_INIT_FINALIZE_GRACE", value)
+    assert _mpi_init.bound_seconds() == 8 + expected
 
 
 EARLY_SIGUSR1 = """

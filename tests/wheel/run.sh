@@ -16,6 +16,7 @@ rm -rf "$venv"
 "$python" -m venv "$venv"
 py=$(cd "$venv" && pwd)/bin/python
 mpiexec=$(dirname "$py")/mpiexec
+# (--no-compile: these few checks import torch's sources uncompiled faster than pip compiles them all)
 "$py" -m pip install -q --no-compile "$wheel[mpich,examples,torch]" "$torch_pin"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/mpidist-wheel.XXXXXX")
