@@ -5,6 +5,10 @@ PY          := $(VENV)/bin/python
 MPIEXEC     := $(VENV)/bin/mpiexec
 STAMP       := $(VENV)/.installed-stamp
 TOOLS_STAMP := $(VENV)/.tools-installed-stamp
+TEST_STAMP  := $(VENV)/.test-installed-stamp
+FRAMEWORKS_STAMP := $(VENV)/.frameworks-installed-stamp
+# Fails when installing an extra replaced the pinned torch.
+TORCH_CHECK = $(PY) -c 'import sys, torch; pin = "$(TORCH_PIN)".split("==")[-1]; sys.exit(None if torch.__version__.split("+")[0] == pin else "make: torch is " + torch.__version__ + " after installing the extras, not $(TORCH_PIN)")'
 EXTRAS      ?= mpich,examples,test,torch
 # The torch the tests install (the `torch` extra allows any supported version): the CPU build.
 TORCH_PIN   ?= torch==2.13.0
@@ -40,7 +44,16 @@ run-torch: install
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) -e '.[torch]' '$(TORCH_PIN)'
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
-test: test-static test-serial test-mpi test-slurm test-torch-suite test-frameworks test-chaos
+test: $(TEST_STAMP) test-static test-serial test-mpi test-slurm test-torch-suite test-frameworks test-chaos
+
+# Everything make test uses, in one pip call (one resolution and one compile pass instead of
+# three): the install, the tools of lint/dist/docs and the frameworks, with torch held at
+# $(TORCH_PIN); it stands for the three stamps.
+$(TEST_STAMP): setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	$(PIP) -e '.[$(EXTRAS),lint,docs,frameworks]' '$(TORCH_PIN)'
+	@$(TORCH_CHECK)
+	@touch $(STAMP) $(TOOLS_STAMP) $(FRAMEWORKS_STAMP) $@
 
 # What needs no MPI job and no timing, side by side: lint and types, the layers, the wheel in
 # a fresh venv, the docs site (each target's output printed whole when it ends).
@@ -143,9 +156,8 @@ test-slurm: install
 # shard the model, at -n 4 too), under
 # `timeout -k 10` (MPIDIST_FRAMEWORKS_JOB_TIMEOUT s, default 150). Installs the `frameworks`
 # extra into $(VENV) once (stamp) with torch held at $(TORCH_PIN), and fails if torch changed.
-# Measured only on the 2-core machine while other jobs loaded it (load average 5-12): the
-# install 1-3 min (pip's cache warm), the 10 jobs 4.5-7 min (25-55 s each); expect less on idle cores.
-FRAMEWORKS_STAMP   := $(VENV)/.frameworks-installed-stamp
+# On the 2-core machine (2026-11-26, nothing else running): the 9 jobs in 88 s; the extra's
+# install about a minute on its own (make test installs it with everything else, $(TEST_STAMP)).
 FRAMEWORKS_TIMEOUT ?= 600
 .PHONY: test-frameworks
 test-frameworks: $(FRAMEWORKS_STAMP)
@@ -153,7 +165,7 @@ test-frameworks: $(FRAMEWORKS_STAMP)
 
 $(FRAMEWORKS_STAMP): $(STAMP) setup.cfg
 	$(PIP) -e '.[$(EXTRAS),frameworks]' '$(TORCH_PIN)'
-	@$(PY) -c 'import sys, torch; pin = "$(TORCH_PIN)".split("==")[-1]; sys.exit(None if torch.__version__.split("+")[0] == pin else "test-frameworks: torch is " + torch.__version__ + " after installing the frameworks extra, not $(TORCH_PIN)")'
+	@$(TORCH_CHECK)
 	@touch $@
 
 # GPU tests (tests/gpu; docs/device.md): $(PY) must import CuPy. On a GPU machine with a

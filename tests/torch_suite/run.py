@@ -7,8 +7,10 @@ classification adds: the all_to_all tests) does not pass on mpidist, unless list
                                     [--results FILE.md] [--profile]
 
 ``--control failures`` (what ``make test`` runs): mpidist first, then gloo on the tests that
-did not pass on mpidist only; the verdict is the same as with the whole control (a test
-mpidist passes needs no control), in about half the time. ``all`` (the default) runs gloo on
+did not pass on mpidist only, less those mpidist skipped for a reason that does not depend on
+the backend (:data:`SAME_ON_EVERY_BACKEND`: torch's decorators skip them on gloo alike); the
+verdict is the same as with the whole control (a test mpidist passes needs no control), in
+about half the time. ``all`` (the default) runs gloo on
 every test, for the full table (results.md next to this file).
 
 The tests run in one ``mpiexec -n 3`` job per backend (``rank.py`` on every rank), each
@@ -25,12 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -53,6 +57,13 @@ EXCEPTIONS = {
 #: Failures being fixed (none today: the eight that issue 23 listed were fixed by a4b7fa5). Run and
 #: reported; they do not fail the run, but one that passes does (remove it from this list then).
 KNOWN_FAILURES: dict = {}  # test name -> the cause, e.g. "sparse COO all_reduce is refused (issue 23)"
+
+#: Skip reasons of torch's suite that hold for every backend (the GPUs and the world size of the
+#: machine): a test mpidist skips for one of them is skipped on gloo too, so ``--control failures``
+#: does not run it there.
+SAME_ON_EVERY_BACKEND = re.compile(
+    r"Need at least \d+ CUDA devices|CUDA is not available\.|Skipped due to small world size\."
+)
 
 #: Left out of the default selection for time (seconds per backend on the 2-core CI machine).
 SLOW: dict = {}
@@ -236,6 +247,13 @@ def run_backend(args: argparse.Namespace, backend: str, tests: list, tmp: str, l
     return results
 
 
+def _needs_control(result: Optional[dict]) -> bool:
+    """Whether gloo's outcome can change the verdict on a test whose mpidist ``result`` this is."""
+    if result is None or result["outcome"] == "pass":
+        return False
+    return not (result["outcome"] == "skip" and SAME_ON_EVERY_BACKEND.fullmatch(result.get("cause", "").strip()))
+
+
 def classify_result(backend_results: dict, skipped: dict) -> dict:
     out = dict(backend_results)
     for n, why in skipped.items():
@@ -348,7 +366,7 @@ def main() -> int:
         for b in backends:
             run, skipped = selection(args, b, dt)
             if failures_only and b != "mpidist":
-                run = [n for n in run if res["mpidist"].get(n, {}).get("outcome") != "pass"]
+                run = [n for n in run if _needs_control(res["mpidist"].get(n))]
                 skipped = {n: why for n, why in skipped.items() if res["mpidist"].get(n, {}).get("outcome") != "pass"}
                 print(f"== control: {b} on the {len(run)} tests that did not pass on mpidist", flush=True)
                 if not run:
