@@ -118,7 +118,7 @@ class RuntimeState:
     local_world_size: int
     timeout: datetime.timedelta
     thread_multiple: bool
-    groups: list = field(default_factory=list)  # every group made by new_group, for destroy
+    groups: list[ProcessGroup] = field(default_factory=list)  # every group made by new_group, for destroy
 
 
 if MPI.Is_initialized() and not MPI.Is_finalized():  # (not if the program set mpi4py.rc.initialize)

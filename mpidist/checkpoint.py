@@ -39,7 +39,7 @@ from mpidist._array import is_device_array
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
-PathLike = Union[str, os.PathLike]
+PathLike = Union[str, "os.PathLike[str]"]
 
 # First bytes of a zip archive: a local file header, or the end record of an empty one.
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")

@@ -91,7 +91,7 @@ def broadcast(
 def barrier(
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
-    device_ids: Optional[list] = None,
+    device_ids: Optional[list[int]] = None,
     timeout: Optional[datetime.timedelta] = None,
 ) -> Optional[Work]:
     """Block until every member of the group has entered the barrier (MPI_Barrier).

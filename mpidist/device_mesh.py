@@ -61,7 +61,7 @@ def _check_device_type(device_type: Any, op: str) -> str:
     return device_type
 
 
-def _check_names(names: object, ndim: int, op: str) -> Optional[tuple]:
+def _check_names(names: object, ndim: int, op: str) -> Optional[tuple[str, ...]]:
     if names is None:
         return None
     if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
@@ -146,7 +146,7 @@ class DeviceMesh:
         arr = _check_mesh(mesh, st.world_size, op)
         names = _check_names(mesh_dim_names, arr.ndim, op)
         if backend_override is None:
-            backends: list = [None] * arr.ndim
+            backends: list[Optional[str]] = [None] * arr.ndim
         elif isinstance(backend_override, (list, tuple)) and len(backend_override) == arr.ndim:
             backends = [_backend_of(b, op) for b in backend_override]
         else:
@@ -165,7 +165,12 @@ class DeviceMesh:
 
     @staticmethod
     def _make_groups(
-        st: _runtime.RuntimeState, arr: np.ndarray, dim: int, names: Optional[tuple], backend: Optional[str], op: str
+        st: _runtime.RuntimeState,
+        arr: np.ndarray,
+        dim: int,
+        names: Optional[tuple[str, ...]],
+        backend: Optional[str],
+        op: str,
     ) -> ProcessGroup:
         """This rank's group along ``dim``: the default group when a group along it holds
         every rank (and no backend is imposed), as torch; else one MPI_Comm_split."""
@@ -181,9 +186,9 @@ class DeviceMesh:
         self,
         device_type: str,
         mesh: np.ndarray,
-        names: Optional[tuple],
+        names: Optional[tuple[str, ...]],
         groups: list[ProcessGroup],
-        coordinate: Optional[tuple],
+        coordinate: Optional[tuple[int, ...]],
         whole: bool = True,
     ) -> None:
         self._device_type = device_type
@@ -199,9 +204,9 @@ class DeviceMesh:
         cls,
         device_type: str,
         mesh: np.ndarray,
-        names: Optional[tuple],
+        names: Optional[tuple[str, ...]],
         groups: list[ProcessGroup],
-        coordinate: Optional[tuple],
+        coordinate: Optional[tuple[int, ...]],
         whole: bool = True,
     ) -> DeviceMesh:
         obj = cls.__new__(cls)
@@ -274,7 +279,7 @@ class DeviceMesh:
         return self._mesh
 
     @property
-    def mesh_dim_names(self) -> Optional[tuple]:
+    def mesh_dim_names(self) -> Optional[tuple[str, ...]]:
         """The dimensions' names, or None."""
         return self._names
 
@@ -283,7 +288,7 @@ class DeviceMesh:
         return self._mesh.ndim
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return tuple(self._mesh.shape)
 
     def size(self, mesh_dim: Optional[Dim] = None) -> int:
@@ -332,7 +337,7 @@ class DeviceMesh:
         """
         return self._groups[self._one_dim(mesh_dim, "DeviceMesh.get_group")]
 
-    def get_all_groups(self) -> list:
+    def get_all_groups(self) -> list[ProcessGroup]:
         """This rank's group along every dimension, in dimension order."""
         return list(self._groups)
 
@@ -346,7 +351,7 @@ class DeviceMesh:
         """This process's global rank."""
         return _runtime.get_rank()
 
-    def get_coordinate(self) -> Optional[tuple]:
+    def get_coordinate(self) -> Optional[tuple[int, ...]]:
         """This rank's index in the mesh, one int per dimension; None outside the mesh."""
         return self._coordinate
 
@@ -401,7 +406,7 @@ class DeviceMesh:
         )
         return f"DeviceMesh(({dims}), '{self._device_type}', mesh={self._mesh.tolist()})"
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Any, ...]:
         return (self._device_type, self.shape, tuple(self._mesh.reshape(-1).tolist()), self._names)
 
     def __eq__(self, other: object) -> bool:
@@ -411,7 +416,7 @@ class DeviceMesh:
         return hash(self._key())
 
 
-def _coordinate(mesh: np.ndarray, rank: int) -> Optional[tuple]:
+def _coordinate(mesh: np.ndarray, rank: int) -> Optional[tuple[int, ...]]:
     found = np.argwhere(mesh == rank)
     return tuple(int(i) for i in found[0]) if len(found) else None
 
@@ -421,7 +426,7 @@ def init_device_mesh(
     mesh_shape: Sequence[int],
     *,
     mesh_dim_names: Optional[Sequence[str]] = None,
-    backend_override: Optional[dict] = None,
+    backend_override: Optional[dict[Dim, Any]] = None,
 ) -> DeviceMesh:
     """A :class:`DeviceMesh` of ranks ``0 .. prod(mesh_shape) - 1`` laid out in row-major
     order in ``mesh_shape`` (torch.distributed.device_mesh.init_device_mesh): for

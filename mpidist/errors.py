@@ -34,7 +34,7 @@ class DistStoreError(DistError):
     ported program keeps working."""
 
 
-def _network_classes() -> frozenset:
+def _network_classes() -> frozenset[int]:
     from mpi4py import MPI  # noqa: PLC0415
 
     names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")

@@ -94,9 +94,9 @@ def _check_backend(backend: Optional[str], op: str) -> Optional[str]:
 
 
 # global ranks -> how many groups this process has made with them (flight recorder keys)
-_made: dict[tuple, int] = {}
+_made: dict[tuple[int, ...], int] = {}
 # [the runtime state counted in, get_pg_count's value for it]
-_count: list = [None, 0]
+_count: list[Any] = [None, 0]
 
 
 def _key(members: Sequence[int]) -> str:
@@ -279,13 +279,13 @@ def split(
     comm = parent.engine.run_sync(create)
     if comm is None:
         return None
-    mine = cast(list, mine)  # (set: a rank in none of the subgroups got no communicator)
+    mine = cast("list[int]", mine)  # (set: a rank in none of the subgroups got no communicator)
     return _register(comm, mine, _name(st, group_desc, mine), backend, _key(mine))
 
 
 def split_group(
     parent_pg: Optional[ProcessGroup] = None,
-    split_ranks: Optional[list] = None,
+    split_ranks: Optional[list[list[int]]] = None,
     timeout: Optional[datetime.timedelta] = None,
     pg_options: Any = None,
     group_desc: Optional[str] = None,
@@ -326,7 +326,7 @@ def split_group(
     return split(parent, [[parent.ranks[r] for r in lst] for lst in lists], op, chosen, group_desc)
 
 
-def _check_lists(lists: Any, bound: int, op: str, arg: str, what: str) -> list:
+def _check_lists(lists: Any, bound: int, op: str, arg: str, what: str) -> list[list[int]]:
     """``lists`` (argument ``arg``): a non-empty list of disjoint lists of ranks in
     ``[0, bound)`` (``what`` names the bound), each sorted."""
     ranks = "global ranks" if what == "world size" else "ranks in the parent group"
@@ -340,7 +340,7 @@ def _check_lists(lists: Any, bound: int, op: str, arg: str, what: str) -> list:
 
 
 def _check_disjoint(lists: Sequence[Sequence[int]], op: str, arg: str) -> None:
-    seen: dict = {}
+    seen: dict[int, int] = {}
     for i, lst in enumerate(lists):
         for r in lst:
             if r in seen:

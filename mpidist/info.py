@@ -94,11 +94,11 @@ def _optional(name: str) -> Optional[Any]:
         return None
 
 
-def _gpu() -> dict:
+def _gpu() -> dict[str, Any]:
     cupy = _optional("cupy")
     if cupy is None:
         return {"cupy": None}
-    out: dict = {"cupy": cupy.__version__}
+    out: dict[str, Any] = {"cupy": cupy.__version__}
     try:
         out["gpus"] = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # noqa: BLE001
@@ -113,11 +113,11 @@ def _gpu() -> dict:
     return out
 
 
-def _torch() -> dict:
+def _torch() -> dict[str, Any]:
     torch = _optional("torch")
     if torch is None:
         return {"torch": None}
-    out: dict = {"torch": torch.__version__, "distributed": bool(torch.distributed.is_available())}
+    out: dict[str, Any] = {"torch": torch.__version__, "distributed": bool(torch.distributed.is_available())}
     if out["distributed"]:
         try:
             import mpidist.torch  # noqa: F401, PLC0415  (registers the backends)
@@ -129,8 +129,8 @@ def _torch() -> dict:
     return out
 
 
-def _shared_memory(node: MPI.Intracomm) -> dict:
-    out: dict = {}
+def _shared_memory(node: MPI.Intracomm) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     try:
         win = MPI.Win.Allocate_shared(8, 1, comm=node)
         win.Free()
@@ -145,7 +145,7 @@ def _shared_memory(node: MPI.Intracomm) -> dict:
     return out
 
 
-def collect() -> dict:
+def collect() -> dict[str, Any]:
     """This process's facts (collective over MPI_COMM_WORLD: it splits off the node's ranks)."""
     import mpi4py  # noqa: PLC0415
 
@@ -185,13 +185,13 @@ def collect() -> dict:
     }
 
 
-def _check_world(facts: dict) -> dict:
+def _check_world(facts: dict[str, Any]) -> dict[str, Any]:
     """Collective: init_process_group, one all_reduce and an all_gather_object; what they gave."""
     mpidist.init_process_group()
     try:
         one = np.ones(1)
         mpidist.all_reduce(one)
-        rows: list = [None] * mpidist.get_world_size()
+        rows: list[Any] = [None] * mpidist.get_world_size()
         mpidist.all_gather_object(rows, {k: facts[k] for k in ("rank", "host", "local_rank", "pid")})
         nodes = len({row["host"] for row in rows})
         return {
@@ -206,7 +206,7 @@ def _check_world(facts: dict) -> dict:
         mpidist.destroy_process_group()
 
 
-def _text(facts: dict, world: dict) -> str:
+def _text(facts: dict[str, Any], world: dict[str, Any]) -> str:
     mpi, gpu, torch = facts["mpi"], facts["gpu"], facts["torch"]
     lines = [
         f"mpidist {facts['mpidist']}  (Python {facts['python']}, numpy {facts['numpy']}, mpi4py {facts['mpi4py']})",

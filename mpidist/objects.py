@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-def _check_list(obj: Any, op: str, arg: str, size: Optional[int] = None, at_least: int = 0) -> list:
+def _check_list(obj: Any, op: str, arg: str, size: Optional[int] = None, at_least: int = 0) -> list[Any]:
     """``obj`` must be a list, of exactly ``size`` items if given, else of at least ``at_least``."""
     if not isinstance(obj, list):
         raise TypeError(f"{prefix(op)} {arg} must be a list, got {type(obj).__name__}")
@@ -80,7 +80,7 @@ def _check_list(obj: Any, op: str, arg: str, size: Optional[int] = None, at_leas
     return obj
 
 
-def _fill(object_list: list, got: list, op: str, sender: int) -> None:
+def _fill(object_list: list[Any], got: list[Any], op: str, sender: int) -> None:
     """Copy a received list into ``object_list`` in place; the lengths must match."""
     if len(got) != len(object_list):
         raise ValueError(
@@ -103,7 +103,7 @@ class _Unusable(Exception):
 
 def _pack(obj: Any, rank: int, what: str) -> tuple[Any, Optional[BaseException]]:
     """``(envelope, None)``, or ``(failure text, exception)`` when ``obj`` cannot be pickled."""
-    bufs: list = []
+    bufs: list[pickle.PickleBuffer] = []
     try:
         data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
     except Exception as exc:  # noqa: BLE001  (anything __reduce__ raises: reported to every rank)
@@ -140,7 +140,7 @@ def _received(
         _fail(op, str(bad), cause or bad.__cause__)
 
 
-def _failures(envelopes: list) -> str:
+def _failures(envelopes: list[Any]) -> str:
     """The failure texts among ``envelopes`` (in group-rank order, joined), or ""."""
     return "; ".join(e for e in envelopes if type(e) is str)
 
@@ -157,7 +157,7 @@ def _bcast_text(comm: MPI.Intracomm, text: str, root: int) -> str:
     return buf.decode()
 
 
-def _bcast(g: ProcessGroup, object_list: list, root: int) -> None:
+def _bcast(g: ProcessGroup, object_list: list[Any], root: int) -> None:
     op = "broadcast_object_list"
     comm = pkl5.Intracomm(g.comm)
     src = g.ranks[root]
@@ -170,7 +170,7 @@ def _bcast(g: ProcessGroup, object_list: list, root: int) -> None:
     _fill(object_list, _received(op, comm.bcast(None, root), "object_list", src, g.ranks[g.rank()]), op, src)
 
 
-def _allgather(g: ProcessGroup, object_list: list, obj: Any) -> None:
+def _allgather(g: ProcessGroup, object_list: list[Any], obj: Any) -> None:
     op = "all_gather_object"
     me = g.ranks[g.rank()]
     envelope, exc = _pack(obj, me, "obj")
@@ -181,7 +181,7 @@ def _allgather(g: ProcessGroup, object_list: list, obj: Any) -> None:
     object_list[:] = [_received(op, e, "obj", g.ranks[i], me) for i, e in enumerate(envelopes)]
 
 
-def _gather(g: ProcessGroup, object_gather_list: Optional[list], obj: Any, root: int) -> None:
+def _gather(g: ProcessGroup, object_gather_list: Optional[list[Any]], obj: Any, root: int) -> None:
     op = "gather_object"
     me = g.ranks[g.rank()]
     envelope, cause = _pack(obj, me, "obj")
@@ -199,10 +199,10 @@ def _gather(g: ProcessGroup, object_gather_list: Optional[list], obj: Any, root:
     if failed:
         _fail(op, failed, cause)
     if object_gather_list is not None:
-        object_gather_list[:] = cast(list, got)  # (dst, where nothing failed: got is its list)
+        object_gather_list[:] = cast("list[Any]", got)  # (dst, where nothing failed: got is its list)
 
 
-def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -> None:
+def _scatter(g: ProcessGroup, output: list[Any], inputs: Optional[list[Any]], root: int) -> None:
     op = "scatter_object_list"
     me = g.ranks[g.rank()]
     envelopes, exc = None, None
@@ -220,7 +220,7 @@ def _scatter(g: ProcessGroup, output: list, inputs: Optional[list], root: int) -
 
 
 def broadcast_object_list(
-    object_list: list,
+    object_list: list[Any],
     src: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     device: Any = None,
@@ -252,7 +252,7 @@ def broadcast_object_list(
     return None
 
 
-def all_gather_object(object_list: list, obj: Any, group: Optional[ProcessGroup] = None) -> None:
+def all_gather_object(object_list: list[Any], obj: Any, group: Optional[ProcessGroup] = None) -> None:
     """Gather every member's picklable ``obj`` into ``object_list`` on every member.
 
     ``object_list`` must hold one item per group member; item i becomes group rank i's
@@ -275,7 +275,7 @@ def all_gather_object(object_list: list, obj: Any, group: Optional[ProcessGroup]
 
 def gather_object(
     obj: Any,
-    object_gather_list: Optional[list] = None,
+    object_gather_list: Optional[list[Any]] = None,
     dst: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     group_dst: Optional[int] = None,
@@ -314,8 +314,8 @@ def gather_object(
 
 
 def scatter_object_list(
-    scatter_object_output_list: list,
-    scatter_object_input_list: Optional[list] = None,
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: Optional[list[Any]] = None,
     src: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     group_src: Optional[int] = None,
@@ -350,7 +350,7 @@ def scatter_object_list(
 
 
 def send_object_list(
-    object_list: list,
+    object_list: list[Any],
     dst: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     device: Any = None,
@@ -389,7 +389,7 @@ def send_object_list(
 
 
 def recv_object_list(
-    object_list: list,
+    object_list: list[Any],
     src: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     device: Any = None,

@@ -104,7 +104,7 @@ def irecv(
     """
 
 
-def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     """Post every op of ``p2p_op_list`` (no wait in between) and return their Works, in order.
 
     Every op is validated before any is posted, so a bad op posts nothing. Ops on a
@@ -122,5 +122,5 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
         if not isinstance(p, P2POp):
             raise ValueError(f"{prefix(op)} p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
     if batch_takes(p2p_op_list):  # device arrays: to the router
-        return cast(list, device_call("batch_isend_irecv", None, {"p2p_op_list": p2p_op_list}))  # (its Works)
+        return cast("list[Work]", device_call("batch_isend_irecv", None, {"p2p_op_list": p2p_op_list}))  # (its Works)
     return H.batch_isend_irecv(p2p_op_list)

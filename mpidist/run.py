@@ -32,7 +32,7 @@ import sys
 import traceback
 import types
 from collections.abc import Sequence
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from mpidist import _abort as A
 
@@ -97,7 +97,7 @@ def _exit_code(code: object) -> int:
     return 1  # sys.exit("message"): Python prints the message and exits with 1
 
 
-def _fresh_main(**attrs: object) -> dict:
+def _fresh_main(**attrs: object) -> dict[str, Any]:
     """A new ``__main__`` module, installed in sys.modules as ``python script.py`` has it (so
     the program's globals live, and are finalized, exactly as they would there); its dict."""
     main = types.ModuleType("__main__")

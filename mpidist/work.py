@@ -23,7 +23,7 @@ import enum
 import threading
 import time
 from functools import cache
-from typing import Any, Callable, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from mpi4py import MPI
 
@@ -32,6 +32,9 @@ from mpidist.errors import DistError, from_mpi, prefix
 
 __all__ = ["Work", "WorkResult", "RequestWork", "FutureWork", "CompletedWork", "Engine"]
 
+if TYPE_CHECKING:  # an Engine queue item: (future, fn, args, rec)
+    _Item = tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...], Optional[list[Any]]]
+
 _CREATE_LOCK = threading.Lock()  # makes get_future() hand out one future per Work
 #: False when MPIDIST_ABORT_ON_TIMEOUT=0: a wait past the timeout raises DistError instead
 #: of letting the watchdog abort the job (set by init_process_group).
@@ -39,16 +42,16 @@ ABORT_ON_TIMEOUT = True
 _POLL_S = 0.02  # how often a bounded wait looks whether the watchdog declared a timeout
 #: Point-to-point Works given up on after a timeout (MPIDIST_ABORT_ON_TIMEOUT=0): their
 #: requests are still posted, so they and their buffers are kept for the process's life.
-_ABANDONED: list = []
+_ABANDONED: list[RequestWork] = []
 
 
-def _timed_out(rec: Optional[list]) -> None:
+def _timed_out(rec: Optional[list[Any]]) -> None:
     """Raise the watchdog's DistError if it declared ``rec`` timed out."""
     if _declared_timed_out(rec):
-        raise DistError(cast(list, rec)[R.INFO])  # (declared timed out: rec is not None)
+        raise DistError(cast("list[Any]", rec)[R.INFO])  # (declared timed out: rec is not None)
 
 
-def bounded_result(future: concurrent.futures.Future, rec: Optional[list]) -> Any:
+def bounded_result(future: concurrent.futures.Future[Any], rec: Optional[list[Any]]) -> Any:
     """``future.result()``, but raise the watchdog's DistError once it declares ``rec`` timed
     out (MPIDIST_ABORT_ON_TIMEOUT=0); with the default abort, simply ``future.result()``."""
     if ABORT_ON_TIMEOUT or rec is None:
@@ -77,12 +80,12 @@ def poll_until(
     return True
 
 
-def _settle(future: concurrent.futures.Future, error: Optional[BaseException], outputs: tuple) -> None:
+def _settle(future: concurrent.futures.Future[Any], error: Optional[BaseException], outputs: tuple[Any, ...]) -> None:
     """Complete ``future`` with ``list(outputs)`` or ``error``, unless another thread already did."""
     _put(future, list(outputs) if error is None else None, error)
 
 
-def _put(future: concurrent.futures.Future, value: Any, error: Optional[BaseException]) -> None:
+def _put(future: concurrent.futures.Future[Any], value: Any, error: Optional[BaseException]) -> None:
     """Complete ``future`` with ``value``, or ``error`` if not None, unless it is done already
     (another thread completed it, or :meth:`Engine.abort` failed it)."""
     try:
@@ -94,7 +97,7 @@ def _put(future: concurrent.futures.Future, value: Any, error: Optional[BaseExce
         pass
 
 
-def _declared_timed_out(rec: Optional[list]) -> bool:
+def _declared_timed_out(rec: Optional[list[Any]]) -> bool:
     """True once the watchdog declared ``rec`` timed out (MPIDIST_ABORT_ON_TIMEOUT=0)."""
     return rec is not None and rec[R.STATE] is R.TIMED_OUT and rec[R.INFO] is not None
 
@@ -137,12 +140,12 @@ class Work:
     settled by :meth:`_finished`, or at once if the op was done already.
     """
 
-    _result_future: Optional[concurrent.futures.Future] = None  # get_future_result()'s, made on first call
-    _future: Optional[concurrent.futures.Future] = None  # get_future()'s, made on first call
-    _outs: tuple = ()  # the arrays the op wrote
+    _result_future: Optional[concurrent.futures.Future[WorkResult]] = None  # get_future_result()'s, made on first call
+    _future: Optional[concurrent.futures.Future[list[Any]]] = None  # get_future()'s, made on first call
+    _outs: tuple[Any, ...] = ()  # the arrays the op wrote
     _source: Optional[int] = None  # a receive's source rank
     _error: Optional[BaseException] = None  # the op's error
-    _rec: Optional[list] = None  # the op's flight-recorder entry
+    _rec: Optional[list[Any]] = None  # the op's flight-recorder entry
     _done = False  # (set by _finished)
 
     def __init__(self, op: str, where: str) -> None:
@@ -163,7 +166,7 @@ class Work:
         """
         self.wait()
 
-    def get_future_result(self) -> concurrent.futures.Future:
+    def get_future_result(self) -> concurrent.futures.Future[WorkResult]:
         """A future completed with a :class:`WorkResult` once the op ends (torch's
         ``Work.get_future_result``): ``SUCCESS``; ``TIMEOUT`` once the watchdog declares the
         op timed out (only with MPIDIST_ABORT_ON_TIMEOUT=0: by default it aborts the job;
@@ -180,7 +183,7 @@ class Work:
             fut = self._result_future = concurrent.futures.Future()
         recs = self._watched_recs()
 
-        def ended(f: concurrent.futures.Future) -> None:
+        def ended(f: concurrent.futures.Future[list[Any]]) -> None:
             error = f.exception()
             code = (
                 WorkResult.SUCCESS
@@ -196,7 +199,7 @@ class Work:
             _PROGRESS.watch(_TimeoutWatch(fut, recs))
         return fut
 
-    def _watched_recs(self) -> tuple:
+    def _watched_recs(self) -> tuple[list[Any], ...]:
         """The flight-recorder entries the watchdog may declare timed out for this op."""
         return () if self._rec is None else (self._rec,)
 
@@ -212,7 +215,7 @@ class Work:
         """The error the op raised, or None (also while it is pending)."""
         return self._error
 
-    def result(self) -> list:
+    def result(self) -> list[Any]:
         """The arrays the op wrote, as a list, like torch; waits for the op first."""
         self.wait()
         return list(self._outputs())
@@ -223,7 +226,7 @@ class Work:
             raise ValueError(f"{self._where} source_rank() is only defined for receive operations")
         return self._source
 
-    def get_future(self) -> concurrent.futures.Future:
+    def get_future(self) -> concurrent.futures.Future[list[Any]]:
         """A future completed with ``result()``'s list, or with the op's error."""
         with _CREATE_LOCK:
             if self._future is None:
@@ -233,8 +236,10 @@ class Work:
             return self._future
 
     def _follow(
-        self, source: Callable[[], concurrent.futures.Future], outcome: Callable[[concurrent.futures.Future], tuple]
-    ) -> concurrent.futures.Future:
+        self,
+        source: Callable[[], concurrent.futures.Future[Any]],
+        outcome: Callable[[concurrent.futures.Future[Any]], tuple[Optional[BaseException], tuple[Any, ...]]],
+    ) -> concurrent.futures.Future[list[Any]]:
         """``get_future()`` of a Work whose future follows another: made on the first call, and
         settled with ``outcome(f)``'s ``(error, outputs)`` once ``source()``'s future ``f`` is done."""
         with _CREATE_LOCK:
@@ -252,7 +257,7 @@ class Work:
         if future is not None:
             _settle(future, self._error, self._outs)
 
-    def _outputs(self) -> tuple:
+    def _outputs(self) -> tuple[Any, ...]:
         return self._outs
 
     def _timeout_error(self, seconds: float) -> DistError:
@@ -276,7 +281,7 @@ class CompletedWork(Work):
         self,
         op: str,
         where: str,
-        outputs: tuple = (),
+        outputs: tuple[Any, ...] = (),
         source: Optional[int] = None,
         error: Optional[BaseException] = None,
     ) -> None:
@@ -296,7 +301,7 @@ class CompletedWork(Work):
         return Work.source_rank(self)
 
 
-class _RequestFuture(concurrent.futures.Future):
+class _RequestFuture(concurrent.futures.Future[list[Any]]):
     """The future of a :class:`RequestWork`: ``result()``/``exception()`` drive the request.
 
     So waiting on the future can never hang on a request nobody tests, even without
@@ -339,9 +344,9 @@ class RequestWork(Work):
         op: str,
         where: str,
         request: MPI.Request,
-        outputs: tuple = (),
+        outputs: tuple[Any, ...] = (),
         finish: Optional[Callable[[MPI.Status], Optional[int]]] = None,
-        rec: Optional[list] = None,
+        rec: Optional[list[Any]] = None,
     ) -> None:
         super().__init__(op, where)
         self._rec = rec  # the flight recorder's entry
@@ -431,7 +436,7 @@ class RequestWork(Work):
 
     source_rank = CompletedWork.source_rank
 
-    def get_future(self) -> concurrent.futures.Future:
+    def get_future(self) -> concurrent.futures.Future[list[Any]]:
         with _CREATE_LOCK:
             fresh = self._future is None
             if fresh:
@@ -441,7 +446,7 @@ class RequestWork(Work):
                 self._settle()
             elif _thread_multiple():
                 _PROGRESS.watch(self)
-        return cast(concurrent.futures.Future, self._future)  # (made above if it was None)
+        return cast("concurrent.futures.Future[list[Any]]", self._future)  # (made above if it was None)
 
 
 @cache
@@ -453,7 +458,7 @@ class _TimeoutWatch:
     """For :class:`_Progress`: completes a ``get_future_result()`` future with TIMEOUT once the
     watchdog declares one of ``recs`` timed out (an op stuck in MPI never ends by itself)."""
 
-    def __init__(self, future: concurrent.futures.Future, recs: tuple) -> None:
+    def __init__(self, future: concurrent.futures.Future[WorkResult], recs: tuple[list[Any], ...]) -> None:
         self._future = future
         self._recs = recs
 
@@ -475,7 +480,7 @@ class _Progress:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._works: list = []
+        self._works: list[Any] = []
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
 
@@ -540,7 +545,12 @@ class FutureWork(Work):
     """
 
     def __init__(
-        self, op: str, where: str, future: concurrent.futures.Future, outputs: tuple = (), rec: Optional[list] = None
+        self,
+        op: str,
+        where: str,
+        future: concurrent.futures.Future[Any],
+        outputs: tuple[Any, ...] = (),
+        rec: Optional[list[Any]] = None,
     ) -> None:
         super().__init__(op, where)
         self._ran = future  # the engine's (get_future()'s is derived from it)
@@ -567,11 +577,11 @@ class FutureWork(Work):
     def exception(self) -> Optional[BaseException]:
         return self._ran.exception() if self._ran.done() else None
 
-    def get_future(self) -> concurrent.futures.Future:
+    def get_future(self) -> concurrent.futures.Future[list[Any]]:
         return self._follow(lambda: self._ran, lambda f: (f.exception(), self._outs))
 
 
-class _EngineFuture(concurrent.futures.Future):
+class _EngineFuture(concurrent.futures.Future[Any]):
     """The future of an op queued on an :class:`Engine`.
 
     ``result()`` with no timeout first lets the waiting thread run the op itself if it
@@ -595,7 +605,7 @@ class _EngineFuture(concurrent.futures.Future):
 #: op. Device binding (:mod:`mpidist.device.binding`) puts the rank's GPU here: CUDA's
 #: current device is per thread, and an async op on device arrays (the CUDA-aware path's
 #: AVG division, for one) runs its kernels on the engine thread.
-THREAD_START: list = []
+THREAD_START: list[Callable[[], Any]] = []
 
 
 class Engine:
@@ -627,20 +637,20 @@ class Engine:
     def __init__(self, name: str) -> None:
         self._name = name
         self._cond = threading.Condition(threading.Lock())
-        self._items: collections.deque = collections.deque()  # (future, fn, args, rec) not started yet
+        self._items: collections.deque[_Item] = collections.deque()  # (future, fn, args, rec) not started yet
         self.pending = 0  # ops queued or running (read by the ops' latency paths)
         self._runner: Optional[threading.Thread] = None  # the thread running a queued op now
-        self._running: Optional[tuple] = None  # that op's queue item
+        self._running: Optional[_Item] = None  # that op's queue item
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self.seq = 0
         self.p2p_seq = 0
-        self.current: Optional[list] = None
+        self.current: Optional[list[Any]] = None
         self.key: Optional[str] = None
         self.broken: Optional[str] = None
         self.aborted = False  # abort() was called: point-to-point is refused too
 
-    def _take(self) -> Optional[tuple]:
+    def _take(self) -> Optional[_Item]:
         """The next queued op, made this thread's to run (lock held); None when there is none,
         or another thread is running one."""
         if self._runner is not None or not self._items:
@@ -649,7 +659,7 @@ class Engine:
         self._running = self._items.popleft()
         return self._running
 
-    def _run(self, item: tuple) -> None:
+    def _run(self, item: _Item) -> None:
         """Run a queued op taken with :meth:`_take`; its future's callbacks run here, on the runner.
         An op whose future :meth:`abort` failed before it started is not run."""
         future, fn, args, _ = item
@@ -684,7 +694,9 @@ class Engine:
                     item = self._take()
             self._run(item)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, rec: Optional[list] = None) -> concurrent.futures.Future:
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, rec: Optional[list[Any]] = None
+    ) -> concurrent.futures.Future[Any]:
         """Queue ``fn(*args)`` behind the group's earlier ops; return its future. ``rec``: the
         op's flight-recorder entry (marked failed if :meth:`abort` drops the op)."""
         future = _EngineFuture(self)
@@ -703,7 +715,7 @@ class Engine:
             self._cond.notify()
         return future
 
-    def run_queued(self, future: concurrent.futures.Future) -> None:
+    def run_queued(self, future: concurrent.futures.Future[Any]) -> None:
         """Run, on this thread, the queued ops up to the one of ``future``, if it is still queued
         and no other thread is running one of the group's ops; else return at once.
 
@@ -733,7 +745,7 @@ class Engine:
         issued from a callback is issued on the runner (and must run there, at once)."""
         return threading.current_thread() is self._runner
 
-    def run_before_queued(self, rec: list) -> None:
+    def run_before_queued(self, rec: list[Any]) -> None:
         """``rec``, an op issued on the runner thread (a callback's), runs now, before the ops
         queued at this moment: it takes the sequence number of the first of them and theirs
         move one on, so that sequence numbers follow the order the ops run in, which is the
@@ -751,7 +763,7 @@ class Engine:
             else:
                 self._number(rec)
 
-    def _number(self, rec: list) -> None:
+    def _number(self, rec: list[Any]) -> None:
         """Give ``rec`` the group's next sequence number (lock held: the op is being queued,
         or run by a callback, while another thread may be numbering one)."""
         rec[R.SEQ] = self.seq
@@ -762,7 +774,7 @@ class Engine:
         is the thread running the group's queued ops."""
         return self.pending == 0 or threading.current_thread() is self._runner
 
-    def run_sync(self, fn: Callable[..., Any], *args: Any, rec: Optional[list] = None) -> Any:
+    def run_sync(self, fn: Callable[..., Any], *args: Any, rec: Optional[list[Any]] = None) -> Any:
         """Run ``fn(*args)`` after every op queued before it, and return its result.
 
         Inline when nothing is queued; else queued and waited for (bounded by the
@@ -819,6 +831,6 @@ class Engine:
                 ),
             )
 
-    def _aborted_error(self, rec: Optional[list], when: str) -> DistError:
+    def _aborted_error(self, rec: Optional[list[Any]], when: str) -> DistError:
         op = rec[R.OP] if rec is not None else "op"
         return DistError(f"{prefix(op)} group {self._name!r} was {self.broken} {when}")

@@ -77,7 +77,7 @@ class ShmMismatch(ValueError):
     ReduceOp value)``, the same list on every rank (each raises it at the same step).
     """
 
-    def __init__(self, text: str, calls: list) -> None:
+    def __init__(self, text: str, calls: list[tuple[int, str, str]]) -> None:
         super().__init__(text)
         self.calls = calls
 
@@ -106,7 +106,8 @@ class _Views:
 
     __slots__ = ("q", "align", "slots")
 
-    def __init__(self, mems: list, parts: int, part_bytes: int, dtype: np.dtype) -> None:
+    # mems: the window's MPI.buffer per rank (Any: numpy's frombuffer stub takes mpi4py's buffer only from 3.12)
+    def __init__(self, mems: list[Any], parts: int, part_bytes: int, dtype: np.dtype) -> None:
         self.q = part_bytes // dtype.itemsize
         self.align = max(1, _LINE // dtype.itemsize)
         self.slots = [
@@ -188,8 +189,9 @@ class ShmAllReduce:
         self._flags = [memoryview(m)[:8].cast("q") for m in self._mems]  # type: ignore[arg-type]
         self._calls = [[memoryview(m)[at : at + 16].cast("q") for at in _CALL] for m in self._mems]  # type: ignore[arg-type]
         self._peer_calls = [heads for k, heads in enumerate(self._calls) if k != self.rank]
-        self._views: dict = {}
-        self._checked: dict = {}  # (dtype, op) pairs validated already -> their header code
+        self._views: dict[np.dtype, _Views] = {}
+        # (dtype, op) pairs validated already -> their header code
+        self._checked: dict[tuple[np.dtype, ReduceOp], int] = {}
         self._epoch = 0
         self._half = 0  # n == 2: the half-slot the next chunk uses
         self._spins = 0 if n > (os.cpu_count() or 1) else _SPINS
@@ -340,7 +342,7 @@ class ShmAllReduce:
             pending = chunk, bounds
         self._gather(views, *pending)  # type: ignore[misc]  # set: __call__ returns early for an empty buffer
 
-    def _tail_bounds(self, m: int, align: int) -> list:
+    def _tail_bounds(self, m: int, align: int) -> list[tuple[int, int]]:
         """Slices of a last chunk of ``m`` elements: cache-line multiples (``align`` elements),
         the last ones shorter or empty. Slice j still lives in region j of each slot."""
         n = self.size
@@ -348,14 +350,14 @@ class ShmAllReduce:
         part = -(-part // align) * align
         return [(min(j * part, m), min((j + 1) * part, m)) for j in range(n)]
 
-    def _deposit(self, views: _Views, chunk: np.ndarray, bounds: list) -> None:
+    def _deposit(self, views: _Views, chunk: np.ndarray, bounds: list[tuple[int, int]]) -> None:
         """Step 1: copy the slices of ``chunk`` that other ranks own into this rank's slot."""
         mine, r = views.slots[self.rank], self.rank
         for j, (a, b) in enumerate(bounds):
             if j != r and b > a:
                 np.copyto(mine[j][: b - a], chunk[a:b])
 
-    def _fold(self, views: _Views, chunk: np.ndarray, bounds: list, ufunc: np.ufunc) -> None:
+    def _fold(self, views: _Views, chunk: np.ndarray, bounds: list[tuple[int, int]], ufunc: np.ufunc) -> None:
         """Step 2: fold this rank's slice over ranks 0..n-1 into its own slot."""
         r = self.rank
         a, b = bounds[r]
@@ -368,7 +370,7 @@ class ShmAllReduce:
             ufunc(out, x, out=out)
 
     @staticmethod
-    def _gather(views: _Views, chunk: np.ndarray, bounds: list) -> None:
+    def _gather(views: _Views, chunk: np.ndarray, bounds: list[tuple[int, int]]) -> None:
         """Step 3: copy every folded slice of ``chunk`` from its owner's slot."""
         for j, (a, b) in enumerate(bounds):
             if b > a:
@@ -396,7 +398,7 @@ class ShmAllReduce:
 
 
 # -- one cached ShmAllReduce per communicator ------------------------------------------------
-_CACHE: dict = {}
+_CACHE: dict[int, ShmAllReduce] = {}
 _CACHE_LOCK = threading.Lock()
 
 

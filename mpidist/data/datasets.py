@@ -18,7 +18,7 @@ from numpy.typing import DTypeLike
 
 __all__ = ["load_digits_split", "load_mnist", "read_idx", "write_idx"]
 
-PathLike = Union[str, os.PathLike]
+PathLike = Union[str, "os.PathLike[str]"]
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 # IDX type code -> big-endian numpy dtype (http://yann.lecun.com/exdb/mnist/).

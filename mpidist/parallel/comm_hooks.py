@@ -114,7 +114,7 @@ class GradBucket:
             self._grads = [b[o[i] : o[i + 1]].reshape(p.shape) for i, p in enumerate(self._params)]
         return self._grads
 
-    def parameters(self) -> list:
+    def parameters(self) -> list[Any]:
         """The :class:`mpidist.nn.Parameter` objects whose gradients the bucket holds."""
         return self._params
 
@@ -133,16 +133,16 @@ class GradBucket:
         )
 
 
-def then(future: Future, fn: Callable[[Future], Any]) -> Future:
+def then(future: Future[Any], fn: Callable[[Future[Any]], Any]) -> Future[Any]:
     """torch's ``Future.then``: a future completed with ``fn(future)`` once ``future`` is done.
 
     ``fn`` runs on the thread that completes ``future`` (or at once, here, if it is done);
     an exception raised by ``fn`` (or re-raised by ``future.result()``) completes the new
     future with that exception.
     """
-    out: Future = Future()
+    out: Future[Any] = Future()
 
-    def run(done: Future) -> None:
+    def run(done: Future[Any]) -> None:
         try:
             out.set_result(fn(done))
         except BaseException as exc:  # noqa: BLE001  (delivered through the future)
@@ -159,7 +159,7 @@ def _group(process_group: Optional[ProcessGroup], op: str) -> ProcessGroup:
     return g
 
 
-def _allreduce_fut(g: ProcessGroup, tensor: Any) -> Future:
+def _allreduce_fut(g: ProcessGroup, tensor: Any) -> Future[Any]:
     """Divide ``tensor`` by the group size, start a SUM all-reduce; future of ``tensor``."""
     if g.size() > 1:
         tensor /= g.size()
@@ -167,7 +167,7 @@ def _allreduce_fut(g: ProcessGroup, tensor: Any) -> Future:
     return then(work.get_future(), lambda f: f.result()[0])
 
 
-def allreduce_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future:
+def allreduce_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future[Any]:
     """Average the bucket: divide by the group size, then SUM all-reduce, in place.
 
     torch: ``default_hooks.allreduce_hook``. ``process_group`` (the hook state) None means
@@ -176,7 +176,7 @@ def allreduce_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) ->
     return _allreduce_fut(_group(process_group, "allreduce_hook"), bucket.buffer())
 
 
-def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dtype: Any, op: str) -> Future:
+def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dtype: Any, op: str) -> Future[Any]:
     g = _group(process_group, op)
     buffer = bucket.buffer()
     xp = array_module(buffer)
@@ -187,14 +187,14 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
         xp.divide(compressed, g.size(), out=compressed, dtype=np.float32, casting="same_kind")
     work = cast(Work, all_reduce(compressed, ReduceOp.SUM, g, async_op=True))  # a member's async op: a Work
 
-    def decompress(done: Future) -> Any:
+    def decompress(done: Future[Any]) -> Any:
         copy_into(buffer, done.result()[0], op)
         return buffer
 
     return then(work.get_future(), decompress)
 
 
-def fp16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future:
+def fp16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future[Any]:
     """Reduce the bucket in float16: cast, divide by the group size, SUM, cast back in place.
 
     torch: ``default_hooks.fp16_compress_hook``, same order and rounding: cast to float16,
@@ -209,7 +209,7 @@ def fp16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket
     return _compress_hook(process_group, bucket, np.float16, "fp16_compress_hook")
 
 
-def bf16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future:
+def bf16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future[Any]:
     """Reduce the bucket in bfloat16 (``ml_dtypes.bfloat16``), like :func:`fp16_compress_hook`.
 
     torch: ``default_hooks.bf16_compress_hook``: cast to bfloat16, then divide (in float32,
@@ -371,7 +371,7 @@ def _report_compression_stats(bucket: GradBucket, state: PowerSGDState) -> None:
         state.next_stats_report = state.iter + state.compression_stats_logging_frequency
 
 
-def _split(state: PowerSGDState, tensors: list[Any]) -> tuple[list, list, int, int]:
+def _split(state: PowerSGDState, tensors: list[Any]) -> tuple[list[Any], list[Any], int, int]:
     """(matrices to compress, tensors to all-reduce as they are, numel of P, numel of Q)."""
     compress, plain, p_size, q_size = [], [], 0, 0
     for t in tensors:
@@ -392,13 +392,13 @@ def _split(state: PowerSGDState, tensors: list[Any]) -> tuple[list, list, int, i
     return compress, plain, p_size, q_size
 
 
-def _views(flat: Any, shapes: list[tuple[int, ...]]) -> list:
+def _views(flat: Any, shapes: list[tuple[int, ...]]) -> list[Any]:
     """Views into the 1-D ``flat``, end to end, one per shape."""
     ends = np.cumsum([0] + [math.prod(shape) for shape in shapes]).tolist()
     return [flat[a:b].reshape(shape) for a, b, shape in zip(ends, ends[1:], shapes)]
 
 
-def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
+def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future[Any]:
     """PowerSGD (Vogels et al., NeurIPS 2019), step for step as torch's ``powerSGD_hook``.
 
     Before ``state.start_powerSGD_iter`` steps: :func:`allreduce_hook`. Then, per bucket:
@@ -431,7 +431,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
         return _powerSGD_compress(state, bucket, g)
 
 
-def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup) -> Future:
+def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup) -> Future[Any]:
     """Steps 1-4 of :func:`powerSGD_hook` on the bucket's device; ``finish`` does 4-6."""
     buffer = bucket.buffer()
     xp = array_module(buffer)
@@ -465,7 +465,7 @@ def _powerSGD_compress(state: PowerSGDState, bucket: GradBucket, g: ProcessGroup
         xp.matmul(matrix, q, out=p)
     work = cast(Work, all_reduce(plain_memory, ReduceOp.SUM, g, async_op=True))  # a member's async op: a Work
 
-    def finish(done: Future) -> Any:
+    def finish(done: Future[Any]) -> Any:
         done.result()
         with on_device(buffer):
             if world > 1:

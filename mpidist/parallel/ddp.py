@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Optional, Union, cast
 
 import numpy as np
 
@@ -253,7 +253,7 @@ class DistributedDataParallel:
     def __init__(
         self,
         module: Any,
-        device_ids: Optional[list] = None,
+        device_ids: Optional[list[Union[int, str]]] = None,
         output_device: Any = None,
         dim: int = 0,
         broadcast_buffers: Optional[bool] = None,
@@ -264,7 +264,7 @@ class DistributedDataParallel:
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
-        delay_all_reduce_named_params: Optional[list] = None,
+        delay_all_reduce_named_params: Optional[list[tuple[str, Any]]] = None,
         param_to_hook_all_reduce: Any = None,
         mixed_precision: Any = None,
         device_mesh: Any = None,
@@ -377,7 +377,9 @@ class DistributedDataParallel:
             )
         return next(iter(by_device))
 
-    def _check_placement(self, device_ids: Any, output_device: Any, dim: Any) -> tuple:
+    def _check_placement(
+        self, device_ids: Any, output_device: Any, dim: Any
+    ) -> tuple[Optional[list[int]], Optional[int]]:
         """Validate torch's placement arguments against the parameters' device; return
         ``(device_ids, output_device)`` as torch stores them."""
         where = prefix(_OP)
@@ -402,7 +404,9 @@ class DistributedDataParallel:
             )
         return None, None
 
-    def _check_gpu_placement(self, where: str, device_ids: Any, output_device: Any, no_ids: bool) -> tuple:
+    def _check_gpu_placement(
+        self, where: str, device_ids: Any, output_device: Any, no_ids: bool
+    ) -> tuple[Optional[list[int]], Optional[int]]:
         """A module on GPU N: device_ids None/[]/[N], output_device None/N (N or "cuda:N")."""
         index = int(self.device.split(":")[1])
         allowed = (index, self.device)
@@ -544,7 +548,7 @@ class DistributedDataParallel:
             self.require_backward_grad_sync = old
 
     # -- communication hooks -------------------------------------------------------------
-    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+    def register_comm_hook(self, state: Any, hook: Callable[[Any, Any], Any]) -> None:
         """Reduce each bucket with ``hook(state, bucket) -> concurrent.futures.Future`` (torch's API).
 
         ``bucket`` is a :class:`mpidist.parallel.comm_hooks.GradBucket` whose ``buffer()``
@@ -664,21 +668,21 @@ class DistributedDataParallel:
         self._sync_module_states(g.ranks[int(rank[0])], self.forward_sync_buffers)
 
     # -- conveniences forwarded to the module -------------------------------------------
-    def parameters(self) -> list:
+    def parameters(self) -> list[Any]:
         return self._params
 
-    def named_parameters(self) -> list:
+    def named_parameters(self) -> list[tuple[str, Any]]:
         """``("module.<name>", Parameter)`` pairs: torch's DDP is a Module holding ``module``."""
         return [(_PREFIX + name, p) for name, p in self.module.named_parameters()]
 
-    def buffers(self) -> list:
-        return cast(list, self.module.buffers())  # an mpidist.nn.Module's buffers
+    def buffers(self) -> list[Any]:
+        return cast("list[Any]", self.module.buffers())  # an mpidist.nn.Module's buffers
 
-    def named_buffers(self) -> list:
+    def named_buffers(self) -> list[tuple[str, Any]]:
         """``("module.<name>", array)`` pairs, as :meth:`named_parameters`."""
         return [(_PREFIX + name, b) for name, b in self.module.named_buffers()]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The module's state dict with torch DDP's ``"module."`` key prefix (live arrays, not copies).
 
         As torch: ``ddp.load_state_dict(ddp.state_dict())`` round-trips; a bare model loads it
@@ -687,7 +691,7 @@ class DistributedDataParallel:
         """
         return {_PREFIX + key: value for key, value in self.module.state_dict().items()}
 
-    def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
         """Load a state dict whose keys carry the ``"module."`` prefix (torch's DDP), in place.
 
         Raises:
@@ -724,22 +728,22 @@ class DistributedDataParallel:
         self.module.zero_grad(set_to_none)
 
     @property
-    def bucket_sizes(self) -> list:
+    def bucket_sizes(self) -> list[int]:
         """Number of elements in each bucket, in launch order."""
         return [b.flat.size for b in self.reducer.buckets]
 
     @property
-    def bucket_parameter_names(self) -> list:
+    def bucket_parameter_names(self) -> list[list[str]]:
         """Names of the parameters in each bucket, in launch order."""
         return [[p.name for p in b.params] for b in self.reducer.buckets]
 
 
-def _same_device(value: Any, allowed: tuple) -> bool:
+def _same_device(value: Any, allowed: tuple[int, str]) -> bool:
     """True if ``value`` (an int index or a "cuda:N" string) names the device in ``allowed``."""
     return not isinstance(value, bool) and value in allowed
 
 
-def _timed(tl: Timeline, name: str, fn: Callable) -> Callable:
+def _timed(tl: Timeline, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         start = tl.now()

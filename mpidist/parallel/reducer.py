@@ -46,11 +46,11 @@ class Bucket:
     """Gradients of ``params`` packed end to end in ``flat`` (one dtype per bucket)."""
 
     index: int
-    params: list
-    indices: list  # positions of params in Reducer.params
-    offsets: list
+    params: list[Any]
+    indices: list[int]  # positions of params in Reducer.params
+    offsets: list[int]
     flat: Any  # on the parameters' device
-    views: list  # flat[offsets[k]:offsets[k+1]] shaped like params[k]
+    views: list[Any]  # flat[offsets[k]:offsets[k+1]] shaped like params[k]
     xp: ModuleType  # flat's array module (numpy or cupy)
     n_ready: int = 0
     launched: bool = False
@@ -58,7 +58,7 @@ class Bucket:
     started_us: float = 0.0
 
 
-def assign_buckets(params: list, limits: list[int]) -> list[list[int]]:
+def assign_buckets(params: list[Any], limits: list[int]) -> list[list[int]]:
     """Indices of ``params`` per bucket, torch's ``compute_bucket_assignment_by_size``.
 
     Parameters are taken in reverse order; each dtype fills its own open bucket; a
@@ -66,8 +66,8 @@ def assign_buckets(params: list, limits: list[int]) -> list[list[int]]:
     parameter). A dtype's k-th bucket gets ``limits[min(k, len(limits) - 1)]``. Buckets
     come in the order they close, then the still-open ones by first parameter.
     """
-    open_: dict = {}  # dtype -> (indices, bytes)
-    count: dict = {}  # dtype -> buckets closed so far
+    open_: dict[np.dtype, tuple[list[int], int]] = {}  # dtype -> (indices, bytes)
+    count: dict[np.dtype, int] = {}  # dtype -> buckets closed so far
     closed: list[list[int]] = []
     for i in reversed(range(len(params))):
         dt = params[i].dtype
@@ -84,7 +84,7 @@ def assign_buckets(params: list, limits: list[int]) -> list[list[int]]:
     return closed + sorted((idx for idx, _ in open_.values()), key=lambda idx: -idx[0])
 
 
-def _make_bucket(index: int, params: list, indices: list[int]) -> Bucket:
+def _make_bucket(index: int, params: list[Any], indices: list[int]) -> Bucket:
     members = [params[i] for i in indices]
     offsets = np.cumsum([0] + [p.size for p in members]).tolist()
     data = members[0].data
@@ -114,7 +114,7 @@ class Reducer:
 
     def __init__(
         self,
-        params: list,
+        params: list[Any],
         group: ProcessGroup,
         *,
         limits: list[int],
@@ -133,7 +133,7 @@ class Reducer:
         self.static_graph = static_graph
         self.skip_unused = skip_all_reduce_unused_params and (find_unused_parameters or static_graph)
         self.timeline = timeline
-        self.hook: Optional[Callable[[Any, GradBucket], concurrent.futures.Future]] = None
+        self.hook: Optional[Callable[[Any, GradBucket], concurrent.futures.Future[Any]]] = None
         self.hook_state: Any = None
         self.buckets = [_make_bucket(k, params, idx) for k, idx in enumerate(assign_buckets(params, limits))]
         self._where = {id(p): (i, b, pos) for b in self.buckets for pos, (i, p) in enumerate(zip(b.indices, b.params))}
@@ -148,7 +148,7 @@ class Reducer:
         # the used-parameter counts as last all-reduced (torch's local_used_map_dev_), which a
         # joined rank re-sends while it shadows the others
         self._used_counts: Optional[np.ndarray] = None
-        self.skipped: frozenset = frozenset()  # buckets not reduced (skip_all_reduce_unused_params)
+        self.skipped: frozenset[int] = frozenset()  # buckets not reduced (skip_all_reduce_unused_params)
         self._skip_decided = False
         if self.view_mode:  # grads that exist already become bucket views (torch)
             for p in params:
@@ -201,7 +201,7 @@ class Reducer:
             self._launch(self.buckets[self._next])
             self._next += 1
 
-    def _reduce(self, index: int, flat: Any, views: Optional[list], divided: bool) -> Any:
+    def _reduce(self, index: int, flat: Any, views: Optional[list[Any]], divided: bool) -> Any:
         """Start reducing one bucket's ``flat``: the built-in all-reduce or the comm hook."""
         if self.hook is None:
             if not divided and self.div != 1:
@@ -304,7 +304,7 @@ class Reducer:
             self.skipped = frozenset(b.index for b in self.buckets if not used[b.indices].any())
         return used
 
-    def _check_skipped(self, skipped: frozenset, global_used: Optional[np.ndarray]) -> Optional[str]:
+    def _check_skipped(self, skipped: frozenset[int], global_used: Optional[np.ndarray]) -> Optional[str]:
         """skip_all_reduce_unused_params: a skipped bucket's parameter got a gradient somewhere."""
         if not skipped or global_used is None:
             return None
@@ -337,7 +337,7 @@ class Reducer:
             f"changed between getting and not getting a gradient since the first iteration"
         )
 
-    def _wait_all(self, pending: Optional[list] = None) -> None:
+    def _wait_all(self, pending: Optional[list[Any]] = None) -> None:
         """Wait for every bucket's reduction; copy hook results in; re-raise the first error."""
         first: Optional[BaseException] = None
         for b, job in zip(self.buckets, pending if pending is not None else [b.pending for b in self.buckets]):

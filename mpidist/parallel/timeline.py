@@ -79,8 +79,8 @@ class Timeline:
         self.rank = rank
         self.closed = False
         self._lock = threading.Lock()
-        self._events: list[dict] = []
-        self._named: set = set()
+        self._events: list[dict[str, Any]] = []
+        self._named: set[str] = set()
         self._wall0_us = time.time_ns() / 1000.0
         self._perf0 = time.perf_counter_ns()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,7 @@ class Timeline:
             self._meta("thread_sort_index", tid, {"sort_index": tid})
         return tid
 
-    def _meta(self, name: str, tid: int, args: dict) -> None:
+    def _meta(self, name: str, tid: int, args: dict[str, Any]) -> None:
         self._events.append({"name": name, "ph": "M", "pid": self.rank, "tid": tid, "args": args})
 
     def complete(

@@ -84,7 +84,7 @@ def _is_ours(backend: Optional[str]) -> bool:
     return backend is not None and BACKEND in backend.lower()
 
 
-def _query(url: str) -> dict:
+def _query(url: str) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in urlparse(url).query.split("&") if "=" in pair)
 
 
@@ -174,7 +174,7 @@ def store(timeout: timedelta = _DEFAULT_TIMEOUT, shared: bool = True) -> Any:
     return _current
 
 
-_torch_env: Optional[Callable[..., Iterator]] = None
+_torch_env: Optional[Callable[..., Iterator[tuple[Any, int, int]]]] = None
 
 
 def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
@@ -210,5 +210,5 @@ def install_env_handler() -> None:
 def register() -> None:
     """Register ``mpi://`` and wrap ``env://`` (idempotent)."""
     if SCHEME not in _rdzv._rendezvous_handlers:
-        dist.register_rendezvous_handler(SCHEME, mpi_rendezvous_handler)
+        dist.register_rendezvous_handler(SCHEME, mpi_rendezvous_handler)  # type: ignore[no-untyped-call]  # torch's is unannotated
     install_env_handler()

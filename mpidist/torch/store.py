@@ -85,8 +85,8 @@ class _Server:
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
         self.data: dict[str, bytes] = {}
-        self.waiting: list[tuple[int, int, str, list]] = []  # (rank, request id, op, keys) blocked on keys
-        self.sends: list = []
+        self.waiting: list[tuple[int, int, str, list[str]]] = []  # (rank, request id, op, keys) blocked on keys
+        self.sends: list[MPI.Request] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="mpidist-store", daemon=True)
         self.thread.start()
@@ -112,7 +112,7 @@ class _Server:
     def _reply(self, rank: int, rid: int, ok: bool, value: Any) -> None:
         self.sends.append(self.comm.isend((rid, ok, value), rank, _REPLY))
 
-    def _serve(self, rank: int, rid: int, op: str, args: tuple) -> None:
+    def _serve(self, rank: int, rid: int, op: str, args: tuple[Any, ...]) -> None:
         data = self.data
         try:
             if op in ("get", "multi_get", "wait"):
@@ -162,7 +162,7 @@ class _Server:
                     still.append((rank_, rid_, op_, keys))
             self.waiting = still
 
-    def _blocked_value(self, op: str, keys: list) -> Any:
+    def _blocked_value(self, op: str, keys: list[str]) -> Any:
         if op == "get":
             return self.data[keys[0]]
         if op == "multi_get":
@@ -202,7 +202,7 @@ class MPIStore(dist.Store):
         self._rank = self._comm.Get_rank()
         self._ids = itertools.count()
         self._lock = threading.Lock()  # one request in flight per process: answers come in order
-        self._sent: list = []  # the unanswered writes' sends, until they complete
+        self._sent: list[MPI.Request] = []  # the unanswered writes' sends, until they complete
         self._closed = False
         self._server = _Server(self._comm) if self._rank == 0 else None
         self.set_timeout(timeout)
@@ -210,7 +210,7 @@ class MPIStore(dist.Store):
 
     # -- the client side: one request, its answer ------------------------------------------
     # (rank 0 answers each op with the type torch's Store gives: the methods below cast to it)
-    def _ask(self, op: str, args: tuple, limit: Optional[timedelta] = None, keys: Sequence[str] = ()) -> Any:
+    def _ask(self, op: str, args: tuple[Any, ...], limit: Optional[timedelta] = None, keys: Sequence[str] = ()) -> Any:
         if self._closed:
             raise RuntimeError(f"MPIStore.{op}: the store is closed")
         secs = (self.timeout if limit is None else limit).total_seconds()  # type: ignore[attr-defined]  # Store.timeout: torch's C++ property, missing from its stub
@@ -282,9 +282,9 @@ class MPIStore(dist.Store):
         keys = [_key(k, "wait") for k in keys]
         self._ask("wait", (keys,), timeout, keys)
 
-    def multi_get(self, keys: Sequence[str]) -> list:
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         keys = [_key(k, "multi_get") for k in keys]
-        return cast(list, self._ask("multi_get", (keys,), keys=keys))
+        return cast("list[bytes]", self._ask("multi_get", (keys,), keys=keys))
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
         keys, values = list(keys), list(values)
