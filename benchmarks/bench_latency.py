@@ -2,9 +2,10 @@
 
     mpiexec -n 2 python benchmarks/bench_latency.py [--calls 20000] [--passes 9] [--out DIR]
 
-Three loops of ``--calls`` back-to-back calls on a float32[2] (8 B), interleaved, the order
-the same each pass, ``--passes`` times; each value is the max over ranks of the mean time
-per call, and the table shows the median over passes and the median per-pass ratio to raw:
+Four loops of ``--calls`` back-to-back calls on a float32[2] (8 B), interleaved, the order
+rotating between passes (no loop always follows the same one), ``--passes`` times; each
+value is the max over ranks of the mean time per call, and the table shows the median over
+passes and the median per-pass ratio to raw:
 
 * ``raw``: ``comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)`` on a duplicate of
   the default group's communicator: the ceiling for any Python wrapper;
@@ -17,9 +18,10 @@ per call, and the table shows the median over passes and the median per-pass rat
   the recorder;
 * ``bare+check``: ``bare`` plus the lines the default mismatch check adds to the latency
   path (the test that the group's members agreed on this call before, by identity against
-  the last agreed all_reduce, the note of how far this rank has decided, the running hash
-  of the group's calls and its keys; every PERIOD calls the exchange that compares them,
-  amortized; see mpidist._debug). ``bare+check`` - ``bare`` is the
+  the last all_reduce whose run of calls is open on the group, the note of how far this rank
+  has decided; every PERIOD calls the exchange that compares the
+  running hashes, and the run's record in them, amortized; see mpidist._debug.check,
+  "Runs"). ``bare+check`` - ``bare`` is the
   check's cost at 8 B (target <= 0.3 us, issue 27;
   benchmarks/bench_check.py measures the larger sizes). It reads ``collectives._agreed``
   as a module attribute where all_reduce reads a global: a few ns more, not less.
@@ -79,23 +81,27 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
 
     def bare_check(t: np.ndarray) -> None:
         eng = g.engine
+        shape = t.shape
         ok = C._agreed
-        if not (ok[1] is plan and ok[0] is g and ok[2] == t.size):
-            ok = C._agree(g, plan, t, op)
+        if ok[1] is plan and ok[0] is g and ok[2] == shape:
+            going = True
+        else:
+            going = False
+            ok = C._known
+            if not (ok[1] is plan and ok[0] is g and ok[2] == shape):
+                ok = C._agree(g, plan, t, op)
         seq = eng.seq
         eng.seq = seq + 1
         t0 = now()
-        rec = [seq, "all_reduce", g, t.shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
+        rec = [seq, "all_reduce", g, shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
         R._append(rec)
         eng.current = rec
-        st = ok[3]
-        i = seq & pmask
-        if i:
-            st.h += ok[5] * i
-            st.keys[seq & kmask] = ok[4]
-            st.decided = seq
-        else:  # every PERIOD calls: the exchange, as the latency path does it
+        if going and seq & pmask:  # the group's open run goes on
+            ok[3].decided = seq
+        else:  # every PERIOD calls: the exchange (and the run's record), as the latency path does it
             _debug.check(g, rec, ok[4])
+            if ok[3].lkey is ok[4]:
+                C._agreed = ok
         g.comm.Allreduce(IP, [t, F], S)
         rec[R.T_END] = now()
         rec[R.STATE] = R.COMPLETED
@@ -108,7 +114,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         for _ in range(calls):
             bare_check(x)
 
-    pmask, kmask = _debug.PERIOD_MASK, _debug.KEYS_MASK
+    pmask = _debug.PERIOD_MASK
     op = ReduceOp.SUM
     mpidist.all_reduce(x)  # the members agree on this call (the check's first exchange); its plan
     plan = C._PLANS[(x.dtype, op._value_, None)]
@@ -132,8 +138,10 @@ def main() -> None:
     for run in cases.values():  # warm-up: the plan cache, the engine, MPI's connections
         run(200)
     times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(args.passes):
-        for name, run in cases.items():
+    names = list(cases)
+    for p_ in range(args.passes):
+        for name in names[p_ % len(names) :] + names[: p_ % len(names)]:  # the order rotating
+            run = cases[name]
             comm.Barrier()
             t0 = time.perf_counter()
             run(args.calls)
@@ -160,8 +168,8 @@ def main() -> None:
             n,
             load,
             [
-                f"{args.passes} passes of {args.calls} calls per loop, interleaved; see the docstring of "
-                f"benchmarks/bench_latency.py for the loops"
+                f"{args.passes} passes of {args.calls} calls per loop, interleaved, the order rotating; "
+                f"see the docstring of benchmarks/bench_latency.py for the loops"
             ],
             rows,
         )

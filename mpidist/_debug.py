@@ -7,8 +7,8 @@ its key (:mod:`mpidist._signature`: op, count where every member passes the same
 dtype, root, reduction, list of sizes). Each group has a cache of the keys its members
 agreed on (:class:`GroupCheck`, made by the group's first collective).
 
-* A key in the cache: the op runs at once (one dict lookup, or none for a key equal to the
-  last one found; the 8-byte all_reduce path tests the last agreed key by identity).
+* A key in the cache: the op runs at once (one dict lookup; none for a key equal to the
+  last call's, which the op paths test themselves, the 8-byte all_reduce path by identity).
 * A new key: the members exchange fingerprints (one nonblocking MPI_Iallgather of
   :data:`~mpidist._signature.WORDS` int64 on a duplicate of the group's communicator,
   so it never meets the op's own messages). All equal: every member adds the key and
@@ -31,11 +31,14 @@ MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
 
 **The running hash** (every level): every checked call extends the group's running hash of
 its calls (:func:`mpidist._signature.fold`); each exchange carries the hash of the calls
-before it. The members compare at points that cannot differ between them: the sequence
-numbers :data:`PERIOD` (K = 4096), 2K, ... (every member posts an exchange there, cached
-call or not, verified at the next multiple: :func:`_periodic`), and the final comparison
-(:func:`compare_final`: destroy_process_group, the exit of a
-process that did not destroy its groups, ``check_collectives``). So calls whose keys are all
+before it. A call equal to the one before records only how far the rank decided: such
+calls form a run, added to the hash (and to the keys kept for naming a difference) in one
+step when the run closes (:func:`check`, "Runs"), before any comparison. The members
+compare at points that cannot differ between them: the sequence numbers :data:`PERIOD`
+(K = 4096), 2K, ... (every member posts an exchange there, cached call or not, verified at
+the next multiple: :func:`_periodic`), and the final comparison (:func:`compare_final`:
+destroy_process_group, the exit of a process that did not destroy its groups,
+``check_collectives``). So calls whose keys are all
 cached but differ (e.g. two sizes used alternately, out of step between ranks) are caught
 within 2K calls or at the end, and every member raises the same ValueError naming the first
 call that differs (from the members' last K calls). An exchange that meets one from
@@ -108,6 +111,9 @@ DETAIL = False
 CHECK = True
 _level = DebugLevel.OFF
 _ENV = ("MPIDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG")  # the first that is set (not empty) wins
+#: Called with a group's check state when its open run of calls closes (:func:`_close`): the
+#: 8-byte all_reduce path's note that the run is its call's registers here.
+CLOSED: list[Callable[[Any], None]] = []
 #: Called when cached agreements must be forgotten (a cache cleared, a level change): the
 #: 8-byte all_reduce path's copy of the last agreed key (``collectives``) registers here.
 FORGET: list[Callable[[], None]] = []
@@ -200,6 +206,10 @@ def _set_checks(on: bool) -> None:
 
 
 def _forget() -> None:
+    """Every repeated-call test fails once (any thread): each group's next call comes to
+    :func:`check`, which closes the open run."""
+    for chk in list(STATES.values()):
+        chk.lkey = None
     for hook in FORGET:
         hook()
 
@@ -256,8 +266,8 @@ class GroupCheck:
         "keys",
         "pending",
         "stale",
+        "run",
         "lkey",
-        "lkh",
     )
 
     def __init__(self, g: Any) -> None:
@@ -275,20 +285,27 @@ class GroupCheck:
         self.stale = False
         #: key -> its hash (mpidist._signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
-        #: the last key found in ``agreed`` and its hash: a repeated call is found by comparing
-        #: its key with it (no hashing); None when ``agreed`` is cleared
+        #: the open run (see :func:`check`): ``(first sequence number, key, its hash)`` of the
+        #: calls with that key made since the last one recorded in ``keys`` and ``h``, up to
+        #: ``decided``; None when closed. Written, and closed (:func:`_close`), only by the
+        #: thread running the group's ops; replaced whole, so a reader sees one or the other.
+        self.run: Optional[tuple] = None
+        #: the open run's key, for the repeated-call tests of the op paths (equality on the
+        #: generic path, identity on the 8-byte one): a call equal to it continues the run and
+        #: records nothing but ``decided``. None where every call must come to :func:`check`
+        #: (no run, DETAIL, a cleared cache, after :func:`_forget`).
         self.lkey: Optional[tuple] = None
-        self.lkh = 0
         #: key -> its fingerprint (sequence number, hash and own count to be filled in), for the
         #: periodic exchanges of agreed keys
         self.fps: dict = {}
-        #: the running hash of every call checked on the group (mpidist._signature.fold)
+        #: the running hash of every call checked on the group (mpidist._signature.fold), but
+        #: the open run's (added when it closes)
         self.h = 0
         #: the sequence number of the last exchange in which the members agreed
         self.base = -1
-        #: the key of call ``seq`` at ``keys[seq % PERIOD]`` (None: not compared, or refused on
-        #: every member), for naming the first call that differs; a list, as a store into it
-        #: is the cheapest record a call can leave
+        #: the key of call ``seq`` at ``keys[seq % (2 PERIOD)]`` (None: not compared, or refused
+        #: on every member), for naming the first call that differs; the open run's calls are
+        #: written when it closes (:func:`_recent` reads both)
         self.keys: list = [None] * (KEYS_MASK + 1)
         #: the sequence number of the last call this rank checked: it has decided up to there
         #: (its key: ``keys``, stored first; while it is exchanged: ``exchanging``)
@@ -322,13 +339,14 @@ class GroupCheck:
 
 
 class _Unchecked:
-    """Stands for a group's state where nothing is checked (one rank, or checks off)."""
+    """Stands for a group's state where nothing is checked (one rank, or checks off): the
+    8-byte all_reduce path's ``st.lkey is key`` test fails on it, and it is never checked."""
 
-    __slots__ = ("decided", "h", "keys")
+    __slots__ = ("decided", "lkey")
 
     def __init__(self) -> None:
-        self.h = 0
-        self.keys: list = [None] * (KEYS_MASK + 1)
+        self.decided = -1
+        self.lkey = None
 
 
 _UNCHECKED = _Unchecked()
@@ -337,7 +355,7 @@ _UNCHECKED = _Unchecked()
 def agreed(g: Any, key: tuple) -> Any:
     """The group's state if its members agreed on ``key`` before (or nothing is checked
     on ``g``: then a stand-in), else None. Used by the 8-byte all_reduce path, which then
-    sets ``state.decided`` itself."""
+    continues the group's open run itself (``state.decided``) or calls :func:`check`."""
     if not CHECK or len(g.ranks) == 1:
         return _UNCHECKED
     chk = STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)
@@ -355,37 +373,92 @@ def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
     between ranks, what the new-key
     exchange also checks: ``("gather" | "scatter", own count, root's list of counts or
     None)`` or ``("pairs", send counts, receive counts)`` (the all-to-alls).
+
+    **Runs.** The calls a group's members agreed on are recorded (the running hash ``h``,
+    ``keys``) a run at a time: a call whose key equals the last one's (``lkey``) and is not
+    at a multiple of PERIOD records only ``decided``, on the op paths themselves
+    (``_dispatch._guarded``, the 8-byte all_reduce path); the run's calls are added to
+    ``h`` and ``keys`` when it closes, here, at the next call with another key, at the
+    next multiple of PERIOD, or before any exchange. Both are then what recording every
+    call would have made them (:func:`_close`), so the comparisons see the same values.
     """
+    seq = rec[R.SEQ]
     if key is NOTE:  # an op that is not compared (monitored_barrier): note how far this rank got
         chk = STATES.get(g)
         if chk is not None:
-            chk.keys[rec[R.SEQ] & KEYS_MASK] = None
-            chk.decided = rec[R.SEQ]
+            _close(chk)
+            chk.keys[seq & KEYS_MASK] = None
+            chk.decided = seq
         return
     chk = g.resource("check", GroupCheck)
-    seq = rec[R.SEQ]
-    if key == chk.lkey:  # a repeated call: no hashing
-        kh = chk.lkh
+    i = seq & PERIOD_MASK
+    run = chk.run
+    if run is not None and key == chk.lkey:  # the open run goes on (a call from another path)
+        if i:
+            chk.lkey = key  # (the same key: the 8-byte path tests it by identity)
+            chk.decided = seq
+            return
+        kh = run[2]
     else:
         kh = chk.agreed.get(key)
-        if kh is not None:
-            chk.lkey, chk.lkh = key, kh
-    i = seq & PERIOD_MASK
+    _close(chk)
     if kh is not None and not DETAIL:
-        if i:
+        if i:  # a key agreed on before: this call is recorded, and a run of it opens after it
             chk.h += kh * i  # mpidist._signature.fold
             chk.keys[seq & KEYS_MASK] = key
             chk.decided = seq
+            _open(chk, seq, key, kh)
         else:
-            _periodic(g, chk, rec, key)
+            _periodic(g, chk, rec, key, kh)
         return
     _exchange(g, chk, rec, key, parts, kh)
 
 
-def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple) -> None:
-    """At a multiple of PERIOD, with a call the members agreed on: verify the comparison
-    posted at the last multiple (long complete: no wait), then post this one's (its row:
-    this call and the running hash of the calls before it) and go on without waiting."""
+def _open(chk: GroupCheck, seq: int, key: tuple, kh: int) -> None:
+    """Open a run of ``key`` after call ``seq`` (recorded already)."""
+    chk.run = (seq + 1, key, kh)
+    chk.lkey = key
+
+
+def _close(chk: GroupCheck) -> None:
+    """Add the open run's calls (its first sequence number to ``decided``) to the running
+    hash and the kept keys, as recording each call would have (:func:`mpidist._signature.fold`);
+    the run is then closed. Only on the thread running the group's ops: the keys are
+    written before the run is dropped, so a reader (:func:`_recent`) finds every call in one
+    or the other."""
+    run = chk.run
+    if run is None:
+        return
+    chk.lkey = None
+    first, key, kh = run
+    last = chk.decided
+    if last >= first:
+        chk.h += kh * (_weights(last + 1) - _weights(first))
+        keys, a, b = chk.keys, first & KEYS_MASK, last & KEYS_MASK
+        if last - first >= KEYS_MASK:  # (a run never spans a multiple of PERIOD: never so long)
+            keys[:] = [key] * len(keys)
+        elif a <= b:
+            keys[a : b + 1] = [key] * (b + 1 - a)
+        else:
+            keys[a:] = [key] * (len(keys) - a)
+            keys[: b + 1] = [key] * (b + 1)
+    chk.run = None
+    for hook in CLOSED:
+        hook(chk)
+
+
+def _weights(n: int) -> int:
+    """The sum of ``s % PERIOD`` over ``s`` in ``range(n)``: the weights of calls 0..n-1 in
+    the running hash (a run's are ``_weights(last + 1) - _weights(first)``)."""
+    q, r = divmod(n, PERIOD)
+    return q * (PERIOD * (PERIOD - 1) // 2) + r * (r - 1) // 2
+
+
+def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple, kh: int) -> None:
+    """At a multiple of PERIOD, with a call the members agreed on (the run closed): verify
+    the comparison posted at the last multiple (long complete: no wait), then post this
+    one's (its row: this call and the running hash of the calls before it) and go on
+    without waiting, with a run of ``key`` open after it."""
     _settle(g, chk, rec)
     seq = rec[R.SEQ]
     hb = chk.h & S.MASK
@@ -402,6 +475,7 @@ def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple) -> None:
     comm = cast(MPI.Comm, chk.comm)  # None only after free(), when no op of the group runs
     chk.pending = (comm.Iallgather([fp, MPI.INT64_T], [rows, MPI.INT64_T]), fp, rows, seq, key)
     chk.h = hb  # (the call at a multiple of PERIOD weighs 0: compared word by word)
+    _open(chk, seq, key, kh)
 
 
 def _settle(g: Any, chk: GroupCheck, rec: list) -> None:
@@ -425,7 +499,8 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     """Compare with the other members: this call (``key``; new to the group, or at a
     sequence number that is a multiple of :data:`PERIOD`) and the running hash of the
     calls before it; or, for a final comparison (``key[OP]`` in :data:`FINAL_OPS`), the
-    running hash of every call and the last call."""
+    running hash of every call and the last call. The run is closed (:func:`_close`); an
+    agreed call opens one after it, but at DETAIL."""
     _settle(g, chk, rec)
     seq, n = rec[R.SEQ], g.size()
     final = key[S.OP] in FINAL_OPS
@@ -473,10 +548,10 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     if len(chk.agreed) >= _MAX_AGREED:
         chk.agreed.clear()
         chk.fps.clear()
-        chk.lkey = None
         _forget()
     chk.agreed[key] = kh
-    chk.lkey, chk.lkh = key, cast(int, kh)  # (set above: only a final comparison leaves it None, and it returned)
+    if not DETAIL:
+        _open(chk, seq, key, cast(int, kh))  # (set above: only a final comparison leaves it None, and it returned)
     if own == -1:
         chk.fps[key] = fp
 
@@ -512,12 +587,20 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
 
 
 def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
-    """The key of call ``s`` when it is among the last kept before ``seq`` (else None)."""
-    return chk.keys[s & KEYS_MASK] if 0 <= s and seq - KEYS_MASK <= s <= seq else None
+    """The key of call ``s`` when it is among the last kept before ``seq`` (else None).
+    ``seq`` <= ``decided`` read before (another thread may be running the group's ops: a
+    run that closes writes its keys before it is dropped)."""
+    if not (0 <= s and seq - KEYS_MASK <= s <= seq):
+        return None
+    run = chk.run
+    if run is not None and run[0] <= s:  # in the open run (s <= seq <= decided)
+        return cast(tuple, run[1])
+    return chk.keys[s & KEYS_MASK]
 
 
 def _last_call(chk: GroupCheck, seq: int) -> tuple:
-    """(sequence number, key) of the last call before ``seq`` that ran; ``(seq, None)`` if none."""
+    """(sequence number, key) of the last call before ``seq`` that ran; ``(seq, None)`` if none
+    (the run closed)."""
     for s in range(seq - 1, max(-1, seq - KEYS_MASK - 1), -1):
         k = chk.keys[s & KEYS_MASK]
         if k is not None:
@@ -652,7 +735,7 @@ def _skipped(answers: dict, seq: int) -> dict:
 
 def broken(g: Any, why: str) -> None:
     """Mark ``g`` unusable (its ops raise DistError at once, the inline paths included):
-    a mismatch left an op or an exchange pending on some member."""
+    a mismatch left an op or an exchange pending on some member. Any thread."""
     g.engine.broken = why
     _forget()
 
@@ -753,9 +836,16 @@ def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
     ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
     every member). Nobody ran the call: it leaves the running hash of the group's calls."""
     chk = STATES.get(g)
-    key = chk.keys[seq & KEYS_MASK] if chk is not None and chk.decided == seq else None
-    if key is not None and chk is not None and key in chk.agreed:  # (key is None where chk is)
-        chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
+    if chk is not None and chk.decided == seq:
+        run = chk.run
+        if run is not None and run[0] <= seq:  # in the open run: it closes before the call
+            chk.decided = seq - 1
+            _close(chk)
+            chk.decided = seq
+        else:
+            key = chk.keys[seq & KEYS_MASK]
+            if key is not None and key in chk.agreed:
+                chk.h -= chk.agreed[key] * (seq & PERIOD_MASK)
         chk.keys[seq & KEYS_MASK] = None
     keys = [("all_reduce", count, dtype, -1, redop, None) for count, dtype, redop in calls]
     differ = [

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 _state_of = _debug.STATES.get  # group -> its check state (mpidist._debug.GroupCheck), or None
-_PMASK, _KMASK = _debug.PERIOD_MASK, _debug.KEYS_MASK
+_PMASK = _debug.PERIOD_MASK
 
 
 def signature(
@@ -74,20 +74,11 @@ def _guarded(
         try:
             if key is not None:
                 chk = _state_of(g)
-                if chk is None or _debug.DETAIL:
-                    kh = None
-                elif key == chk.lkey:  # a repeated call: its key equals the last one found (no hashing)
-                    kh = chk.lkh
-                else:
-                    kh = chk.agreed.get(key)
-                    if kh is not None:
-                        chk.lkey, chk.lkh = key, kh
                 seq = rec[0]
-                i = seq & _PMASK
-                if kh is not None and i:  # _debug.check's cached case, inline (kh is None where chk is)
-                    chk.h += kh * i  # type: ignore[union-attr]  # mpidist._signature.fold
-                    chk.keys[seq & _KMASK] = key  # type: ignore[union-attr]  # (chk is not None: see kh)
-                    chk.decided = seq  # type: ignore[union-attr]  # (chk is not None: see kh)
+                if chk is not None and seq & _PMASK and key == chk.lkey:
+                    # a repeated call, not at a multiple of PERIOD: the group's open run goes on
+                    # (mpidist._debug.check, "Runs"); lkey is None at DETAIL
+                    chk.decided = seq
                 else:
                     _debug.check(g, rec, key, parts)
             out = fn(*args)

@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 import mpidist
 from mpidist import DebugLevel, ReduceOp, _debug
+from mpidist._mpi import collectives as C
 from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import ShmMismatch
 
@@ -403,6 +404,51 @@ def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
             new = [s for s in state.exchanged if s not in before]
             assert new and all(s % _debug.PERIOD == 0 for s in new) or not new, (before, list(state.exchanged))
             assert state.decided == fresh.engine.seq - 1  # decided up to the last call
+
+
+@pytest.mark.mpi(min_size=2)
+def test_runs_record_what_recording_each_call_would(dist, world, fresh):
+    """A repeated call records only how far the rank decided (the group's open run); the
+    run's calls reach the running hash and the kept keys when it closes, as if each call had
+    been recorded, on every path (the 8-byte all_reduce, launch's inline and queued paths,
+    another op between runs), and a peer asking about a call in the open run is told its key."""
+    rank, size = world
+    small, big = np.zeros(2, np.float32), np.zeros(5000)
+    calls = {
+        "A": lambda: dist.all_reduce(small, group=fresh),  # the 8-byte path
+        "B": lambda: dist.all_reduce(big, group=fresh, async_op=True).wait(),  # launch, queued
+        "C": lambda: dist.broadcast(np.zeros(3), src=0, group=fresh),  # launch, inline
+    }
+    made = []
+    for label in "AAAAABBBACCAABBB":
+        made.append((fresh.engine.seq, label))
+        calls[label]()
+    chk = fresh.resource("check", _debug.GroupCheck)
+    keys = {
+        "A": ("all_reduce", 2, np.dtype(np.float32), -1, "sum", None),
+        "B": ("all_reduce", 5000, np.dtype(float), -1, "sum", None),
+        "C": next(k for k in chk.agreed if k[0] == "broadcast"),
+    }
+    assert chk.run is not None and chk.run[1] == keys["B"] and chk.lkey == keys["B"]  # open: B's run
+    assert chk.decided == made[-1][0]
+    for seq, label in made:  # what a peer's question is answered with, the open run included
+        assert _debug._recent(chk, chk.decided, seq) == keys[label], (seq, label)
+    _debug._close(chk)
+    assert chk.run is None and chk.lkey is None
+    for seq, label in made:
+        assert chk.keys[seq & _debug.KEYS_MASK] == keys[label], (seq, label)
+    assert made[-1][0] < _debug.PERIOD  # (below it, the hash is the plain sum: no reduction)
+    assert chk.h == sum(chk.agreed[keys[label]] * (seq % _debug.PERIOD) for seq, label in made)
+    calls["A"]()  # the group goes on: the next call opens a run again, the members agree
+    assert chk.run is not None and chk.run[1] == keys["A"]
+    dist.check_collectives(group=fresh)  # the final comparison: equal on every member
+    calls["A"]()
+    assert C._agreed[3] is chk and chk.lkey is C._agreed[4]  # the 8-byte path's note: its run is open
+    calls["C"]()
+    assert C._agreed is C._NONE and chk.run[1] == keys["C"]  # another call closed it
+    calls["A"]()
+    calls["A"]()
+    assert C._agreed[3] is chk and chk.decided == fresh.engine.seq - 1
 
 
 @pytest.mark.mpi(min_size=2)

@@ -90,7 +90,7 @@ def all_reduce_body(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
 
 def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algorithm: Optional[str]) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce` (``algorithm`` may come by position here)."""
-    global _last
+    global _last, _agreed
     if type(tensor) is _ndarray and not async_op:
         last = _last
         if last[0] is tensor.dtype and last[1] is op and last[2] is algorithm:
@@ -109,9 +109,15 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
             # under the engine's lock
             ok: Optional[tuple]  # (a declaration: no code)
             if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0:
+                shape = tensor.shape  # (tested here, recorded below: one read)
                 ok = _agreed
-                if not (ok[1] is plan and ok[0] is g and ok[2] == tensor.size):
-                    ok = _agree(g, plan, tensor, op)  # type: ignore[arg-type]  # a plan is made for a ReduceOp only
+                if ok[1] is plan and ok[0] is g and ok[2] == shape:
+                    going = True  # the group's open run of calls is this call's
+                else:
+                    going = False
+                    ok = _known
+                    if not (ok[1] is plan and ok[0] is g and ok[2] == shape):
+                        ok = _agree(g, plan, tensor, op)  # type: ignore[arg-type]  # a plan is made for a ReduceOp only
             else:
                 ok = None
             if ok is not None:
@@ -122,7 +128,9 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 # recorder, timeout watchdog), built here; tests/test_recorder.py checks both
                 # paths' entries are alike. The members agreed on this call before (``ok``: the
                 # group's last agreed all_reduce, tested by identity; mpidist._debug); a new
-                # call takes launch's path, which compares it.
+                # call takes launch's path, which compares it. ``going``: it continues the
+                # group's open run (mpidist._debug.check, "Runs"), so it records only how far
+                # this rank decided (what a peer's stalled check asks).
                 seq = eng.seq
                 eng.seq = seq + 1
                 t = _now()
@@ -130,7 +138,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                     seq,
                     "all_reduce",
                     g,
-                    tensor.shape,
+                    shape,
                     tensor.dtype,
                     -1,
                     t,
@@ -142,15 +150,13 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 ]
                 R._append(rec)
                 eng.current = rec
-                st = ok[3]
-                i = seq & _PMASK
                 try:
-                    if i:  # the running hash of the group's calls (mpidist._signature.fold), their keys
-                        st.h += ok[5] * i
-                        st.keys[seq & _KMASK] = ok[4]
-                        st.decided = seq  # (what a peer's stalled check asks)
-                    elif st is not _UNCHECKED:  # a multiple of the check's PERIOD: the members compare
-                        _debug.check(g, rec, ok[4])  # their calls so far (none on a group not checked)
+                    if going and seq & _PMASK:
+                        ok[3].decided = seq
+                    elif ok[3] is not _UNCHECKED:  # another run, or a multiple of the check's PERIOD
+                        _debug.check(g, rec, ok[4])  # (none on a group not checked)
+                        if ok[3].lkey is ok[4]:  # a run of this call is open: the next one goes on with it
+                            _agreed = ok
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])  # type: ignore[union-attr]  # a member's
                 except MPI.Exception as exc:
                     R.fail(rec)
@@ -190,31 +196,47 @@ _PLANS: dict = {}
 #: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
 _last: tuple = (None, None, None, None)
-#: The last all_reduce the latency path found agreed, ``(group, plan, count, group's check
-#: state, key, key's hash)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
-_agreed: tuple = (None, None, -1, None, None, 0)
-_PMASK, _KMASK = _debug.PERIOD_MASK, _debug.KEYS_MASK
+#: The last all_reduce the latency path found agreed, ``(group, plan, shape, group's check
+#: state, key)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
+_NONE: tuple = (None, None, None, None, None)
+_known = _NONE
+#: ``_known`` while the group's open run of calls is that all_reduce's (a call then records
+#: only ``decided``), else ``_NONE``: set by the latency path once the check opened the run,
+#: dropped when the run closes (:func:`_run_closed`) or the agreements may have changed.
+_agreed = _NONE
+_PMASK = _debug.PERIOD_MASK
 _UNCHECKED = _debug._UNCHECKED
 
 
 def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
-    """The latency path's ``_agreed`` for this call if the members of ``g`` agreed on it
+    """The latency path's ``_known`` for this call if the members of ``g`` agreed on it
     before (or nothing is checked on ``g``), else None (launch's path will compare it)."""
-    global _agreed
+    global _agreed, _known
     key = ("all_reduce", tensor.size, tensor.dtype, -1, op._value_, None)
     state = _debug.agreed(g, key)
     if state is None:
         return None
-    _agreed = ok = (g, plan, tensor.size, state, key, state.agreed[key] if type(state) is _debug.GroupCheck else 0)
+    _known = ok = (g, plan, tensor.shape, state, key)
+    if state is _UNCHECKED:  # nothing is checked: every call "goes on"
+        _agreed = ok
     return ok
 
 
 def _forget_agreed() -> None:
+    global _agreed, _known
+    _agreed = _known = _NONE
+
+
+def _run_closed(state: Any) -> None:
+    """The open run of a group's calls closed (:func:`mpidist._debug._close`): ``_agreed``
+    no longer stands for it."""
     global _agreed
-    _agreed = (None, None, -1, None, None, 0)
+    if _agreed[3] is state:
+        _agreed = _NONE
 
 
 _debug.FORGET.append(_forget_agreed)
+_debug.CLOSED.append(_run_closed)
 
 
 def _choose(dtype: np.dtype, algorithm: Optional[str]):
