@@ -1,8 +1,8 @@
 """Where the 8-byte all_reduce's time goes: raw mpi4py, mpidist, and the bare latency path.
 
-    mpiexec -n 2 python benchmarks/bench_latency.py [--calls 20000] [--passes 9] [--out DIR]
+    mpiexec -n 2 python benchmarks/bench_latency.py [--calls 20000] [--passes 25] [--out DIR]
 
-Four loops of ``--calls`` back-to-back calls on a float32[2] (8 B), interleaved, the order
+Six loops of ``--calls`` back-to-back calls on a float32[2] (8 B), interleaved, the order
 rotating between passes (no loop always follows the same one), ``--passes`` times; each
 value is the max over ranks of the mean time per call, and the table shows the median over
 passes and the median per-pass ratio to raw:
@@ -17,14 +17,20 @@ passes and the median per-pass ratio to raw:
   is the cost of the checks; between ``raw`` and ``bare``, of a Python function call plus
   the recorder;
 * ``bare+check``: ``bare`` plus the lines the default mismatch check adds to the latency
-  path (the test that the group's members agreed on this call before, by identity against
-  the last all_reduce whose run of calls is open on the group, the note of how far this rank
-  has decided; every PERIOD calls the exchange that compares the
+  path (the test that the group's open run of calls is this call's: the note on its engine,
+  tested by identity against the call's plan and by its byte count, read by the path anyway;
+  the note of how far this rank has decided; every PERIOD calls the exchange that compares the
   running hashes, and the run's record in them, amortized; see mpidist._debug.check,
   "Runs"). ``bare+check`` - ``bare`` is the
   check's cost at 8 B (target <= 0.3 us, issue 27;
-  benchmarks/bench_check.py measures the larger sizes). It reads ``collectives._agreed``
-  as a module attribute where all_reduce reads a global: a few ns more, not less.
+  benchmarks/bench_check.py measures the larger sizes). It reads ``t.nbytes``, which
+  all_reduce reads anyway (its size limit): a few ns more, not less;
+* ``bare+control``: ``bare`` plus lines of the check's shape that check nothing (the same
+  tuple test, branch and store, on a stand-in object, and never a check): what any such
+  lines cost here, between MPI calls. ``bare+check`` - ``bare+control`` is what the check
+  costs beyond that;
+* ``bare again``: ``bare`` once more, as a control: ``bare again`` - ``bare`` is what the
+  measurement resolves (two identical loops differ by that much).
 
 Writes ``latency_np{N}.md`` to ``--out`` (default benchmarks/results). The target it
 explains (8 B within 1.5x raw) is in benchmarks/results/targets.md.
@@ -81,27 +87,55 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
 
     def bare_check(t: np.ndarray) -> None:
         eng = g.engine
-        shape = t.shape
-        ok = C._agreed
-        if ok[1] is plan and ok[0] is g and ok[2] == shape:
+        nbytes = t.nbytes
+        ok = eng.lat
+        if ok[0] is plan and ok[1] == nbytes:
             going = True
         else:
             going = False
             ok = C._known
-            if not (ok[1] is plan and ok[0] is g and ok[2] == shape):
+            if not (ok[0] is plan and ok[1] == nbytes and ok[4] is g):
                 ok = C._agree(g, plan, t, op)
         seq = eng.seq
         eng.seq = seq + 1
         t0 = now()
-        rec = [seq, "all_reduce", g, shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
+        rec = [seq, "all_reduce", g, t.shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
         R._append(rec)
         eng.current = rec
         if going and seq & pmask:  # the group's open run goes on
-            ok[3].decided = seq
+            eng.decided = seq
         else:  # every PERIOD calls: the exchange (and the run's record), as the latency path does it
-            _debug.check(g, rec, ok[4])
-            if ok[3].lkey is ok[4]:
-                C._agreed = ok
+            _debug.check(g, rec, ok[3])
+            if ok[2].lkey is ok[3]:
+                C._note_run(eng, ok)
+        g.comm.Allreduce(IP, [t, F], S)
+        rec[R.T_END] = now()
+        rec[R.STATE] = R.COMPLETED
+
+    class Lookalike:  # what bare_control's lines read and write instead of the group's engine
+        lat: tuple = ()
+        decided = -1
+
+    dummy = Lookalike()
+
+    def bare_control(t: np.ndarray) -> None:
+        eng = g.engine
+        nbytes = t.nbytes
+        ok = dummy.lat
+        if ok[0] is plan and ok[1] == nbytes:
+            going = True
+        else:
+            going = False
+        seq = eng.seq
+        eng.seq = seq + 1
+        t0 = now()
+        rec = [seq, "all_reduce", g, t.shape, t.dtype, -1, t0, t0, 0.0, R.STARTED, R.timeout, None]
+        R._append(rec)
+        eng.current = rec
+        if going and seq & pmask:
+            dummy.decided = seq
+        else:
+            dummy.decided = -seq
         g.comm.Allreduce(IP, [t, F], S)
         rec[R.T_END] = now()
         rec[R.STATE] = R.COMPLETED
@@ -109,6 +143,10 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
     def run_bare(calls: int) -> None:
         for _ in range(calls):
             bare(x)
+
+    def run_bare_control(calls: int) -> None:
+        for _ in range(calls):
+            bare_control(x)
 
     def run_bare_check(calls: int) -> None:
         for _ in range(calls):
@@ -118,13 +156,21 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
     op = ReduceOp.SUM
     mpidist.all_reduce(x)  # the members agree on this call (the check's first exchange); its plan
     plan = C._PLANS[(x.dtype, op._value_, None)]
-    return {"raw": run_raw, "mpidist": run_mpidist, "bare": run_bare, "bare+check": run_bare_check}
+    dummy.lat = (plan, x.nbytes)
+    return {
+        "raw": run_raw,
+        "mpidist": run_mpidist,
+        "bare": run_bare,
+        "bare+check": run_bare_check,
+        "bare+control": run_bare_control,
+        "bare again": run_bare,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=20000)
-    p.add_argument("--passes", type=int, default=9)
+    p.add_argument("--passes", type=int, default=25)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     if args.calls < 1 or args.passes < 1:
@@ -156,10 +202,16 @@ def main() -> None:
             ratio = statistics.median(t / r for t, r in zip(ts, times["raw"]))
             rows.append(f"| {name} | {statistics.median(ts) * 1e6:.2f} | {ratio:.3f} |")
         check = statistics.median((c - b) * 1e6 for c, b in zip(times["bare+check"], times["bare"]))
+        floor = statistics.median((c - b) * 1e6 for c, b in zip(times["bare again"], times["bare"]))
+        control = statistics.median((c - b) * 1e6 for c, b in zip(times["bare+control"], times["bare"]))
+        beyond = statistics.median((c - b) * 1e6 for c, b in zip(times["bare+check"], times["bare+control"]))
         rows += [
             "",
             f"The default mismatch check on this path (bare+check - bare, median of per-pass "
-            f"differences): {check:+.3f} us per call (target <= 0.3 us)",
+            f"differences): {check:+.3f} us per call (target <= 0.3 us); the same between two "
+            f"identical loops (bare again - bare, the measurement's floor): {floor:+.3f} us; the control's "
+            f"lines, which check nothing (bare+control - bare): {control:+.3f} us; the check beyond "
+            f"them (bare+check - bare+control): {beyond:+.3f} us",
         ]
         bc.write_report(
             args.out,

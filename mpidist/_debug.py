@@ -253,12 +253,12 @@ class GroupCheck:
 
     __slots__ = (
         "group",
+        "eng",
         "comm",
         "final_comm",
         "report_comm",
         "agreed",
         "fps",
-        "decided",
         "exchanging",
         "exchanged",
         "h",
@@ -272,6 +272,7 @@ class GroupCheck:
 
     def __init__(self, g: Any) -> None:
         self.group = g
+        self.eng = g.engine
         self.comm: Optional[MPI.Comm] = g.comm.Dup()
         #: the final comparison's own duplicate, and the one on which the members exchange their
         #: calls after a periodic comparison found a difference (made here, while every member
@@ -307,14 +308,22 @@ class GroupCheck:
         #: on every member), for naming the first call that differs; the open run's calls are
         #: written when it closes (:func:`_recent` reads both)
         self.keys: list = [None] * (KEYS_MASK + 1)
-        #: the sequence number of the last call this rank checked: it has decided up to there
-        #: (its key: ``keys``, stored first; while it is exchanged: ``exchanging``)
-        self.decided = -1
         #: (sequence number, key) of this rank's last exchange of a call
         self.exchanging: tuple = (-1, None)
         #: the sequence numbers of its last exchanges (a peer may be one exchange ahead)
         self.exchanged: collections.deque = collections.deque(maxlen=4)
         STATES[g] = self
+
+    @property
+    def decided(self) -> int:
+        """The sequence number of the last call this rank checked: it has decided up to there
+        (its key: ``keys`` or the open run, stored first; while it is exchanged: ``exchanging``).
+        Kept on the group's engine (``Engine.decided``), where the op paths store it."""
+        return cast(int, self.eng.decided)
+
+    @decided.setter
+    def decided(self, seq: int) -> None:
+        self.eng.decided = seq
 
     def free(self) -> None:
         STATES.pop(self.group, None)
@@ -340,13 +349,9 @@ class GroupCheck:
 
 class _Unchecked:
     """Stands for a group's state where nothing is checked (one rank, or checks off): the
-    8-byte all_reduce path's ``st.lkey is key`` test fails on it, and it is never checked."""
+    8-byte all_reduce path never calls :func:`check` with it."""
 
-    __slots__ = ("decided", "lkey")
-
-    def __init__(self) -> None:
-        self.decided = -1
-        self.lkey = None
+    __slots__ = ()
 
 
 _UNCHECKED = _Unchecked()
@@ -355,7 +360,7 @@ _UNCHECKED = _Unchecked()
 def agreed(g: Any, key: tuple) -> Any:
     """The group's state if its members agreed on ``key`` before (or nothing is checked
     on ``g``: then a stand-in), else None. Used by the 8-byte all_reduce path, which then
-    continues the group's open run itself (``state.decided``) or calls :func:`check`."""
+    continues the group's open run itself (``Engine.decided``) or calls :func:`check`."""
     if not CHECK or len(g.ranks) == 1:
         return _UNCHECKED
     chk = STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)

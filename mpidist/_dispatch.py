@@ -77,8 +77,8 @@ def _guarded(
                 seq = rec[0]
                 if chk is not None and seq & _PMASK and key == chk.lkey:
                     # a repeated call, not at a multiple of PERIOD: the group's open run goes on
-                    # (mpidist._debug.check, "Runs"); lkey is None at DETAIL
-                    chk.decided = seq
+                    # (mpidist._debug.check, "Runs"; GroupCheck.decided); lkey is None at DETAIL
+                    chk.eng.decided = seq
                 else:
                     _debug.check(g, rec, key, parts)
             out = fn(*args)

@@ -608,6 +608,10 @@ class _EngineFuture(concurrent.futures.Future[Any]):
 THREAD_START: list[Callable[[], Any]] = []
 
 
+#: ``Engine.lat`` where no run is noted.
+_NO_RUN: tuple[Any, ...] = (None, -1, None, None, None)
+
+
 class Engine:
     """One worker thread per process group that runs its async ops in issue order.
 
@@ -646,6 +650,12 @@ class Engine:
         self.seq = 0
         self.p2p_seq = 0
         self.current: Optional[list[Any]] = None
+        #: the sequence number of the last collective this rank decided to run on the group (the
+        #: mismatch check's ``GroupCheck.decided``: here, where the ops' latency paths have it)
+        self.decided = -1
+        #: the 8-byte all_reduce path's note of the group's open run of calls, when it is that
+        #: path's call: ``(plan, nbytes, check state, key, group)`` (mpidist._mpi.collectives)
+        self.lat: tuple[Any, ...] = _NO_RUN
         self.key: Optional[str] = None
         self.broken: Optional[str] = None
         self.aborted = False  # abort() was called: point-to-point is refused too

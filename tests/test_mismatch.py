@@ -27,9 +27,9 @@ from mpi4py import MPI
 
 import mpidist
 from mpidist import DebugLevel, ReduceOp, _debug
-from mpidist._mpi import collectives as C
 from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import ShmMismatch
+from mpidist.work import _NO_RUN
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
@@ -443,12 +443,17 @@ def test_runs_record_what_recording_each_call_would(dist, world, fresh):
     assert chk.run is not None and chk.run[1] == keys["A"]
     dist.check_collectives(group=fresh)  # the final comparison: equal on every member
     calls["A"]()
-    assert C._agreed[3] is chk and chk.lkey is C._agreed[4]  # the 8-byte path's note: its run is open
+    lat = fresh.engine.lat
+    assert lat[2] is chk and chk.lkey is lat[3]  # the 8-byte path's note: its call's run is open
     calls["C"]()
-    assert C._agreed is C._NONE and chk.run[1] == keys["C"]  # another call closed it
+    assert fresh.engine.lat is _NO_RUN and chk.run[1] == keys["C"]  # another call closed it
     calls["A"]()
     calls["A"]()
-    assert C._agreed[3] is chk and chk.decided == fresh.engine.seq - 1
+    assert fresh.engine.lat[2] is chk and chk.decided == fresh.engine.seq - 1
+    _debug._forget()  # (a level change, a broken group, a freed one): every note is dropped
+    assert fresh.engine.lat is _NO_RUN and chk.lkey is None
+    calls["A"]()
+    assert fresh.engine.lat[2] is chk
 
 
 @pytest.mark.mpi(min_size=2)

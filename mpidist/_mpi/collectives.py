@@ -31,7 +31,7 @@ from mpidist._tags import monitored_barrier_tag
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
 from mpidist.errors import DistError, from_mpi, prefix
-from mpidist.work import Work
+from mpidist.work import _NO_RUN, Work
 
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
 
@@ -90,7 +90,7 @@ def all_reduce_body(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
 
 def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algorithm: Optional[str]) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.all_reduce` (``algorithm`` may come by position here)."""
-    global _last, _agreed
+    global _last
     if type(tensor) is _ndarray and not async_op:
         last = _last
         if last[0] is tensor.dtype and last[1] is op and last[2] is algorithm:
@@ -101,7 +101,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 _last = (tensor.dtype, op, algorithm, plan)
         else:
             plan = None
-        if plan is not None and tensor.nbytes < plan[3]:
+        if plan is not None and (nbytes := tensor.nbytes) < plan[3]:
             flags = tensor.flags
             eng = g.engine
             # only with no op queued or running: otherwise another thread (the engine's, or
@@ -109,14 +109,13 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
             # under the engine's lock
             ok: Optional[tuple]  # (a declaration: no code)
             if flags.c_contiguous and flags.writeable and eng.inline and eng.pending == 0:
-                shape = tensor.shape  # (tested here, recorded below: one read)
-                ok = _agreed
-                if ok[1] is plan and ok[0] is g and ok[2] == shape:
+                ok = eng.lat
+                if ok[0] is plan and ok[1] == nbytes:
                     going = True  # the group's open run of calls is this call's
                 else:
                     going = False
                     ok = _known
-                    if not (ok[1] is plan and ok[0] is g and ok[2] == shape):
+                    if not (ok[0] is plan and ok[1] == nbytes and ok[4] is g):
                         ok = _agree(g, plan, tensor, op)  # type: ignore[arg-type]  # a plan is made for a ReduceOp only
             else:
                 ok = None
@@ -127,10 +126,11 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 # Recorded as launch would record it: R.begin's entry (sequence number, flight
                 # recorder, timeout watchdog), built here; tests/test_recorder.py checks both
                 # paths' entries are alike. The members agreed on this call before (``ok``: the
-                # group's last agreed all_reduce, tested by identity; mpidist._debug); a new
-                # call takes launch's path, which compares it. ``going``: it continues the
-                # group's open run (mpidist._debug.check, "Runs"), so it records only how far
-                # this rank decided (what a peer's stalled check asks).
+                # engine's note that the group's open run of calls is this all_reduce's, tested
+                # by the plan's identity and the byte count; else the last agreed one; else
+                # mpidist._debug.agreed); a new call takes launch's path, which compares it.
+                # ``going``: it continues the group's open run (mpidist._debug.check, "Runs"),
+                # so it records only how far this rank decided (what a peer's stalled check asks).
                 seq = eng.seq
                 eng.seq = seq + 1
                 t = _now()
@@ -138,7 +138,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                     seq,
                     "all_reduce",
                     g,
-                    shape,
+                    tensor.shape,
                     tensor.dtype,
                     -1,
                     t,
@@ -152,11 +152,11 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 eng.current = rec
                 try:
                     if going and seq & _PMASK:
-                        ok[3].decided = seq
-                    elif ok[3] is not _UNCHECKED:  # another run, or a multiple of the check's PERIOD
-                        _debug.check(g, rec, ok[4])  # (none on a group not checked)
-                        if ok[3].lkey is ok[4]:  # a run of this call is open: the next one goes on with it
-                            _agreed = ok
+                        eng.decided = seq
+                    elif ok[2] is not _UNCHECKED:  # another run, or a multiple of the check's PERIOD
+                        _debug.check(g, rec, ok[3])  # (none on a group not checked)
+                        if ok[2].lkey is ok[3]:  # a run of this call is open: the next one goes on with it
+                            _note_run(eng, ok)
                     g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])  # type: ignore[union-attr]  # a member's
                 except MPI.Exception as exc:
                     R.fail(rec)
@@ -196,14 +196,14 @@ _PLANS: dict = {}
 #: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
 _last: tuple = (None, None, None, None)
-#: The last all_reduce the latency path found agreed, ``(group, plan, shape, group's check
-#: state, key)`` (:func:`_agree`); forgotten whenever the agreements may have changed.
-_NONE: tuple = (None, None, None, None, None)
-_known = _NONE
-#: ``_known`` while the group's open run of calls is that all_reduce's (a call then records
-#: only ``decided``), else ``_NONE``: set by the latency path once the check opened the run,
-#: dropped when the run closes (:func:`_run_closed`) or the agreements may have changed.
-_agreed = _NONE
+#: The last all_reduce the latency path found agreed, ``(plan, nbytes, group's check state,
+#: key, group)`` (:func:`_agree`); forgotten whenever the agreements may have changed. The same
+#: tuple is the group's ``Engine.lat`` while the group's open run of calls is that all_reduce's
+#: (a call then records only ``Engine.decided``): noted by the latency path once the check
+#: opened the run (:func:`_note_run`), dropped when the run closes (:func:`_run_closed`) or
+#: the agreements may have changed (every noted engine: ``_NOTED``, id -> weak reference).
+_known = _NO_RUN
+_NOTED: dict = {}
 _PMASK = _debug.PERIOD_MASK
 _UNCHECKED = _debug._UNCHECKED
 
@@ -211,28 +211,38 @@ _UNCHECKED = _debug._UNCHECKED
 def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
     """The latency path's ``_known`` for this call if the members of ``g`` agreed on it
     before (or nothing is checked on ``g``), else None (launch's path will compare it)."""
-    global _agreed, _known
+    global _known
     key = ("all_reduce", tensor.size, tensor.dtype, -1, op._value_, None)
     state = _debug.agreed(g, key)
     if state is None:
         return None
-    _known = ok = (g, plan, tensor.shape, state, key)
+    _known = ok = (plan, tensor.nbytes, state, key, g)
     if state is _UNCHECKED:  # nothing is checked: every call "goes on"
-        _agreed = ok
+        _note_run(g.engine, ok)
     return ok
 
 
+def _note_run(eng: Any, ok: tuple) -> None:
+    """Note on the group's engine that its open run of calls is ``ok``'s all_reduce."""
+    eng.lat = ok
+    _NOTED[id(eng)] = weakref.ref(eng)
+
+
 def _forget_agreed() -> None:
-    global _agreed, _known
-    _agreed = _known = _NONE
+    global _known
+    _known = _NO_RUN
+    for ref in list(_NOTED.values()):  # (atomic: another thread may note a run meanwhile)
+        eng = ref()
+        if eng is not None:
+            eng.lat = _NO_RUN
 
 
 def _run_closed(state: Any) -> None:
-    """The open run of a group's calls closed (:func:`mpidist._debug._close`): ``_agreed``
-    no longer stands for it."""
-    global _agreed
-    if _agreed[3] is state:
-        _agreed = _NONE
+    """The open run of a group's calls closed (:func:`mpidist._debug._close`): its engine's
+    note no longer stands for it."""
+    eng = state.eng
+    if eng.lat[2] is state:
+        eng.lat = _NO_RUN
 
 
 _debug.FORGET.append(_forget_agreed)

@@ -1,6 +1,6 @@
 """One MPI rank of torch's ``DistributedTest._DistTestBase``: run on every rank by run.py.
 
-``mpiexec -n 3 python tests/torch_suite/rank.py --backend mpidist|gloo --tests FILE --out DIR``
+``mpiexec -n 3 python tests/torch_suite/rank.py --backend mpidist|gloo|gloo@mpi --tests FILE --out DIR``
 
 torch runs this suite with ``MultiProcessTestCase``: a parent process per test sets up the
 temporary directories and the file ``Barrier``, spawns one child per rank, and each child
@@ -11,7 +11,9 @@ Here the MPI ranks are those children, and only that process machinery is replac
 MPI rank; rank 0 does the parent's per-test setup and shares its paths over MPI; a
 ``sys.exit(code)`` with one of torch's skip codes is a skip, as the parent reads it. The
 default group is initialized per test as ``_run`` does (same store, rank, world size and
-timeout), with backend ``"mpidist"`` or ``"gloo"``.
+timeout), with backend ``"mpidist"`` or ``"gloo"``; ``gloo@mpi``: torch's gloo with the
+default group's store and ranks from ``init_method="mpi://"`` (mpidist.torch's MPIStore, no
+file, no port) instead of the file store.
 
 Each rank appends one JSON line per test to ``DIR/rank{R}.jsonl``: the outcome (pass, fail,
 skip), its one-line cause, the traceback and the time. Bounds: ``--test-timeout`` seconds per
@@ -159,6 +161,7 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
     from torch.testing._internal import common_distributed, common_utils
 
     skip_codes = {s.exit_code: s.message for s in common_distributed.TEST_SKIPS.values()}
+    over_mpi = backend.endswith("@mpi")
 
     class SuiteCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         passed = False
@@ -196,13 +199,16 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
             self.rank = RANK
             name = self._testMethodName
             timeout = timedelta(seconds=dt.CUSTOM_PG_TIMEOUT.get(name, dt.default_pg_timeout))
-            dist.init_process_group(
-                init_method=self.init_method,
-                backend=dt.BACKEND,
-                world_size=int(self.world_size),
-                rank=self.rank,
-                timeout=timeout,
-            )
+            if over_mpi:  # ranks and world size from MPI (the same as the suite's here)
+                dist.init_process_group(init_method="mpi://", backend=dt.BACKEND, timeout=timeout)
+            else:
+                dist.init_process_group(
+                    init_method=self.init_method,
+                    backend=dt.BACKEND,
+                    world_size=int(self.world_size),
+                    rank=self.rank,
+                    timeout=timeout,
+                )
             self._barrier()
             common_utils.set_rng_seed()
 
@@ -218,7 +224,7 @@ def make_case(dt: Any, backend: str, chan: Channel) -> type:
                     chan.sync()
                     super().tearDown()
 
-    SuiteCase.__name__ = SuiteCase.__qualname__ = f"TorchSuite_{backend}"
+    SuiteCase.__name__ = SuiteCase.__qualname__ = f"TorchSuite_{backend.replace('@', '_')}"
     return SuiteCase
 
 
@@ -239,7 +245,7 @@ def run_one(case_cls: type, name: str) -> tuple:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=("mpidist", "gloo"), required=True)
+    p.add_argument("--backend", choices=("mpidist", "gloo", "gloo@mpi"), required=True)
     p.add_argument("--tests", required=True, help="file with one test name per line, run in that order")
     p.add_argument("--out", required=True, help="directory for rank{R}.jsonl")
     p.add_argument("--test-timeout", type=float, default=120.0)
@@ -253,7 +259,9 @@ def main() -> None:
         raise SystemExit(f"run under mpiexec -n {classify.WORLD_SIZE}, not {COMM.Get_size()}")
     chan = Channel()
     classify.prepare_env("file://" + os.path.join(tmp, "init_method_file"))
-    dt = classify.load(args.backend, profile=args.profile or classify.PROFILE_MPIDIST)
+    dt = classify.load(args.backend.partition("@")[0], profile=args.profile or classify.PROFILE_MPIDIST)
+    if args.backend.endswith("@mpi"):
+        import mpidist.torch  # noqa: F401  (registers mpi://)
     if args.pg_timeout is not None:
         dt.default_pg_timeout = args.pg_timeout
     case_cls = make_case(dt, args.backend, chan)

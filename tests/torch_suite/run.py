@@ -2,7 +2,7 @@
 size 3 under mpiexec, and compare: exit 1 when a test that gloo passes (or that mpidist's
 classification adds: the all_to_all tests) does not pass on mpidist, unless listed below.
 
-    python tests/torch_suite/run.py [--backends gloo,mpidist] [--tests NAME ...] [--all]
+    python tests/torch_suite/run.py [--backends gloo,mpidist,gloo@mpi] [--tests NAME ...] [--all]
                                     [--control all|failures] [--out out/torch_suite]
                                     [--results FILE.md] [--profile]
 
@@ -20,6 +20,12 @@ test (at most ``--restarts`` times per backend), and the test is reported as ``t
 ``crash``. Every temporary file is in a private directory removed at the end. Writes
 ``OUT/{backend}.log`` (every rank's output), ``OUT/results.json`` and ``OUT/results.md``.
 README.md next to this file: the classification, the selection, the exceptions.
+
+``gloo@mpi`` (a third backend to name in ``--backends``): torch's own gloo with each test's
+default group initialized over ``init_method="mpi://"`` (mpidist.torch's store over MPI and
+MPI's ranks) instead of the file store, on the collectives tests only (:data:`OVER_MPI`).
+Judged as mpidist is: exit 1 when a test that gloo passes over the file store does not pass
+over mpi://.
 """
 
 from __future__ import annotations
@@ -65,13 +71,23 @@ SAME_ON_EVERY_BACKEND = re.compile(
     r"Need at least \d+ CUDA devices|CUDA is not available\.|Skipped due to small world size\."
 )
 
+#: The tests ``gloo@mpi`` runs: the collectives (and the groups they run on), where the store is
+#: what differs from the control: gloo's rendezvous, its sub-groups' (``new_group`` over the
+#: default group's store, PrefixStore'd) and the barriers.
+OVER_MPI = re.compile(
+    r"test_(all_reduce|reduce|broadcast|all_gather|gather|scatter|reduce_scatter|barrier|new_subgroups|"
+    r"batch_isend_irecv|isend|irecv|send_recv|get_future|all_gather_object|broadcast_object|gather_object|"
+    r"scatter_object)"
+)
+SUBJECTS = ("mpidist", "gloo@mpi")  # judged against the control, gloo over the file store
+
 #: Left out of the default selection for time (seconds per backend on the 2-core CI machine).
 SLOW: dict = {}
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backends", default="gloo,mpidist")
+    p.add_argument("--backends", default="gloo,mpidist", help="among gloo, mpidist, gloo@mpi")
     p.add_argument("--tests", nargs="*", help="only these tests (default: the selection, README.md)")
     p.add_argument("--all", action="store_true", help="include the SLOW tests")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "torch_suite"))
@@ -85,7 +101,7 @@ def parse() -> argparse.Namespace:
         "--control",
         choices=("all", "failures"),
         default="all",
-        help="gloo runs every test (all), or only those that did not pass on mpidist (failures)",
+        help="gloo runs every test (all), or only those that did not pass on mpidist or gloo@mpi (failures)",
     )
     p.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable), "mpiexec"))
     return p.parse_args()
@@ -104,6 +120,8 @@ def selection(args: argparse.Namespace, backend: str, dt) -> tuple:
         if unknown:
             raise SystemExit(f"no such tests in _DistTestBase: {unknown}")
         names = [n for n in names if n in args.tests]
+    if backend == "gloo@mpi":  # the collectives only
+        names = [n for n in names if OVER_MPI.match(n)]
     run = []
     for n in names:
         if n in skipped:
@@ -261,23 +279,31 @@ def classify_result(backend_results: dict, skipped: dict) -> dict:
     return out
 
 
-def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> int:
-    gloo, mpi = res.get("gloo"), res.get("mpidist")
+def _judge(subject: str, res: dict, names: list) -> tuple:
+    """(problems, known failures, fixed known failures) of ``subject`` against the control."""
+    gloo, sub = res.get("gloo"), res[subject]
     problems, known, fixed = [], [], []
-    if mpi is not None:
-        for n in names:
-            m = mpi.get(n)
-            if m is None or m["outcome"] == "pass" or n in EXCEPTIONS:
-                if m is not None and m["outcome"] == "pass" and n in KNOWN_FAILURES:
-                    fixed.append(n)
-                continue
-            g = gloo.get(n) if gloo is not None else None
-            gloo_passed = g is not None and g["outcome"] == "pass"
-            if m["outcome"] == "skip" and not gloo_passed:
-                continue  # skipped at run time (e.g. world size), as on gloo
-            if not gloo_passed and n not in classify.ALL_TO_ALL_TESTS and gloo is not None:
-                continue  # fails on gloo too: reported, not counted against mpidist
-            (known if n in KNOWN_FAILURES else problems).append(n)
+    for n in names:
+        m = sub.get(n)
+        own = subject == "mpidist"  # (the exceptions, known failures and all_to_all gates are mpidist's)
+        if m is None or m["outcome"] == "pass" or (own and n in EXCEPTIONS):
+            if own and m is not None and m["outcome"] == "pass" and n in KNOWN_FAILURES:
+                fixed.append(n)
+            continue
+        g = gloo.get(n) if gloo is not None else None
+        gloo_passed = g is not None and g["outcome"] == "pass"
+        if m["outcome"] == "skip" and not gloo_passed:
+            continue  # skipped at run time (e.g. world size), as on gloo
+        if not gloo_passed and not (own and n in classify.ALL_TO_ALL_TESTS) and gloo is not None:
+            continue  # fails on gloo too: reported, not counted against the subject
+        (known if own and n in KNOWN_FAILURES else problems).append(n)
+    return problems, known, fixed
+
+
+def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> int:
+    mpi = res.get("mpidist")
+    verdicts = {b: _judge(b, res, names) for b in SUBJECTS if b in res}
+    problems, known, fixed = verdicts.get("mpidist", ([], [], []))
     counts = {}
     for b, r in res.items():
         c: dict = {}
@@ -296,19 +322,30 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
         lines.append(
             f"- **{b}**: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())) + f" ({elapsed.get(b, 0):.0f} s)"
         )
-    if args.control == "failures" and "mpidist" in res:
-        lines.append("- gloo (the control) ran only the tests that did not pass on mpidist (`--control failures`)")
-    lines += ["", "| test | gloo | mpidist | mpidist's cause / skip reason |", "|---|---|---|---|"]
+    if args.control == "failures" and any(b in res for b in SUBJECTS):
+        lines.append(
+            "- gloo (the control) ran only the tests that did not pass on mpidist or gloo@mpi (`--control failures`)"
+        )
+    over = "gloo@mpi" in res
+    if over:
+        lines.append("- **gloo@mpi**: torch's gloo with the default group over `mpi://` (the collectives tests only)")
+    lines += [
+        "",
+        "| test | gloo | mpidist |" + (" gloo@mpi |" if over else "") + " cause / skip reason |",
+        "|---|---|---|" + ("---|" if over else "") + "---|",
+    ]
     for n in names:
         g = res["gloo"].get(n) if "gloo" in res else None
-        m = res["mpidist"].get(n) if "mpidist" in res else None
-        mark = ""
-        if n in problems:
-            mark = " **FAIL**"
-        elif n in known:
-            mark = " (known)"
-        cause = (m or g or {}).get("cause", "").replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {n} | {g['outcome'] if g else '-'} | {m['outcome'] if m else '-'}{mark} | {cause} |")
+        cells, cause = [], ""
+        for b in SUBJECTS[: 2 if over else 1]:
+            m = res[b].get(n) if b in res else None
+            probs, kn, _ = verdicts.get(b, ([], [], []))
+            mark = " **FAIL**" if n in probs else " (known)" if n in kn else ""
+            cells.append(f"{m['outcome'] if m else '-'}{mark}")
+            if m is not None and not cause and m["outcome"] != "pass":
+                cause = m.get("cause", "")
+        cause = (cause or (g or {}).get("cause", "")).replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {n} | {g['outcome'] if g else '-'} | " + " | ".join(cells) + f" | {cause} |")
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.md"), "w") as f:
@@ -325,10 +362,16 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
         print(f"known failure (issue 23): {n}: {mpi[n]['cause']}")
     for n in fixed:
         print(f"KNOWN FAILURE NOW PASSES: {n}: remove it from KNOWN_FAILURES in tests/torch_suite/run.py")
-    for n in problems:
-        print(f"FAILED on mpidist: {n}: {mpi[n]['outcome']}: {mpi[n]['cause']}")
+    for b, (probs, _, _) in verdicts.items():
+        for n in probs:
+            print(f"FAILED on {b}: {n}: {res[b][n]['outcome']}: {res[b][n]['cause']}")
     print(f"results: {os.path.join(args.out, 'results.md')}")
-    bad = len(problems) + len(fixed)
+    bad = sum(len(p) for p, _, _ in verdicts.values()) + len(fixed)
+    if over := res.get("gloo@mpi"):
+        print(
+            f"torch suite, gloo over mpi://: {sum(1 for r in over.values() if r['outcome'] == 'pass')} passed, "
+            f"{len(verdicts['gloo@mpi'][0])} failed where gloo over the file store passes"
+        )
     if mpi is not None:
         print(
             f"torch suite: {sum(1 for n in names if mpi.get(n, {}).get('outcome') == 'pass')} passed, "
@@ -360,15 +403,21 @@ def main() -> int:
             names = [n for n in names if n in args.tests]
         os.makedirs(args.out, exist_ok=True)
         res, elapsed = {}, {}
-        failures_only = args.control == "failures" and "mpidist" in backends
-        if failures_only:  # mpidist first: gloo is asked about what mpidist did not pass only
-            backends = sorted(backends, key=lambda b: b != "mpidist")
+        unknown = set(backends) - {"gloo", *SUBJECTS}
+        if unknown:
+            raise SystemExit(f"--backends: unknown {sorted(unknown)}; among gloo, {', '.join(SUBJECTS)}")
+        failures_only = args.control == "failures" and any(b in backends for b in SUBJECTS)
+        if failures_only:  # the subjects first: gloo is asked about what they did not pass only
+            backends = sorted(backends, key=lambda b: b == "gloo")
         for b in backends:
             run, skipped = selection(args, b, dt)
-            if failures_only and b != "mpidist":
-                run = [n for n in run if _needs_control(res["mpidist"].get(n))]
-                skipped = {n: why for n, why in skipped.items() if res["mpidist"].get(n, {}).get("outcome") != "pass"}
-                print(f"== control: {b} on the {len(run)} tests that did not pass on mpidist", flush=True)
+            if failures_only and b == "gloo":
+                subs = [res[s] for s in SUBJECTS if s in res]
+                run = [n for n in run if any(_needs_control(r.get(n)) for r in subs)]
+                skipped = {
+                    n: why for n, why in skipped.items() if any(r.get(n, {}).get("outcome") != "pass" for r in subs)
+                }
+                print(f"== control: {b} on the {len(run)} tests that did not pass on mpidist or gloo@mpi", flush=True)
                 if not run:
                     res[b], elapsed[b] = classify_result({}, skipped), 0.0
                     continue
