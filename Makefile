@@ -110,13 +110,13 @@ test-mpi: install
 	done
 
 # torch's own backend-generic suite (DistributedTest._DistTestBase, shipped in the torch wheel) at
-# world size 3 under mpiexec, on gloo (the control) and on mpidist, in one harness
-# (tests/torch_suite/README.md: how it runs, mpidist's classification, the exceptions). Fails when
-# a test that passes on gloo does not pass on mpidist. Each backend's mpiexec jobs run under
-# `timeout -k 10` (run.py); each test has $(TORCH_SUITE_TEST_TIMEOUT) s, then its job is aborted and
-# restarted at the next test. Writes out/torch_suite/results.md. The control runs only the tests
-# that did not pass on mpidist (the same verdict; TORCH_SUITE_CONTROL=all for the full table):
-# 2-3 minutes on 2 cores.
+# world size 3 under mpiexec, on gloo (the control), on mpidist and on gloo@mpi (torch's gloo over
+# mpi://: the collectives tests), in one harness (tests/torch_suite/README.md: how it runs,
+# mpidist's classification, the exceptions). Fails when a test that passes on gloo does not pass
+# on mpidist or on gloo@mpi. Each backend's mpiexec jobs run under `timeout -k 10` (run.py); each
+# test has $(TORCH_SUITE_TEST_TIMEOUT) s, then its job is aborted and restarted at the next test.
+# Writes out/torch_suite/results.md. The control runs only the tests that did not pass on the
+# other two (the same verdict; TORCH_SUITE_CONTROL=all for the full table): 3-4 minutes on 2 cores.
 TORCH_SUITE_TIMEOUT      ?= 1500
 TORCH_SUITE_TEST_TIMEOUT ?= 120
 TORCH_SUITE_CONTROL      ?= failures
@@ -124,8 +124,9 @@ TORCH_SUITE_ARGS         ?=
 .PHONY: test-torch-suite
 test-torch-suite: install
 	timeout -k 10 $(TORCH_SUITE_TIMEOUT) $(PY) tests/torch_suite/run.py --mpiexec $(MPIEXEC) \
-	  --control $(TORCH_SUITE_CONTROL) --test-timeout $(TORCH_SUITE_TEST_TIMEOUT) \
-	  --job-timeout $$(( $(TORCH_SUITE_TIMEOUT) / 2 - 30 )) $(TORCH_SUITE_ARGS)
+	  --backends gloo,mpidist,gloo@mpi --control $(TORCH_SUITE_CONTROL) \
+	  --test-timeout $(TORCH_SUITE_TEST_TIMEOUT) --job-timeout $$(( $(TORCH_SUITE_TIMEOUT) / 3 - 30 )) \
+	  $(TORCH_SUITE_ARGS)
 
 # Chaos tests (tests/chaos/run.py; docs/reliability.md, "Chaos tests"): both main jobs at -n 2..4,
 # one fault per trial (SIGKILL, SIGSTOP past the timeout, SIGTERM or SIGUSR1 then --resume, SIGTERM
