@@ -15,7 +15,11 @@
 #      bitwise equal to job 1;
 #   3. jobs/train_torch.sbatch (srun, 4 tasks): the torch job, "mpidist: 4 ranks", final test
 #      accuracy >= 0.97;
-#   4. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun) on the communication
+#   4. jobs/lightning.sbatch (srun, 4 tasks) with tests/frameworks/lightning_train.py: PyTorch
+#      Lightning's DDPStrategy over "mpidist" with MPIEnvironment, its two fits (logging without
+#      and with sync_dist) each ending "FRAMEWORK OK ... np=4" (identical parameters, falling loss,
+#      disjoint samples; tests/frameworks/_fwcheck.py); skipped when Lightning is not installed;
+#   5. jobs/test_suite.sbatch (pytest --with-mpi on 4 ranks under srun) on the communication
 #      tests (SUITE_K below; the whole suite runs at 4 ranks under mpiexec in `make test-mpi`).
 # The daemons (and any job left) are always stopped by their PIDs on exit; the temporary
 # directory is removed after a pass and kept (with every log) after a failure.
@@ -378,6 +382,25 @@ MPIDIST_LAUNCHER=mpiexec run_requeue requeue-mpiexec
 
 # The torch job (torch DDP over the mpidist backend) through its own script: 4 ranks in one world.
 SBATCH_SCRIPT=jobs/train_torch.sbatch run_training train-torch 0.97
+
+# PyTorch Lightning under srun (issue 23): the frameworks suite's Lightning script through the
+# user-facing jobs/lightning.sbatch, 4 tasks; both fits must print FRAMEWORK OK at np=4.
+if "$PY" -c "import pytorch_lightning" 2>/dev/null; then
+    say "job lightning: sbatch --wait jobs/lightning.sbatch tests/frameworks/lightning_train.py"
+    mkdir -p "$tmp/out/lightning"
+    rc=0
+    FW_OUT="$tmp/out/lightning" submit_wait lightning jobs/lightning.sbatch tests/frameworks/lightning_train.py || rc=$?
+    if (( rc != 0 )); then
+        fail "job lightning exited with $rc"; show_log lightning
+    elif ! grep -q "^FRAMEWORK OK lightning np=4 backend=mpidist" "$tmp/jobs/lightning.out" \
+        || ! grep -q "^FRAMEWORK OK lightning-sync-dist np=4 backend=mpidist" "$tmp/jobs/lightning.out"; then
+        fail "job lightning: no 'FRAMEWORK OK lightning np=4' and 'lightning-sync-dist np=4' lines"; show_log lightning
+    else
+        say "job lightning: passed ($(grep -c '^FRAMEWORK OK' "$tmp/jobs/lightning.out") fits at np=4 under srun)"
+    fi
+else
+    say "job lightning: SKIPPED: pytorch_lightning is not installed in this venv (the frameworks extra: make test-frameworks)"
+fi
 
 # The suite's communication tests (collectives, point-to-point, groups, objects, DDP, the mismatch
 # check, the launcher's files): what srun's PMI changes. All of it took about 2 min here.
