@@ -110,21 +110,24 @@ test-mpi: install
 	done
 
 # torch's own backend-generic suite (DistributedTest._DistTestBase, shipped in the torch wheel) at
-# world size 3 under mpiexec, on gloo (the control), on mpidist and on gloo@mpi (torch's gloo over
+# world size 3 under mpiexec, on gloo (the control), on mpidist@mpi (mpidist with each test's
+# default group over mpi://, its own store, as users get it) and on gloo@mpi (torch's gloo over
 # mpi://: the collectives tests), in one harness (tests/torch_suite/README.md: how it runs,
 # mpidist's classification, the exceptions). Fails when a test that passes on gloo does not pass
-# on mpidist or on gloo@mpi. Each backend's mpiexec jobs run under `timeout -k 10` (run.py); each
+# on mpidist@mpi or on gloo@mpi (TORCH_SUITE_BACKENDS: e.g. gloo,mpidist for mpidist over torch's
+# file store, as torch's own harness inits). Each backend's mpiexec jobs run under `timeout -k 10` (run.py); each
 # test has $(TORCH_SUITE_TEST_TIMEOUT) s, then its job is aborted and restarted at the next test.
 # Writes out/torch_suite/results.md. The control runs only the tests that did not pass on the
 # other two (the same verdict; TORCH_SUITE_CONTROL=all for the full table): 3-4 minutes on 2 cores.
 TORCH_SUITE_TIMEOUT      ?= 1500
 TORCH_SUITE_TEST_TIMEOUT ?= 120
 TORCH_SUITE_CONTROL      ?= failures
+TORCH_SUITE_BACKENDS     ?= gloo,mpidist@mpi,gloo@mpi
 TORCH_SUITE_ARGS         ?=
 .PHONY: test-torch-suite
 test-torch-suite: install
 	timeout -k 10 $(TORCH_SUITE_TIMEOUT) $(PY) tests/torch_suite/run.py --mpiexec $(MPIEXEC) \
-	  --backends gloo,mpidist,gloo@mpi --control $(TORCH_SUITE_CONTROL) \
+	  --backends $(TORCH_SUITE_BACKENDS) --control $(TORCH_SUITE_CONTROL) \
 	  --test-timeout $(TORCH_SUITE_TEST_TIMEOUT) --job-timeout $$(( $(TORCH_SUITE_TIMEOUT) / 3 - 30 )) \
 	  $(TORCH_SUITE_ARGS)
 

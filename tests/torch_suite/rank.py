@@ -1,6 +1,6 @@
 """One MPI rank of torch's ``DistributedTest._DistTestBase``: run on every rank by run.py.
 
-``mpiexec -n 3 python tests/torch_suite/rank.py --backend mpidist|gloo|gloo@mpi --tests FILE --out DIR``
+``mpiexec -n 3 python tests/torch_suite/rank.py --backend mpidist|gloo|mpidist@mpi|gloo@mpi --tests FILE --out DIR``
 
 torch runs this suite with ``MultiProcessTestCase``: a parent process per test sets up the
 temporary directories and the file ``Barrier``, spawns one child per rank, and each child
@@ -13,7 +13,7 @@ MPI rank; rank 0 does the parent's per-test setup and shares its paths over MPI;
 default group is initialized per test as ``_run`` does (same store, rank, world size and
 timeout), with backend ``"mpidist"`` or ``"gloo"``; ``gloo@mpi``: torch's gloo with the
 default group's store and ranks from ``init_method="mpi://"`` (mpidist.torch's MPIStore, no
-file, no port) instead of the file store.
+file, no port) instead of the file store; ``mpidist@mpi``: mpidist so.
 
 Each rank appends one JSON line per test to ``DIR/rank{R}.jsonl``: the outcome (pass, fail,
 skip), its one-line cause, the traceback and the time. Bounds: ``--test-timeout`` seconds per
@@ -245,7 +245,7 @@ def run_one(case_cls: type, name: str) -> tuple:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=("mpidist", "gloo", "gloo@mpi"), required=True)
+    p.add_argument("--backend", choices=("mpidist", "gloo", "gloo@mpi", "mpidist@mpi"), required=True)
     p.add_argument("--tests", required=True, help="file with one test name per line, run in that order")
     p.add_argument("--out", required=True, help="directory for rank{R}.jsonl")
     p.add_argument("--test-timeout", type=float, default=120.0)

@@ -2,7 +2,7 @@
 size 3 under mpiexec, and compare: exit 1 when a test that gloo passes (or that mpidist's
 classification adds: the all_to_all tests) does not pass on mpidist, unless listed below.
 
-    python tests/torch_suite/run.py [--backends gloo,mpidist,gloo@mpi] [--tests NAME ...] [--all]
+    python tests/torch_suite/run.py [--backends gloo,mpidist,mpidist@mpi,gloo@mpi] [--tests NAME ...] [--all]
                                     [--control all|failures] [--out out/torch_suite]
                                     [--results FILE.md] [--profile]
 
@@ -21,7 +21,10 @@ test (at most ``--restarts`` times per backend), and the test is reported as ``t
 ``OUT/{backend}.log`` (every rank's output), ``OUT/results.json`` and ``OUT/results.md``.
 README.md next to this file: the classification, the selection, the exceptions.
 
-``gloo@mpi`` (a third backend to name in ``--backends``): torch's own gloo with each test's
+``mpidist@mpi``: mpidist with each test's default group initialized over ``init_method="mpi://"``
+(its own store, as ``init_process_group("mpidist")`` gives users; the gloo groups some tests
+make beside it meet there) instead of torch's file store; every test, judged as mpidist.
+``gloo@mpi``: torch's own gloo with each test's
 default group initialized over ``init_method="mpi://"`` (mpidist.torch's store over MPI and
 MPI's ranks) instead of the file store, on the collectives tests only (:data:`OVER_MPI`).
 Judged as mpidist is: exit 1 when a test that gloo passes over the file store does not pass
@@ -80,7 +83,16 @@ OVER_MPI = re.compile(
     r"batch_isend_irecv|isend|irecv|send_recv|get_future|all_gather_object|broadcast_object|gather_object|"
     r"scatter_object)(?!.*profiler)"
 )
-SUBJECTS = ("mpidist", "gloo@mpi")  # judged against the control, gloo over the file store
+#: Judged against the control (gloo over the file store): mpidist (over the file store, as
+#: torch's harness inits), mpidist@mpi (over its own store, what ``init_process_group("mpidist")``
+#: gives users: the gloo groups the tests make beside it meet there) and gloo@mpi.
+SUBJECTS = ("mpidist", "mpidist@mpi", "gloo@mpi")
+
+
+def _base(backend: str) -> str:
+    """The backend proper: ``mpidist@mpi`` -> ``mpidist``."""
+    return backend.partition("@")[0]
+
 
 #: Left out of the default selection for time (seconds per backend on the 2-core CI machine).
 SLOW: dict = {}
@@ -114,7 +126,7 @@ def selection(args: argparse.Namespace, backend: str, dt) -> tuple:
     skipped = {}
     for n in names:
         why = classify.static_skip(dt, n)
-        if why is not None and not (backend == "mpidist" and n in classify.ALL_TO_ALL_TESTS):
+        if why is not None and not (_base(backend) == "mpidist" and n in classify.ALL_TO_ALL_TESTS):
             skipped[n] = f"skipped at import: {why}"
     if args.tests:
         unknown = sorted(set(args.tests) - set(names))
@@ -127,7 +139,7 @@ def selection(args: argparse.Namespace, backend: str, dt) -> tuple:
     for n in names:
         if n in skipped:
             continue
-        if backend == "mpidist" and n in EXCEPTIONS:
+        if _base(backend) == "mpidist" and n in EXCEPTIONS:
             skipped[n] = f"exception (torch): {EXCEPTIONS[n]}"
         elif n in SLOW and not args.all and not args.tests:
             skipped[n] = f"left out for time ({SLOW[n]})"
@@ -286,7 +298,7 @@ def _judge(subject: str, res: dict, names: list) -> tuple:
     problems, known, fixed = [], [], []
     for n in names:
         m = sub.get(n)
-        own = subject == "mpidist"  # (the exceptions, known failures and all_to_all gates are mpidist's)
+        own = _base(subject) == "mpidist"  # (the exceptions, known failures and all_to_all gates are mpidist's)
         if m is None or m["outcome"] == "pass" or (own and n in EXCEPTIONS):
             if own and m is not None and m["outcome"] == "pass" and n in KNOWN_FAILURES:
                 fixed.append(n)
@@ -302,9 +314,10 @@ def _judge(subject: str, res: dict, names: list) -> tuple:
 
 
 def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> int:
-    mpi = res.get("mpidist")
     verdicts = {b: _judge(b, res, names) for b in SUBJECTS if b in res}
-    problems, known, fixed = verdicts.get("mpidist", ([], [], []))
+    subjects = list(verdicts)
+    known = sorted({(b, n) for b in subjects for n in verdicts[b][1]})
+    fixed = sorted({(b, n) for b in subjects for n in verdicts[b][2]})
     counts = {}
     for b, r in res.items():
         c: dict = {}
@@ -323,22 +336,23 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
         lines.append(
             f"- **{b}**: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())) + f" ({elapsed.get(b, 0):.0f} s)"
         )
-    if args.control == "failures" and any(b in res for b in SUBJECTS):
+    if args.control == "failures" and subjects:
         lines.append(
-            "- gloo (the control) ran only the tests that did not pass on mpidist or gloo@mpi (`--control failures`)"
+            f"- gloo (the control) ran only the tests that did not pass on {', '.join(subjects)} (`--control failures`)"
         )
-    over = "gloo@mpi" in res
-    if over:
+    if "mpidist@mpi" in res:
+        lines.append("- **mpidist@mpi**: mpidist with the default group over `mpi://` (its own store)")
+    if "gloo@mpi" in res:
         lines.append("- **gloo@mpi**: torch's gloo with the default group over `mpi://` (the collectives tests only)")
     lines += [
         "",
-        "| test | gloo | mpidist |" + (" gloo@mpi |" if over else "") + " cause / skip reason |",
-        "|---|---|---|" + ("---|" if over else "") + "---|",
+        "| test | gloo | " + " | ".join(subjects) + " | cause / skip reason |",
+        "|---|---|" + "---|" * len(subjects) + "---|",
     ]
     for n in names:
         g = res["gloo"].get(n) if "gloo" in res else None
         cells, cause = [], ""
-        for b in SUBJECTS[: 2 if over else 1]:
+        for b in subjects:
             m = res[b].get(n) if b in res else None
             probs, kn, _ = verdicts.get(b, ([], [], []))
             mark = " **FAIL**" if n in probs else " (known)" if n in kn else ""
@@ -359,10 +373,10 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
     print()
     for b, c in counts.items():
         print(f"{b}: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())) + f" in {elapsed.get(b, 0):.0f} s")
-    for n in known:
-        print(f"known failure (issue 23): {n}: {mpi[n]['cause']}")
-    for n in fixed:
-        print(f"KNOWN FAILURE NOW PASSES: {n}: remove it from KNOWN_FAILURES in tests/torch_suite/run.py")
+    for b, n in known:
+        print(f"known failure (issue 23) on {b}: {n}: {res[b][n]['cause']}")
+    for b, n in fixed:
+        print(f"KNOWN FAILURE NOW PASSES on {b}: {n}: remove it from KNOWN_FAILURES in tests/torch_suite/run.py")
     for b, (probs, _, _) in verdicts.items():
         for n in probs:
             print(f"FAILED on {b}: {n}: {res[b][n]['outcome']}: {res[b][n]['cause']}")
@@ -373,11 +387,12 @@ def report(args: argparse.Namespace, res: dict, names: list, elapsed: dict) -> i
             f"torch suite, gloo over mpi://: {sum(1 for r in over.values() if r['outcome'] == 'pass')} passed, "
             f"{len(verdicts['gloo@mpi'][0])} failed where gloo over the file store passes"
         )
-    if mpi is not None:
-        print(
-            f"torch suite: {sum(1 for n in names if mpi.get(n, {}).get('outcome') == 'pass')} passed, "
-            f"{bad} failed on mpidist ({len(known)} known failures)"
-        )
+    for b in subjects:
+        if _base(b) == "mpidist":
+            print(
+                f"torch suite: {sum(1 for n in names if res[b].get(n, {}).get('outcome') == 'pass')} passed, "
+                f"{len(verdicts[b][0]) + len(verdicts[b][2])} failed on {b} ({len(verdicts[b][1])} known failures)"
+            )
     return 1 if bad else 0
 
 
