@@ -155,6 +155,21 @@ def test_gloo_group_beside_an_mpidist_world():
         tdist.all_reduce(t, group=gloo)
         assert torch.equal(t, torch.full((2,), float(sum(range(SIZE)))))
         assert tdist.get_backend(gloo) == "gloo"
+        b = torch.full((3,), float(RANK))
+        tdist.broadcast(b, src=SIZE - 1, group=gloo)
+        assert torch.equal(b, torch.full((3,), float(SIZE - 1)))
+        parts = [torch.empty(1) for _ in range(SIZE)]
+        tdist.all_gather(parts, torch.tensor([float(RANK)]), group=gloo)
+        assert [p.item() for p in parts] == [float(r) for r in range(SIZE)]
+        tdist.barrier(group=gloo)
+        # a sub-group (every other rank) beside it, its keys under its own prefix of the store
+        evens = list(range(0, SIZE, 2))
+        sub = tdist.new_group(ranks=evens, backend="gloo")
+        if RANK in evens:
+            s = torch.ones(1)
+            tdist.all_reduce(s, group=sub)
+            assert s.item() == len(evens)
+        tdist.destroy_process_group(sub)
         tdist.destroy_process_group(gloo)
 
 

@@ -22,8 +22,8 @@ test (at most ``--restarts`` times per backend), and the test is reported as ``t
 README.md next to this file: the classification, the selection, the exceptions.
 
 ``mpidist@mpi``: mpidist with each test's default group initialized over ``init_method="mpi://"``
-(its own store, as ``init_process_group("mpidist")`` gives users; the gloo groups some tests
-make beside it meet there) instead of torch's file store; every test, judged as mpidist.
+(its own store, as ``init_process_group("mpidist")`` gives users) instead of torch's file
+store; every test, judged as mpidist.
 ``gloo@mpi``: torch's own gloo with each test's
 default group initialized over ``init_method="mpi://"`` (mpidist.torch's store over MPI and
 MPI's ranks) instead of the file store, on the collectives tests only (:data:`OVER_MPI`).
@@ -85,7 +85,7 @@ OVER_MPI = re.compile(
 )
 #: Judged against the control (gloo over the file store): mpidist (over the file store, as
 #: torch's harness inits), mpidist@mpi (over its own store, what ``init_process_group("mpidist")``
-#: gives users: the gloo groups the tests make beside it meet there) and gloo@mpi.
+#: gives users) and gloo@mpi.
 SUBJECTS = ("mpidist", "mpidist@mpi", "gloo@mpi")
 
 
