@@ -199,8 +199,12 @@ def _apply(level: DebugLevel) -> None:
 def _set_checks(on: bool) -> None:
     """Benchmarks only: ``False`` skips every check (the unchecked baseline). Every rank
     must switch at the same point; :class:`~mpidist.algorithms.ShmAllReduce`'s header has
-    its own switch (``verify``)."""
+    its own switch (``verify``). Called between ops, on the thread that runs them: the open
+    runs close here, at the last checked call (the 8-byte path goes on noting how far the rank
+    got on the group's engine while checks are off: those calls must not join a run)."""
     global CHECK
+    for chk in list(STATES.values()):
+        _close(chk)
     CHECK = bool(on)
     _forget()
 
@@ -440,7 +444,7 @@ def _close(chk: GroupCheck) -> None:
     if last >= first:
         chk.h += kh * (_weights(last + 1) - _weights(first))
         keys, a, b = chk.keys, first & KEYS_MASK, last & KEYS_MASK
-        if last - first >= KEYS_MASK:  # (a run never spans a multiple of PERIOD: never so long)
+        if last - first >= KEYS_MASK:  # (never: a call at a multiple of PERIOD closes the run)
             keys[:] = [key] * len(keys)
         elif a <= b:
             keys[a : b + 1] = [key] * (b + 1 - a)

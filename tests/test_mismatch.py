@@ -457,6 +457,37 @@ def test_runs_record_what_recording_each_call_would(dist, world, fresh):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_calls_made_with_checks_off_never_join_a_run(dist, world, fresh):
+    """The benchmarks' switch (_debug._set_checks) between repeated calls: the calls made with
+    checks off are in neither the running hash nor the kept keys (the 8-byte path still notes
+    how far the rank got on the group's engine meanwhile)."""
+    x = np.zeros(2, np.float32)
+    key = ("all_reduce", 2, np.dtype(np.float32), -1, "sum", None)
+    checked = []
+    for _ in range(4):
+        checked.append(fresh.engine.seq)
+        dist.all_reduce(x, group=fresh)
+    chk = fresh.resource("check", _debug.GroupCheck)
+    try:
+        _debug._set_checks(False)
+        unchecked = []
+        for _ in range(5):
+            unchecked.append(fresh.engine.seq)
+            dist.all_reduce(x, group=fresh)
+    finally:
+        _debug._set_checks(True)
+    for _ in range(3):
+        checked.append(fresh.engine.seq)
+        dist.all_reduce(x, group=fresh)
+    _debug._close(chk)
+    kh = chk.agreed[key]
+    assert chk.h == sum(kh * (s % _debug.PERIOD) for s in checked)
+    assert all(chk.keys[s & _debug.KEYS_MASK] == key for s in checked)
+    assert all(chk.keys[s & _debug.KEYS_MASK] is None for s in unchecked)
+    dist.check_collectives(group=fresh)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_full_cache_is_cleared_on_every_member_alike(dist, world, fresh, monkeypatch):
     rank, size = world
     monkeypatch.setattr(_debug, "_MAX_AGREED", 3)
