@@ -370,6 +370,26 @@ def test_new_group_members_only_and_group_ranks(world):
     assert g.mpidist_group.destroyed
 
 
+def test_torch_attaches_no_flight_recorder_of_its_own(world):
+    """mpidist records its ops itself; torch 2.15 attaches its own flight recorder to a group
+    whose backend it does not know as self-recording, and that hook cannot read a Python
+    ProcessGroup's backend: every init_process_group failed ("Could not find the default
+    backend type 0"). mpidist.torch names "mpidist" (and "mpi" where it provides it) there."""
+    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
+
+    from mpidist.torch import _mpi_name  # noqa: PLC0415
+
+    names = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if names is None:
+        pytest.skip(f"torch {torch.__version__} attaches no flight recorder to a group (2.15 does)")
+    assert "mpidist" in names
+    assert ("mpi" in names) == _mpi_name.installed()
+    g = tdist.new_group(list(range(tdist.get_world_size())))
+    hooks = c10d._world.pg_flight_recorder_hooks
+    assert tdist.group.WORLD not in hooks and g not in hooks
+    tdist.destroy_process_group(g)
+
+
 def test_new_subgroups(world):
     r, n = world
     size = 2 if n % 2 == 0 else 1

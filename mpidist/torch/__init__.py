@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch.distributed as _dist
 
 from mpidist.torch import _mpi_name, rendezvous
-from mpidist.torch._backend import create
+from mpidist.torch._backend import create, declare_self_recording
 from mpidist.torch._process_group import BACKEND_NAME, ProcessGroupMpidist
 from mpidist.torch._work import TorchWork
 from mpidist.torch.store import MPIStore
@@ -43,6 +43,7 @@ def register() -> None:
     Runs on import; calling it again does nothing.
     """
     _dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
+    declare_self_recording(BACKEND_NAME)
     rendezvous.register()
     _mpi_name.install()
 

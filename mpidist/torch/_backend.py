@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch.distributed.distributed_c10d as c10d
+
 import mpidist
 from mpidist import _runtime
 from mpidist._group import ProcessGroup
@@ -32,6 +34,22 @@ __all__ = ["create", "make", "start_runtime"]
 #: The default group of the mpidist runtime that torch's rendezvous started (for torch's
 #: default group to own), until the creator takes it.
 _started: Optional[ProcessGroup] = None
+
+
+def declare_self_recording(name: str) -> None:
+    """Tell torch that backend ``name`` records its own ops (mpidist's flight recorder,
+    :mod:`mpidist._recorder`), so that torch does not attach its own to the group.
+
+    torch 2.15 attaches a flight-recorder hook to every group whose backend is not in
+    ``distributed_c10d._FR_SELF_RECORDING_BACKENDS`` and reports device types
+    (``_maybe_attach_flight_recorder``, 2.15.0 distributed_c10d.py:2893-2930); the hook reads
+    the group's C++ backend, which a ProcessGroup made in Python (mpidist's) has not, and
+    ``init_process_group`` fails ("Could not find the default backend type 0"). A torch
+    without that set (before 2.15) needs nothing.
+    """
+    names = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(names, set):
+        names.add(name)
 
 
 def _device_backend() -> str:

@@ -96,3 +96,4 @@ def install() -> None:
         return
     c10d.ProcessGroupMPI = ProcessGroupMPI  # type: ignore[misc,assignment]  # fills torch's ProcessGroupMPI slot
     c10d._MPI_AVAILABLE = True
+    _backend.declare_self_recording("mpi")
