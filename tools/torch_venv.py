@@ -59,7 +59,10 @@ def layer(version: str, root: Path, pip_args: list[str]) -> Path:
         if subprocess.run(cmd, env=env).returncode != 0:
             sys.exit(f"torch_venv: pip could not install torch {version}: {' '.join(cmd)}")
         (tmp / ".complete").write_text(f"{version}\n")
-        shutil.rmtree(done, ignore_errors=True)  # an entry left without .complete by an older build
+        if (done / ".complete").is_file():  # another build finished first: use its
+            shutil.rmtree(tmp, ignore_errors=True)
+            return done
+        shutil.rmtree(done, ignore_errors=True)  # an entry without .complete (not renamed whole)
         os.rename(tmp, done)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
