@@ -210,8 +210,7 @@ test-torch-oldest: test-torch-version-$(TORCH_OLDEST)
 test-torch-version-%: .venv-torch%/.installed-stamp
 	@echo "== torch $*: the torch tests, serially"
 	timeout -k 10 $(TORCH_TEST_TIMEOUT) .venv-torch$*/bin/python -m pytest --with-mpi -q $(TORCH_TESTS)
-	@echo "== torch $*: the torch tests under mpiexec -n 2"
-	timeout -k 10 $(TORCH_TEST_TIMEOUT) $(MPIEXEC) -n 2 .venv-torch$*/bin/python -m mpidist -m pytest --with-mpi -q $(TORCH_TESTS)
+	@$(MAKE) --no-print-directory test-torch-version-mpi-$*
 
 test-torch-version-mpi-%: .venv-torch%/.installed-stamp
 	@echo "== torch $*: the torch tests under mpiexec -n 2"
@@ -222,9 +221,10 @@ test-torch-version-mpi-%: .venv-torch%/.installed-stamp
 	$(PY) tools/torch_venv.py $* --base $(VENV) --venv .venv-torch$* $(if $(TORCH_CACHE),--cache $(TORCH_CACHE)) -- $(TORCH_PIP_ARGS)
 	@touch $@
 
-# The torch releases tools/torch_venv.py keeps for test-torch-versions (several GB each).
+# The torch releases tools/torch_venv.py keeps for test-torch-versions (several GB each), and
+# what a killed install left (.torch-*: never used).
 clean-torch-cache:
-	rm -rf $(or $(TORCH_CACHE),$${XDG_CACHE_HOME:-$$HOME/.cache}/mpidist)/torch-*
+	rm -rf $(or $(TORCH_CACHE),$${XDG_CACHE_HOME:-$$HOME/.cache}/mpidist)/torch-* $(or $(TORCH_CACHE),$${XDG_CACHE_HOME:-$$HOME/.cache}/mpidist)/.torch-*
 
 clean:
 	rm -rf $(VENV) .venv-torch* .venv-wheel out build dist *.egg-info .mypy_cache .ruff_cache

@@ -31,6 +31,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+PIP_TIMEOUT = 1800  # s: a release's wheels (2-3 GB) took 1.5 min here; a stalled download must not hang make test
+
 
 def cache_root(given: str | None) -> Path:
     """The cache folder, made private (0700) if new; refused if it is a link or not ours."""
@@ -56,8 +58,12 @@ def layer(version: str, root: Path, pip_args: list[str]) -> Path:
         # The release asked for, whatever cap a pip configuration puts on torch (this machine's
         # image caps it at the releases on its disk): the layer is the tool's own, nothing else uses it.
         env = {**os.environ, "PIP_CONSTRAINT": os.devnull}
-        if subprocess.run(cmd, env=env).returncode != 0:
-            sys.exit(f"torch_venv: pip could not install torch {version}: {' '.join(cmd)}")
+        try:
+            failed = subprocess.run(cmd, env=env, timeout=PIP_TIMEOUT).returncode != 0
+        except subprocess.TimeoutExpired:
+            failed = True
+        if failed:
+            sys.exit(f"torch_venv: pip could not install torch {version} within {PIP_TIMEOUT} s: {' '.join(cmd)}")
         (tmp / ".complete").write_text(f"{version}\n")
         if (done / ".complete").is_file():  # another build finished first: use its
             shutil.rmtree(tmp, ignore_errors=True)
@@ -75,39 +81,30 @@ def link_mpi(base: Path, venv: Path) -> None:
     for sub, patterns in (("lib", ("libmpi*", "mpich")), ("bin", ("mpi*", "hydra_*"))):
         for pattern in patterns:
             for src in sorted((base / sub).glob(pattern)):
-                dst = venv / sub / src.name
-                if not dst.exists() and not dst.is_symlink():
-                    dst.symlink_to(src.resolve())
+                (venv / sub / src.name).symlink_to(src.resolve())  # (the venv is new: nothing there)
+
+
+def _ask(python: Path, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -c code``, its output captured; bounded (an import here runs MPI_Init)."""
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def _purelib(python: Path) -> str:
+    return _ask(python, "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip()
 
 
 def make_venv(version: str, base: Path, venv: Path, root: Path, pip_args: list[str]) -> None:
-    base_python = base / "bin" / "python"
-    base_site = subprocess.run(
-        [str(base_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    base_site = _purelib(base / "bin" / "python")
     torch_dir = layer(version, root, pip_args)
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
     # addsitedir appends, in this order, and reads the .pth files there (mpidist's editable install)
-    (Path(site) / "_mpidist_layers.pth").write_text(
+    (Path(_purelib(python)) / "_mpidist_layers.pth").write_text(
         f"import site; site.addsitedir({str(torch_dir)!r})\nimport site; site.addsitedir({base_site!r})\n"
     )
     link_mpi(base, venv)
-    got = subprocess.run(
-        [str(python), "-c", "import torch, mpidist.torch; print(torch.__version__)"],
-        capture_output=True,
-        text=True,
-    )
+    got = _ask(python, "import torch, mpidist.torch; print(torch.__version__)")
     if got.returncode != 0 or got.stdout.strip().split("+")[0] != version:
         sys.exit(f"torch_venv: {venv} imports torch {got.stdout.strip() or '(none)'}, not {version}:\n{got.stderr}")
     print(f"torch_venv: {venv}: torch {got.stdout.strip()} over {base}", flush=True)
