@@ -17,8 +17,8 @@ rank: MPICH's ``MPI_Init`` reads the topology, and allocates and attaches each s
 followed by a barrier of the node's ranks (``MPIDU_Init_shm_alloc``, then
 ``MPIDU_Init_shm_barrier``, in MPICH's ``src/mpid/common/shm``), and only returns after PMI
 barriers with every rank. :func:`remove_names` runs as soon as mpidist is imported with MPI
-initialized (the import of :mod:`mpidist._runtime`), and again in ``init_process_group``; it
-removes:
+initialized (:func:`mpidist._mpi_init.import_mpi`, right after its ``MPI_Init``), and again in
+``init_process_group``; it removes:
 
 * the ``mpich_shm_*`` segments this process has mapped (``/proc/self/maps``);
 * the ``hydra_hwloc_xmlfile_*`` file its parent holds open (``/proc/<ppid>/fd``), only when that
@@ -26,7 +26,9 @@ removes:
 
 each only when it is a regular file owned by this user (``os.lstat``: a symbolic link is never
 followed or removed). MPICH's ``MPI_Finalize`` and hydra ignore a name that is already gone.
-Linux only (``/proc``); elsewhere, and with ``MPIDIST_REMOVE_LAUNCHER_FILES=0``, nothing is done.
+A job that ends while its ranks are still in ``MPI_Init`` is covered by a watcher process
+(:mod:`mpidist._init_watcher`). Linux only (``/proc``); elsewhere, and with
+``MPIDIST_REMOVE_LAUNCHER_FILES=0``, nothing is done.
 Open MPI, and Slurm's own launch, keep their files elsewhere: not handled here.
 """
 
@@ -34,24 +36,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
+
+from mpidist._init_watcher import ENV, remove, segments_of
 
 __all__ = ["remove_names", "ENV"]
 
-ENV = "MPIDIST_REMOVE_LAUNCHER_FILES"
-_SHM = re.compile(r"/dev/shm/mpich_shm_[0-9a-f]+_\d+")
 _HYDRA_TOPOLOGY = re.compile(r"hydra_hwloc_xmlfile_\w+")
-
-
-def _mapped_segments() -> set[str]:
-    """The MPICH segments this process maps, by the name they still have."""
-    try:
-        with open("/proc/self/maps") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return set()
-    fields = (line.split(None, 5) for line in lines)  # address perms offset dev inode [path]
-    return {f[5] for f in fields if len(f) == 6 and _SHM.fullmatch(f[5])}
 
 
 def _parent_topology_files() -> set[str]:
@@ -75,22 +65,10 @@ def _parent_topology_files() -> set[str]:
     return found
 
 
-def _remove(path: str) -> bool:
-    """Unlink ``path`` if it is a regular file of this user; True if this call removed it."""
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return False
-        os.unlink(path)
-    except OSError:  # gone already (another rank of the node was first), or not ours to remove
-        return False
-    return True
-
-
 def remove_names() -> list[str]:
     """Remove the names of this node's MPICH segments and hydra topology file (see the module
     docstring); the paths this call removed. Call only after every rank has finished
     ``MPI_Init``. Never raises."""
     if os.environ.get(ENV, "1").strip() == "0" or not os.path.isdir("/proc/self"):
         return []
-    return [p for p in sorted(_mapped_segments() | _parent_topology_files()) if _remove(p)]
+    return [p for p in sorted((segments_of("self") or set()) | _parent_topology_files()) if remove(p)]

@@ -19,6 +19,10 @@ rank at start-up, or just before exit, hung the job until mpiexec was killed).
   in ``MPI_Finalize`` (or in anything after that handler) at the bound, the kernel ends it
   (status "Alarm clock", signal 14) and the launcher ends the job.
 
+The same import starts, just before ``MPI_Init``, the watcher of :mod:`mpidist._init_watcher`
+that removes MPICH's shared-memory segment if the ranks die in ``MPI_Init``, and removes the
+names of the launcher's files (:mod:`mpidist._launcher_files`) once it has returned.
+
 The same import keeps SIGUSR1 (Slurm's usual time-limit warning, ``--signal=USR1@...``) from
 being lost: MPICH's ``MPI_Init`` installs a handler that swallows it when the process has none,
 so a program that installs its own only after ``import mpidist`` (the main jobs do, after their
@@ -46,6 +50,8 @@ import signal
 import sys
 import threading
 from types import ModuleType
+
+from mpidist import _init_watcher, _launcher_files
 
 __all__ = ["import_mpi", "bound_seconds", "early_signals", "ENV", "GRACE_ENV"]
 
@@ -117,19 +123,25 @@ def _arm_finalize_alarm() -> None:
 def import_mpi() -> ModuleType:
     """``mpi4py.MPI``, imported (MPI_Init) within the bound or this process exits with status 1; also
     arms the bound on MPI_Finalize (see the module docstring). Call from the main thread."""
-    if "mpi4py.MPI" not in sys.modules:
-        _record_early_signals()
-    if not _enabled():
-        from mpi4py import MPI  # noqa: PLC0415
-
-        return MPI
+    bounded = _enabled()
     if "mpi4py.MPI" in sys.modules:  # imported (initialized) before mpidist
         MPI = sys.modules["mpi4py.MPI"]
+        if MPI.Is_initialized():
+            _launcher_files.remove_names()
     else:
-        faulthandler.dump_traceback_later(bound_seconds(), exit=True)
+        _record_early_signals()
+        watch = _init_watcher.start()  # removes MPICH's segment if this rank dies in MPI_Init
+        if bounded:
+            faulthandler.dump_traceback_later(bound_seconds(), exit=True)
         try:
             MPI = _mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT()
         finally:
-            faulthandler.cancel_dump_traceback_later()
-    atexit.register(_arm_finalize_alarm)  # runs before mpi4py's MPI_Finalize (registered earlier)
+            if bounded:
+                faulthandler.cancel_dump_traceback_later()
+            through = "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized()
+            if through:
+                _launcher_files.remove_names()
+            _init_watcher.end(watch, through)
+    if bounded:
+        atexit.register(_arm_finalize_alarm)  # runs before mpi4py's MPI_Finalize (registered earlier)
     return MPI

@@ -85,9 +85,6 @@ __all__ = [
     "canonical_backend",
 ]
 
-if MPI.Is_initialized():  # as soon as MPI_Init has returned: no leftovers from a job killed from here on
-    _launcher_files.remove_names()
-
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 _NOT_INIT = "Default process group has not been initialized, please make sure to call init_process_group."
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import launcher_free_env
 from mpi4py import MPI
 
-from mpidist import _launcher_files
+from mpidist import _init_watcher, _launcher_files
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
@@ -74,10 +74,10 @@ def test_only_regular_files_of_this_user_are_removed(tmp_path):
     mine.write_text("x")
     link = tmp_path / "l"
     link.symlink_to(mine)
-    assert not _launcher_files._remove(str(link)) and link.is_symlink() and mine.exists()
-    assert not _launcher_files._remove(str(tmp_path))  # a directory
-    assert _launcher_files._remove(str(mine)) and not mine.exists()
-    assert not _launcher_files._remove(str(mine))  # gone already: no error
+    assert not _init_watcher.remove(str(link)) and link.is_symlink() and mine.exists()
+    assert not _init_watcher.remove(str(tmp_path))  # a directory
+    assert _init_watcher.remove(str(mine)) and not mine.exists()
+    assert not _init_watcher.remove(str(mine))  # gone already: no error
 
 
 def test_switched_off_by_the_environment(monkeypatch):

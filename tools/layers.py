@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "mpidist._private",
             "mpidist._environ",
             "mpidist._abort",
+            "mpidist._init_watcher",
             "mpidist._launcher_files",
             "mpidist._mpi_init",
             "mpidist._array",

@@ -236,21 +236,6 @@ def temp_entries() -> set[str]:
     return {os.path.join(d, e) for d in dirs if os.path.isdir(d) for e in os.listdir(d)}
 
 
-def segment_named(ranks: dict[int, int]) -> bool:
-    """Whether the job's MPICH segment still has its name: no rank maps an ``mpich_shm_*``
-    segment shown ``(deleted)``. mpidist removes the name once ``MPI_Init`` has returned
-    (docs/reliability.md section 12); before that (a rank before or in ``MPI_Init``) a job
-    ended by a signal leaves the segment, which nothing of the job's can remove."""
-    for pid in ranks.values():
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                if any("/dev/shm/mpich_shm_" in line and line.rstrip().endswith("(deleted)") for line in fh):
-                    return False
-        except OSError:
-            continue
-    return True
-
-
 def same_run(a: dict, b: dict) -> Optional[str]:
     """None if checkpoints ``a`` and ``b`` hold the same run (arrays bitwise, history but its
     timings), else what differs."""
@@ -316,7 +301,6 @@ class Trial:
     bound: float = 0.0
     problems: list[str] = field(default_factory=list)
     # whether MPICH's segment still had its name when the signal was sent (the job in MPI_Init)
-    in_mpi_init: bool = False
 
 
 class Harness:
@@ -431,7 +415,6 @@ class Harness:
             time.sleep(0.01)
         if t.fault == "sigterm-mpiexec":
             ranks = job.ranks()
-            t.in_mpi_init = segment_named(ranks)
             handled = len(ranks) == t.n and all(catches(p, signal.SIGTERM) for p in ranks.values())
             with contextlib.suppress(OSError):
                 job.proc.send_signal(signal.SIGTERM)
@@ -446,7 +429,6 @@ class Harness:
             return None, None
         signum = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP}.get(t.fault) or SIGNALLED[t.fault]
         handled = all(catches(ranks[r], signum) for r in want)
-        t.in_mpi_init = segment_named(ranks)
         sent = time.monotonic()
         for r in want:
             try:
@@ -540,14 +522,6 @@ class Harness:
         for p in dumps:
             shutil.rmtree(p, ignore_errors=True)
         stray = sorted(p for p in new if not any(p == d or d.startswith(p + "/") or p.startswith(d) for d in dumps))
-        segments = [p for p in stray if p.startswith("/dev/shm/mpich_shm_")]
-        if segments and t.in_mpi_init:  # the limit docs/reliability.md section 12 states: said, removed
-            said = f"the signal came before the ranks were through MPI_Init: MPICH's {segments} left"
-            t.detail = "; ".join(filter(None, [t.detail, said]))
-            for p in segments:
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
-            stray = [p for p in stray if p not in segments]
         stray += sorted(str(p) for p in out.iterdir() if p.name not in OUTPUTS)
         if stray:
             t.problems.append(f"left behind: {stray}")

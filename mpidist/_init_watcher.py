@@ -1,0 +1,284 @@
+"""A watcher of ``MPI_Init``: a process outside the rank that removes the names of the
+shared-memory segments ``MPI_Init`` makes when the job's ranks die before they are through it.
+
+mpidist removes the names of the files MPICH and hydra make for a job as soon as ``MPI_Init`` has
+returned (:mod:`mpidist._launcher_files`), so a job killed or aborted after that leaves none. A
+job that ended while its ranks were still in ``MPI_Init`` left MPICH's segment,
+``/dev/shm/mpich_shm_<hash>_<n>`` (2-4 MB of memory each until reboot): one of the node's ranks
+makes it early in ``MPI_Init`` (MPICH 5 derives the name from the job's PMI name, and whichever
+local rank comes first makes it; the others open it) and then waits there for the others, and
+nothing of a rank runs once it has been killed. Found by the chaos tests (SIGKILL up to ~0.55 s
+after a 2-rank launch) and in this package's own tests (a rank stopped at start-up left two
+segments per ``make test``).
+
+:func:`start`, called just before ``MPI_Init`` by the node's first rank under a launcher
+(``PMI_RANK`` or ``PMIX_RANK`` set; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0, or neither set,
+when every rank starts one), starts a **watcher**: this file run as a script by a fresh
+interpreter (``python -I -S``: standard library only, no environment but ``PATH`` and
+``LD_LIBRARY_PATH``, a session of its own, standard streams on ``/dev/null``, no descriptor of the
+rank's but a pipe's read end). It looks at ``/dev/shm`` every :data:`POLL_S` s and, for
+:data:`HOT_S` s after a name appears or goes there (every :data:`SLOW_S` s otherwise), reads the
+maps and open descriptors of the rank and of its siblings (the other children of its parent:
+the ranks ``hydra_pmi_proxy`` or ``slurmstepd`` started on the node), and records the segments it
+finds (:func:`is_segment`: MPICH's, and UCX's that MPICH's ch4:ucx device makes). The rank holds
+the pipe's write end. Once ``MPI_Init`` has returned and the rank has removed the names itself,
+:func:`end` kills the watcher. If the rank dies instead (or ``MPI_Init`` fails in it), the pipe
+reaches end-of-file: the watcher looks once more, removes each recorded name still there (a
+regular file of this user: :func:`remove`) and exits. This is the design of Python's own
+``multiprocessing.resource_tracker`` (a process that unlinks a dead owner's shared memory at
+end-of-file on a pipe), narrowed to the one window no code of the rank can cover.
+
+The rank does not wait for the watcher (``MPI_Init`` makes the segment ~80 ms after it starts,
+the watcher's interpreter starts in 10-25 ms): it costs the first rank one ``posix_spawn``, and
+``MPI_Init`` the watcher's readings (on the 2-core test machine, where the ranks and the watcher
+share the cores, ~10-20 ms). Left uncovered: a segment whose maker is killed before the
+watcher's next look (one poll interval, plus the time the watcher waits for a core); a launch that
+wraps each rank in a process of its own (then the siblings are not the node's other ranks); a
+launcher that kills the watcher with the ranks (Slurm ending a step kills every process of its
+cgroup). Linux only; ``MPIDIST_REMOVE_LAUNCHER_FILES=0`` switches it off with the rest of
+:mod:`mpidist._launcher_files`.
+
+Imports nothing but the standard library's cheapest modules (no ``re``, ``typing`` or
+``subprocess``: each would add 5-20 ms to the watcher's start).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+import sys
+import time
+
+__all__ = ["Watch", "start", "end", "remove", "segments_of", "is_segment", "ENV", "POLL_S", "READY_S"]
+
+ENV = "MPIDIST_REMOVE_LAUNCHER_FILES"
+POLL_S = 0.002  # s between two looks at /dev/shm, for FAST_FOR_S
+FAST_FOR_S = 10.0
+HOT_S = 0.02  # s of readings every POLL_S (maps and descriptors) after /dev/shm changed
+SLOW_S = 0.05  # s between readings otherwise
+READY_S = 10.0  # s a rank waits at most for its watcher's exit
+_PREFIX = "/dev/shm/mpich_shm_"
+_UCX_PREFIX = "/dev/shm/ucx_shm_posix_"
+_LAUNCHED = ("PMI_RANK", "PMIX_RANK")
+_LOCAL_RANK = ("MPI_LOCALRANKID", "SLURM_LOCALID")  # hydra's and Slurm's rank on the node
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex(text: str) -> bool:
+    return bool(text) and set(text) <= _HEX
+
+
+def is_segment(path: str) -> bool:
+    """Whether ``path`` names a segment that MPICH's ``MPI_Init`` makes: its own,
+    ``/dev/shm/mpich_shm_<hex>_<decimal>``, or UCX's (MPICH's ch4:ucx device),
+    ``/dev/shm/ucx_shm_posix_<hex>``, which UCX itself unlinks 2-6 ms after making it."""
+    if path.startswith(_PREFIX):
+        parts = path[len(_PREFIX) :].split("_")
+        return len(parts) == 2 and _hex(parts[0]) and parts[1].isdigit() and parts[1].isascii()
+    return path.startswith(_UCX_PREFIX) and _hex(path[len(_UCX_PREFIX) :])
+
+
+def segments_of(pid: int | str) -> set[str] | None:
+    """The segments (:func:`is_segment`) process ``pid`` (or ``"self"``) maps, by the name they
+    still have (a removed one shows ``(deleted)`` and is left out); None if its maps cannot be
+    read."""
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    fields = (line.split(None, 5) for line in text.splitlines())  # address perms offset dev inode [path]
+    return {f[5] for f in fields if len(f) == 6 and is_segment(f[5])}
+
+
+def _open_segments(pid: int) -> set[str]:
+    """The segments process ``pid`` holds open (``/proc/<pid>/fd``): made, not mapped yet."""
+    found: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if is_segment(target):
+            found.add(target)
+    return found
+
+
+def remove(path: str) -> bool:
+    """Unlink ``path`` if it is a regular file of this user (``os.lstat``: a symbolic link is
+    never followed or removed); True if this call removed it. Never raises."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        os.unlink(path)
+    except OSError:  # gone already (another rank of the node was first), or not ours to remove
+        return False
+    return True
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _children_of(pid: int) -> set[int]:
+    """The children of ``pid`` (``/proc/<pid>/task/<tid>/children``; none where the kernel has
+    no such file)."""
+    found: set[int] = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                found.update(int(c) for c in fh.read().split())
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _job_segments(pid: int, parent: int | None, opened: bool) -> set[str]:
+    """The segments mapped (and, with ``opened``, held open) by ``pid`` and by its siblings: the
+    ranks the same launcher process (hydra_pmi_proxy, slurmstepd) started on this node, any of
+    which may be the one that makes the segment."""
+    found: set[str] = set()
+    for proc in {pid} | (_children_of(parent) if parent else set()):
+        found |= segments_of(proc) or set()
+        if opened:
+            found |= _open_segments(proc)
+    return found
+
+
+def _shm_mtime() -> int:
+    try:
+        return os.stat("/dev/shm").st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _watch(pid: int, parent: int, control: int) -> int:
+    """The watcher (see the module docstring): record the segments that ``pid`` and its siblings
+    (the other children of ``parent``) map or hold open until ``control`` reads end-of-file, look
+    once more, then remove those still named."""
+    mtime = _shm_mtime()
+    seen = _job_segments(pid, parent, opened=True)
+    t0 = last = time.monotonic()
+    hot_until = 0.0
+    while True:
+        period = POLL_S if time.monotonic() - t0 < FAST_FOR_S else SLOW_S
+        if select.select([control], [], [], period)[0]:
+            try:
+                if not os.read(control, 64):
+                    break  # end-of-file: the rank is gone, or MPI_Init failed in it
+            except OSError:
+                break
+            continue
+        now, changed = time.monotonic(), _shm_mtime()
+        if changed != mtime:  # a name made or removed in /dev/shm: read the processes for a while
+            mtime, hot_until = changed, now + HOT_S
+        hot = now < hot_until
+        if hot or now - last >= SLOW_S:
+            seen |= _job_segments(pid, parent, opened=hot)
+            last = now
+    seen |= _job_segments(pid, parent, opened=True)  # the siblings hydra has not ended yet
+    for path in sorted(seen):
+        remove(path)
+    return 0
+
+
+class Watch:
+    """A rank's handle on its watcher: its process id and the write end of its pipe."""
+
+    def __init__(self, pid: int, control: int) -> None:
+        self.pid, self.control = pid, control
+
+
+def _wanted() -> bool:
+    env = os.environ
+    if env.get(ENV, "1").strip() == "0" or not os.path.isdir("/proc/self"):
+        return False
+    if not any(k in env for k in _LAUNCHED):
+        return False
+    return next((env[k] for k in _LOCAL_RANK if k in env), "0").strip() == "0"
+
+
+def _spawn(control_r: int) -> int:
+    """Start the watcher with ``control_r`` and no other descriptor of this process's (those a
+    child would inherit are closed in it; its standard streams are /dev/null)."""
+    actions: list[tuple] = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != control_r:
+            try:
+                if os.get_inheritable(fd):
+                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
+            except OSError:  # the descriptor listdir itself used, closed since
+                pass
+    env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ}
+    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(os.getppid()), str(control_r)]
+    os.set_inheritable(control_r, True)
+    return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
+
+
+def _reap(pid: int, limit: float) -> bool:
+    """Wait up to ``limit`` s for child ``pid`` to exit and reap it; True if it did."""
+    deadline, delay = time.monotonic() + limit, 0.0002
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 0.01)
+
+
+def start() -> Watch | None:
+    """Start this rank's watcher of ``MPI_Init`` (see the module docstring); None where none is
+    wanted (no launcher, not the node's first rank, switched off, not Linux) or it could not be
+    started. Call just before ``MPI_Init``, then :func:`end`. Never raises."""
+    if not _wanted() or not os.path.isfile(os.path.abspath(__file__)):
+        return None
+    control_r, control_w = os.pipe()
+    try:
+        pid = _spawn(control_r)
+    except OSError:
+        os.close(control_w)
+        return None
+    finally:
+        os.close(control_r)
+    return Watch(pid, control_w)
+
+
+def end(watch: Watch | None, through: bool) -> None:
+    """End the watcher and reap it. ``through``: ``MPI_Init`` has returned and this rank has
+    removed the names itself (:func:`mpidist._launcher_files.remove_names`), so the watcher is
+    killed; otherwise (``MPI_Init`` failed) its pipe is closed, and it removes the names it
+    recorded that are still there, then exits (killed after :data:`READY_S` s). Never raises."""
+    if watch is None:
+        return
+    try:
+        os.close(watch.control)
+        if through:
+            os.kill(watch.pid, 9)
+    except OSError:
+        pass
+    if not _reap(watch.pid, READY_S):
+        try:
+            os.kill(watch.pid, 9)
+        except OSError:
+            pass
+        _reap(watch.pid, READY_S)
+
+
+if __name__ == "__main__":  # the watcher: python -I -S _init_watcher.py PID PARENT_PID CONTROL_FD
+    os._exit(_watch(*(int(a) for a in sys.argv[1:4])))  # no interpreter shutdown: nothing to flush

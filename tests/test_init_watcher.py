@@ -1,0 +1,240 @@
+"""The watcher of MPI_Init (mpidist._init_watcher): a job that ends while its ranks are still in
+MPI_Init leaves no MPICH segment in /dev/shm, and the watcher removes nothing else and outlives
+nothing. Issue 27: the chaos tests (SIGKILL at start-up) and this package's own test of a rank
+stopped before MPI_Init (tests/test_mpi_init.py) each left a segment."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import launcher_free_env
+
+from mpidist import _init_watcher as W
+
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+SHM = Path("/dev/shm")
+pytestmark = pytest.mark.skipif(not SHM.is_dir() or not Path("/proc/self/maps").exists(), reason="Linux only")
+
+
+def segments() -> set[str]:
+    return {p.name for p in SHM.iterdir() if p.name.startswith("mpich_shm_")}
+
+
+def wait_for(check, limit: float = 10.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def fake_segment(name: str | None = None) -> tuple[Path, mmap.mmap]:
+    """A file named as MPICH names its segment, mapped by this process (as MPI_Init maps it)."""
+    path = SHM / (name or f"mpich_shm_{secrets.token_hex(4)}_0")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        return path, mmap.mmap(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """This process as the node's first rank of a launched job."""
+    for k in ("PMIX_RANK", "SLURM_LOCALID", W.ENV):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("MPI_LOCALRANKID", "0")
+
+
+def test_is_segment():
+    assert W.is_segment("/dev/shm/mpich_shm_a0aeb8de_0")
+    assert W.is_segment("/dev/shm/mpich_shm_3afd_12")
+    for path in (
+        "/dev/shm/mpich_shm_a0aeb8de_0 (deleted)",
+        "/dev/shm/mpich_shm_A0_0",
+        "/dev/shm/mpich_shm__0",
+        "/dev/shm/mpich_shm_a0_",
+        "/dev/shm/mpich_shm_a0_0_1",
+        "/dev/shm/mpich_shm_a0/../x_0",
+        "/tmp/mpich_shm_a0_0",
+        "/dev/shm/sem.mpich_shm_a0_0",
+    ):
+        assert not W.is_segment(path), path
+
+
+@pytest.mark.parametrize(
+    "env, wanted",
+    [
+        ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, True),
+        ({"PMI_RANK": "3"}, True),  # no rank on the node known: every rank watches
+        ({"PMIX_RANK": "0", "SLURM_LOCALID": "0"}, True),
+        ({"PMI_RANK": "1", "MPI_LOCALRANKID": "1"}, False),  # the node's first rank watches for it
+        ({"PMIX_RANK": "5", "SLURM_LOCALID": "2"}, False),
+        ({}, False),  # no launcher: a singleton has no peer to wait for in MPI_Init
+        ({"PMI_RANK": "0", W.ENV: "0"}, False),
+    ],
+)
+def test_who_starts_a_watcher(monkeypatch, env, wanted):
+    for k in ("PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", W.ENV):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    watch = W.start()
+    try:
+        assert (watch is not None) is wanted
+    finally:
+        W.end(watch, through=True)
+
+
+def test_the_watcher_holds_nothing_of_the_rank_but_its_pipe(launched):
+    watch = W.start()
+    assert watch is not None
+    try:
+        fds = {int(fd): os.readlink(f"/proc/{watch.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{watch.pid}/fd")}
+        assert {fds[fd] for fd in (0, 1, 2)} == {os.devnull}
+        others = [target for fd, target in fds.items() if fd > 2]
+        assert len([t for t in others if t.startswith("pipe:")]) == 1, fds  # the read end it watches
+        assert all(t.startswith(("pipe:", "/proc/")) for t in others), fds  # /proc: its own scans
+        environ = Path(f"/proc/{watch.pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in environ if v.startswith((b"PMI", b"MPI_", b"SLURM"))], environ
+        assert os.getsid(watch.pid) == watch.pid  # a session of its own: no signal to the job's group reaches it
+    finally:
+        W.end(watch, through=True)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(watch.pid, os.WNOHANG)  # exited and reaped
+
+
+def test_a_mapped_segment_is_removed_when_the_pipe_closes_and_nothing_else(launched):
+    """MPI_Init failed in the rank (through=False): the watcher removes what the rank mapped."""
+    watch = W.start()
+    assert watch is not None
+    mine, mapped = fake_segment()
+    unmapped = SHM / f"mpich_shm_{secrets.token_hex(4)}_0"  # another job's: named, not mapped here
+    unmapped.write_bytes(b"")
+    other, other_map = fake_segment(f"mpich_zz_{secrets.token_hex(4)}_0")  # mapped, not MPICH's name
+    try:
+        time.sleep(0.3)  # > SLOW_S: the watcher has read the maps since
+        W.end(watch, through=False)
+        assert not mine.exists()
+        assert unmapped.exists() and other.exists()
+    finally:
+        mapped.close()
+        other_map.close()
+        for p in (mine, unmapped, other):
+            p.unlink(missing_ok=True)
+
+
+def test_through_mpi_init_the_watcher_is_killed_and_removes_nothing(launched):
+    """The rank removes the names itself once MPI_Init has returned (_launcher_files)."""
+    watch = W.start()
+    assert watch is not None
+    mine, mapped = fake_segment()
+    try:
+        time.sleep(0.3)
+        W.end(watch, through=True)
+        assert mine.exists()
+        with pytest.raises(ChildProcessError):
+            os.waitpid(watch.pid, os.WNOHANG)  # ended and reaped
+    finally:
+        mapped.close()
+        mine.unlink(missing_ok=True)
+
+
+CHILD = """
+import importlib.util, mmap, os, signal, sys
+spec = importlib.util.spec_from_file_location("w", sys.argv[1])  # not the package: no MPI_Init
+W = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(W)
+watch = W.start()
+fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.ftruncate(fd, 4096)
+seg = mmap.mmap(fd, 4096)
+print(watch.pid, flush=True)
+sys.stdin.readline()              # the test saw the watcher reading
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rank_killed_in_mpi_init_leaves_no_segment(tmp_path):
+    """A process that maps a segment and is killed (as a rank in MPI_Init): its watcher removes
+    the name, then exits."""
+    path = SHM / f"mpich_shm_{secrets.token_hex(4)}_0"
+    env = launcher_free_env(PMI_RANK="0", MPI_LOCALRANKID="0")
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, W.__file__, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        watcher = int(child.stdout.readline())
+        time.sleep(0.3)  # > SLOW_S
+        assert path.exists()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(30) == -signal.SIGKILL
+        assert wait_for(lambda: not path.exists()), "the watcher did not remove the segment"
+        assert wait_for(lambda: not Path(f"/proc/{watcher}").exists() or _zombie_or_gone(watcher))
+    finally:
+        child.kill()
+        path.unlink(missing_ok=True)
+
+
+def _zombie_or_gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+# rank 1 waits until the job's segment exists (rank 0 made it in MPI_Init, where it then waits for
+# rank 1), and kills itself before its own MPI_Init: hydra then ends rank 0 inside MPI_Init.
+KILLED_BEFORE_INIT = """
+import os, signal, sys, time
+if os.environ["PMI_RANK"] == "1":
+    before = set(sys.argv[1].split(","))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if {e for e in os.listdir("/dev/shm") if e.startswith("mpich_shm_")} - before:
+            break
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+import mpidist
+print("past MPI_Init", flush=True)
+"""
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "control-switched-off"])
+def test_a_job_killed_in_mpi_init_leaves_no_segment(tmp_path, watched):
+    """The control (MPIDIST_REMOVE_LAUNCHER_FILES=0) shows the segment such a job left before."""
+    script = tmp_path / "job.py"
+    script.write_text(KILLED_BEFORE_INIT)
+    before = segments()
+    env = launcher_free_env(**({} if watched else {W.ENV: "0"}))
+    job = subprocess.run(
+        ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", sys.executable, str(script), ",".join(sorted(before)) or "-"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    left = segments() - before
+    for name in left:
+        (SHM / name).unlink(missing_ok=True)
+    assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
+    assert "past MPI_Init" not in job.stdout
+    if watched:
+        assert left == set(), left
+    else:
+        assert len(left) == 1, left  # what the watcher removes
