@@ -15,27 +15,30 @@ segments per ``make test``).
 (``PMI_RANK`` or ``PMIX_RANK`` set; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0, or neither set,
 when every rank starts one), starts a **watcher**: this file run as a script by a fresh
 interpreter (``python -I -S``: standard library only, no environment but ``PATH`` and
-``LD_LIBRARY_PATH``, a session of its own, standard streams on ``/dev/null``, no descriptor of the
-rank's but a pipe's read end). It looks at ``/dev/shm`` every :data:`POLL_S` s and, for
+``LD_LIBRARY_PATH``, a session of its own, standard streams on ``/dev/null``, no descriptor of
+the rank's but a pipe's read end). It looks at ``/dev/shm`` every :data:`POLL_S` s and, for
 :data:`HOT_S` s after a name appears or goes there (every :data:`SLOW_S` s otherwise), reads the
-maps and open descriptors of the rank and of its siblings (the other children of its parent:
-the ranks ``hydra_pmi_proxy`` or ``slurmstepd`` started on the node), and records the segments it
-finds (:func:`is_segment`: MPICH's, and UCX's that MPICH's ch4:ucx device makes). The rank holds
-the pipe's write end. Once ``MPI_Init`` has returned and the rank has removed the names itself,
-:func:`end` kills the watcher. If the rank dies instead (or ``MPI_Init`` fails in it), the pipe
-reaches end-of-file: the watcher looks once more, removes each recorded name still there (a
-regular file of this user: :func:`remove`) and exits. This is the design of Python's own
-``multiprocessing.resource_tracker`` (a process that unlinks a dead owner's shared memory at
-end-of-file on a pipe), narrowed to the one window no code of the rank can cover.
+maps and open descriptors of the rank and of its siblings (the other children of its parent,
+when that is ``hydra_pmi_proxy`` or ``slurmstepd``, which serve one job on the node: its ranks
+there), and records the segments it finds (:func:`is_segment`: MPICH's, and UCX's that MPICH's
+ch4:ucx device makes). The rank holds the pipe's write end. Once ``MPI_Init`` has returned and
+the rank has removed the names itself, :func:`end` kills the watcher. If the rank dies instead
+(or ``MPI_Init`` fails in it), the pipe reaches end-of-file: the watcher looks once more,
+removes each recorded name still there (a regular file of this user: :func:`remove`) and exits.
+This is the design of Python's own ``multiprocessing.resource_tracker`` (a process that unlinks
+a dead owner's shared memory at end-of-file on a pipe), narrowed to the one window no code of
+the rank can cover.
 
-The rank does not wait for the watcher (``MPI_Init`` makes the segment ~80 ms after it starts,
-the watcher's interpreter starts in 10-25 ms): it costs the first rank one ``posix_spawn``, and
-``MPI_Init`` the watcher's readings (on the 2-core test machine, where the ranks and the watcher
-share the cores, ~10-20 ms). Left uncovered: a segment whose maker is killed before the
-watcher's next look (one poll interval, plus the time the watcher waits for a core); a launch that
-wraps each rank in a process of its own (then the siblings are not the node's other ranks); a
-launcher that kills the watcher with the ranks (Slurm ending a step kills every process of its
-cgroup). Linux only; ``MPIDIST_REMOVE_LAUNCHER_FILES=0`` switches it off with the rest of
+The rank does not wait for the watcher (on the 2-core test machine the segments appeared 150-250
+ms after ``mpiexec`` started, the watcher's interpreter starts in 10-25 ms; if the rank dies
+before that, the watcher finds its pipe at end-of-file at once and still reads the siblings,
+which the launcher ends a little later): it costs the first rank one ``posix_spawn``, and ``MPI_Init`` the
+watcher's readings (on the 2-core test machine, where the ranks and the watcher share the cores,
+~10-20 ms). Left uncovered: a segment whose maker is killed before the watcher's next look (one
+poll interval, plus the time the watcher waits for a core); a launch that wraps each rank in a
+process of its own (then the siblings are not the node's other ranks); a launcher that kills the
+watcher with the ranks (Slurm ending a step kills every process of its cgroup). Linux only;
+``MPIDIST_REMOVE_LAUNCHER_FILES=0`` switches it off with the rest of
 :mod:`mpidist._launcher_files`.
 
 Imports nothing but the standard library's cheapest modules (no ``re``, ``typing`` or
@@ -63,6 +66,7 @@ _UCX_PREFIX = "/dev/shm/ucx_shm_posix_"
 _LAUNCHED = ("PMI_RANK", "PMIX_RANK")
 _LOCAL_RANK = ("MPI_LOCALRANKID", "SLURM_LOCALID")  # hydra's and Slurm's rank on the node
 _HEX = frozenset("0123456789abcdef")
+_LAUNCHERS = frozenset({"hydra_pmi_proxy", "slurmstepd"})  # /proc/<pid>/comm
 
 
 def _hex(text: str) -> bool:
@@ -143,12 +147,22 @@ def _children_of(pid: int) -> set[int]:
     return found
 
 
+def _launcher(pid: int) -> bool:
+    """Whether ``pid`` is a launcher process that serves one job on this node (its children are
+    that job's ranks here): hydra's proxy (MPICH, Intel MPI), or the step's slurmstepd."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip() in _LAUNCHERS
+    except OSError:
+        return False
+
+
 def _job_segments(pid: int, parent: int | None, opened: bool) -> set[str]:
-    """The segments mapped (and, with ``opened``, held open) by ``pid`` and by its siblings: the
-    ranks the same launcher process (hydra_pmi_proxy, slurmstepd) started on this node, any of
-    which may be the one that makes the segment."""
+    """The segments mapped (and, with ``opened``, held open) by ``pid`` and, when ``parent`` is
+    a launcher (:func:`_launcher`), by its siblings: the ranks that launcher started on this
+    node, any of which may be the one that makes the segment."""
     found: set[str] = set()
-    for proc in {pid} | (_children_of(parent) if parent else set()):
+    for proc in {pid} | (_children_of(parent) if parent and _launcher(parent) else set()):
         found |= segments_of(proc) or set()
         if opened:
             found |= _open_segments(proc)
@@ -208,6 +222,13 @@ def _wanted() -> bool:
     return next((env[k] for k in _LOCAL_RANK if k in env), "0").strip() == "0"
 
 
+def _python(executable: str | None) -> bool:
+    """Whether ``executable`` is a Python interpreter to run the watcher with (not an
+    application that embeds Python, or a frozen one, which would start itself again)."""
+    name = os.path.basename(executable or "")
+    return name.startswith(("python", "pypy")) and not getattr(sys, "frozen", False)
+
+
 def _spawn(control_r: int) -> int:
     """Start the watcher with ``control_r`` and no other descriptor of this process's (those a
     child would inherit are closed in it; its standard streams are /dev/null)."""
@@ -246,7 +267,7 @@ def start() -> Watch | None:
     """Start this rank's watcher of ``MPI_Init`` (see the module docstring); None where none is
     wanted (no launcher, not the node's first rank, switched off, not Linux) or it could not be
     started. Call just before ``MPI_Init``, then :func:`end`. Never raises."""
-    if not _wanted() or not os.path.isfile(os.path.abspath(__file__)):
+    if not _wanted() or not os.path.isfile(os.path.abspath(__file__)) or not _python(sys.executable):
         return None
     control_r, control_w = os.pipe()
     try:
@@ -266,10 +287,13 @@ def end(watch: Watch | None, through: bool) -> None:
     recorded that are still there, then exits (killed after :data:`READY_S` s). Never raises."""
     if watch is None:
         return
+    if through:  # killed before its pipe closes: end-of-file would have it remove names
+        try:
+            os.kill(watch.pid, 9)
+        except OSError:
+            pass
     try:
         os.close(watch.control)
-        if through:
-            os.kill(watch.pid, 9)
     except OSError:
         pass
     if not _reap(watch.pid, READY_S):

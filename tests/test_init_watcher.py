@@ -5,6 +5,7 @@ stopped before MPI_Init (tests/test_mpi_init.py) each left a segment."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -101,7 +102,11 @@ def test_the_watcher_holds_nothing_of_the_rank_but_its_pipe(launched):
     watch = W.start()
     assert watch is not None
     try:
-        fds = {int(fd): os.readlink(f"/proc/{watch.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{watch.pid}/fd")}
+        time.sleep(0.5)  # its interpreter has started (while it loads, it holds libraries and modules)
+        fds = {}
+        for fd in os.listdir(f"/proc/{watch.pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):  # one of its own scans, closed since
+                fds[int(fd)] = os.readlink(f"/proc/{watch.pid}/fd/{fd}")
         assert {fds[fd] for fd in (0, 1, 2)} == {os.devnull}
         others = [target for fd, target in fds.items() if fd > 2]
         assert len([t for t in others if t.startswith("pipe:")]) == 1, fds  # the read end it watches
@@ -210,6 +215,7 @@ if os.environ["PMI_RANK"] == "1":
         if {e for e in os.listdir("/dev/shm") if e.startswith("mpich_shm_")} - before:
             break
         time.sleep(0.01)
+    time.sleep(0.5)  # rank 0 waits in MPI_Init; its watcher has looked (2 ms) many times over
     os.kill(os.getpid(), signal.SIGKILL)
 import mpidist
 print("past MPI_Init", flush=True)
@@ -238,3 +244,66 @@ def test_a_job_killed_in_mpi_init_leaves_no_segment(tmp_path, watched):
         assert left == set(), left
     else:
         assert len(left) == 1, left  # what the watcher removes
+
+
+FAMILY = """
+import os, subprocess, sys
+if sys.argv[1] == "launcher":
+    with open("/proc/self/comm", "w") as fh:  # as hydra's proxy is named
+        fh.write("hydra_pmi_proxy")
+watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+sibling = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[3]], stdout=subprocess.PIPE, text=True)
+sibling.stdout.readline()                 # it maps the segment
+print(watched.pid, flush=True)
+sys.stdin.readline()
+watched.kill()
+sibling.kill()
+"""
+MAPPER = """
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.ftruncate(fd, 4096)
+seg = mmap.mmap(fd, 4096)
+print("mapped", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("parent", ["launcher", "other"])
+def test_siblings_are_read_only_under_a_launcher(parent):
+    """A segment a sibling rank maps counts only when the parent is hydra's proxy or slurmstepd
+    (one job's ranks); under any other parent (an init that adopted other jobs' processes, a
+    shell) only the rank's own."""
+    path = SHM / f"mpich_shm_{secrets.token_hex(4)}_0"
+    family = subprocess.Popen(
+        [sys.executable, "-c", FAMILY, parent, MAPPER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=launcher_free_env(),
+    )
+    try:
+        watched = int(family.stdout.readline())
+        found = W._job_segments(watched, family.pid, opened=True)
+        assert found == ({str(path)} if parent == "launcher" else set())
+        assert W.segments_of(watched) == set()
+    finally:
+        family.stdin.write("\n")
+        family.stdin.flush()
+        family.wait(30)
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    "executable, ok",
+    [
+        ("/usr/bin/python3.11", True),
+        ("/x/.venv/bin/python", True),
+        ("/opt/pypy3/bin/pypy3", True),
+        ("/opt/app/bin/myapp", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_the_watcher_runs_only_on_a_python_interpreter(executable, ok):
+    assert W._python(executable) is ok
