@@ -31,6 +31,19 @@ the per-round differences. The rounds pair measurements taken
 seconds apart, so a loaded machine (other jobs) shows up as scatter in the ratios, not as
 a bias: compare ratios, and rerun on a quiet machine for the figures that count.
 
+A second measurement, ``host work``, takes the peers out: all_reduce's own ``launch`` call
+(``mpidist._mpi.collectives.all_reduce`` above its inline sizes: the shared-memory and ring
+paths, and ``auto`` from the shared-memory crossover up) with an empty op in place of the
+reduction, checks on and off, paired in rounds as above. No data moves and the ranks meet only
+at the check's periodic comparison (every ``mpidist._debug.PERIOD`` calls, amortized), so the
+difference is the check's own work per call, which runs on the calling thread before the op and
+so adds to the call: what it costs on a machine where the peers' timing does not amplify it
+(on the 2-core VM ``control - unchecked`` shows the host charging any lines there ~1-5 us). It
+does not depend on the array's size (the signature holds the count, not the data); reported as
+a share of the ``unchecked`` call at each size. The ``mpi`` path's check is the inline
+path's identity test, measured at 8 B by ``bench_latency.py``; the shared-memory path's header
+comparison is one integer compared in a barrier the call makes anyway.
+
 Writes ``check_np{N}.md`` to ``--out`` (rank 0 prints it too).
 """
 
@@ -49,7 +62,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _debug  # noqa: E402
+from mpidist import _debug, _runtime  # noqa: E402
+from mpidist._dispatch import launch  # noqa: E402
 from mpidist.algorithms import ShmAllReduce  # noqa: E402
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
@@ -104,6 +118,32 @@ def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: flo
     return times
 
 
+def _empty_op(g: object, arr: np.ndarray, op: object) -> None:
+    """The reduction's place in ``host_work``, empty."""
+
+
+def host_work(comm: MPI.Comm, x: np.ndarray, rounds: int, target_s: float) -> dict:
+    """{"checked": [s per call], "unchecked": [...]}: all_reduce's ``launch`` call (as
+    ``mpidist._mpi.collectives.all_reduce`` makes it) with an empty op (see the docstring)."""
+    g, op = _runtime.resolve_group(None), mpidist.ReduceOp.SUM
+
+    def call() -> None:
+        launch(
+            g, "all_reduce", _empty_op, (g, x, op), False, (x,), shapes=x.shape, dtype=x.dtype, count=x.size, redop=op
+        )
+
+    set_checks(True)
+    bc.warm_up(comm, call, 20, 0.2)
+    iters = bc.calibrate(comm, call, target_s)
+    times: dict = {"checked": [], "unchecked": []}
+    for r in range(rounds):
+        for name in ("checked", "unchecked") if r % 2 == 0 else ("unchecked", "checked"):
+            set_checks(name == "checked")
+            times[name].append(bc.timed(comm, call, iters))
+    set_checks(True)
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated byte counts (8, 64K, 1M)")
@@ -126,10 +166,22 @@ def main() -> None:
         "checked / control | checked - control (us) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    work = host_work(comm, bc.aligned_zeros(min(sizes) // 4, np.float32), 2 * args.rounds, args.target_ms / 1e3)
+    work_us = [(c - u) * 1e6 for c, u in zip(work["checked"], work["unchecked"])]
+    check_us = statistics.median(work_us)
+    shares = [
+        "| algorithm | size | unchecked call (us) | the check's host work / the call |",
+        "|---|---:|---:|---:|",
+    ]
     for algorithm in algorithms:
         for nbytes in sizes:
             x = bc.aligned_zeros(nbytes // 4, np.float32)  # sums of zeros: the values stay put
             t = measure(comm, x, None if algorithm == "auto" else algorithm, args.rounds, args.target_ms / 1e3)
+            if algorithm != "mpi":
+                unchecked = statistics.median(t["unchecked"]) * 1e6
+                shares.append(
+                    f"| {algorithm} | {bc.human_bytes(nbytes)} | {unchecked:.2f} | {100 * check_us / unchecked:.2f}% |"
+                )
             ratios = [c / u for c, u in zip(t["checked"], t["unchecked"])]
             diffs = [(c - u) * 1e6 for c, u in zip(t["checked"], t["unchecked"])]
             host = [(c - u) * 1e6 for c, u in zip(t["control"], t["unchecked"])]
@@ -159,7 +211,20 @@ def main() -> None:
                 "Target (issue 27): checked / unchecked <= 1.01 from 64 KiB up, on every path "
                 "(8 B: bench_latency.py, <= 0.3 us).",
                 "",
+                "## Paired calls",
+                "",
                 *rows,
+                "",
+                "## The check's host work (an empty op in the call's place; see the docstring)",
+                "",
+                f"all_reduce's launch call, {2 * args.rounds} rounds: checked "
+                f"{statistics.median(work['checked']) * 1e6:.3f} us, unchecked "
+                f"{statistics.median(work['unchecked']) * 1e6:.3f} us per call; the check "
+                f"**{check_us:+.3f} us** (median of the rounds' differences; "
+                f"{min(work_us):+.3f} to {max(work_us):+.3f}). As a share of each unchecked call measured "
+                "above (the `mpi` path checks on its inline path instead: bench_latency.py):",
+                "",
+                *shares,
             ],
         )
     mpidist.destroy_process_group()
