@@ -46,12 +46,15 @@ def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedPro
 
 
 def test_torch_job_reaches_accuracy_and_writes_outputs(tmp_path):
-    out = run_job(4, "--out", str(tmp_path))
+    # 2 ranks: at 4 the two cores of the CI machine are oversubscribed and the run takes twice as
+    # long (36 s against 20 s); the torch job runs at 3 and 4 ranks in the resume tests below,
+    # the chaos tests and the Slurm jobs
+    out = run_job(2, "--out", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "mpidist: 4 ranks, torch 2." in out.stdout
+    assert "mpidist: 2 ranks, torch 2." in out.stdout
     assert " DDP over mpidist, sklearn digits: 1437 train / 360 test samples" in out.stdout
     history = json.loads((tmp_path / "metrics.json").read_text())
-    assert len(history) == 20 and all(h["world_size"] == 4 for h in history)
+    assert len(history) == 20 and all(h["world_size"] == 2 for h in history)
     assert history[-1]["test_accuracy"] >= 0.97, history[-1]
     assert history[-1]["loss"] < history[0]["loss"]
     assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
