@@ -224,7 +224,7 @@ test-torch-version-mpi-%: .venv-torch%/.installed-stamp
 # The torch releases tools/torch_venv.py keeps for test-torch-versions (several GB each), and
 # what a killed install left (.torch-*: never used).
 clean-torch-cache:
-	rm -rf $(or $(TORCH_CACHE),$${XDG_CACHE_HOME:-$$HOME/.cache}/mpidist)/torch-* $(or $(TORCH_CACHE),$${XDG_CACHE_HOME:-$$HOME/.cache}/mpidist)/.torch-*
+	dir="$(or $(TORCH_CACHE),$${XDG_CACHE_HOME:-$$HOME/.cache}/mpidist)"; rm -rf "$$dir"/torch-* "$$dir"/.torch-*
 
 clean:
 	rm -rf $(VENV) .venv-torch* .venv-wheel out build dist *.egg-info .mypy_cache .ruff_cache

@@ -105,15 +105,24 @@ def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: flo
         lookalike(x, states, g, seq[0])
         mpidist.all_reduce(x, algorithm=algorithm)
 
+    return paired(comm, {"checked": call, "unchecked": call, "control": control}, rounds, target_s)
+
+
+def paired(comm: MPI.Comm, loops: dict, rounds: int, target_s: float) -> dict:
+    """{name: [s per call]} over ``rounds`` rounds, each one measurement of every loop of
+    ``loops`` (name -> the call; checks on only for "checked"), the order rotating between
+    rounds; the number of calls per measurement calibrated on the first loop."""
+    names = tuple(loops)
+    first = loops[names[0]]
     set_checks(True)
-    bc.warm_up(comm, call, 20, 0.2)  # the first call agrees on the signature
-    iters = bc.calibrate(comm, call, target_s)
-    names = ("checked", "unchecked", "control")
+    bc.warm_up(comm, first, 20, 0.2)  # the first call agrees on the signature
+    iters = bc.calibrate(comm, first, target_s)
     times: dict = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % 3 :] + names[: r % 3]:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             set_checks(name == "checked")
-            times[name].append(bc.timed(comm, control if name == "control" else call, iters))
+            times[name].append(bc.timed(comm, loops[name], iters))
     set_checks(True)
     return times
 
@@ -132,16 +141,7 @@ def host_work(comm: MPI.Comm, x: np.ndarray, rounds: int, target_s: float) -> di
             g, "all_reduce", _empty_op, (g, x, op), False, (x,), shapes=x.shape, dtype=x.dtype, count=x.size, redop=op
         )
 
-    set_checks(True)
-    bc.warm_up(comm, call, 20, 0.2)
-    iters = bc.calibrate(comm, call, target_s)
-    times: dict = {"checked": [], "unchecked": []}
-    for r in range(rounds):
-        for name in ("checked", "unchecked") if r % 2 == 0 else ("unchecked", "checked"):
-            set_checks(name == "checked")
-            times[name].append(bc.timed(comm, call, iters))
-    set_checks(True)
-    return times
+    return paired(comm, {"checked": call, "unchecked": call}, rounds, target_s)
 
 
 def main() -> None:

@@ -53,14 +53,27 @@ import stat
 import sys
 import time
 
-__all__ = ["Watch", "start", "end", "remove", "segments_of", "is_segment", "ENV", "POLL_S", "READY_S"]
+__all__ = [
+    "Watch",
+    "start",
+    "end",
+    "enabled",
+    "remove",
+    "segments_of",
+    "open_files",
+    "comm_of",
+    "is_segment",
+    "ENV",
+    "POLL_S",
+    "EXIT_S",
+]
 
 ENV = "MPIDIST_REMOVE_LAUNCHER_FILES"
 POLL_S = 0.002  # s between two looks at /dev/shm, for FAST_FOR_S
 FAST_FOR_S = 10.0
 HOT_S = 0.02  # s of readings every POLL_S (maps and descriptors) after /dev/shm changed
 SLOW_S = 0.05  # s between readings otherwise
-READY_S = 10.0  # s a rank waits at most for its watcher's exit
+EXIT_S = 10.0  # s a rank waits at most for its watcher's exit
 _PREFIX = "/dev/shm/mpich_shm_"
 _UCX_PREFIX = "/dev/shm/ucx_shm_posix_"
 _LAUNCHED = ("PMI_RANK", "PMIX_RANK")
@@ -83,21 +96,27 @@ def is_segment(path: str) -> bool:
     return path.startswith(_UCX_PREFIX) and _hex(path[len(_UCX_PREFIX) :])
 
 
-def segments_of(pid: int | str) -> set[str] | None:
+def enabled() -> bool:
+    """Whether mpidist removes the launcher's files and watches ``MPI_Init``: Linux (``/proc``),
+    and ``MPIDIST_REMOVE_LAUNCHER_FILES`` not ``0``."""
+    return os.environ.get(ENV, "1").strip() != "0" and os.path.isdir("/proc/self")
+
+
+def segments_of(pid: int | str) -> set[str]:
     """The segments (:func:`is_segment`) process ``pid`` (or ``"self"``) maps, by the name they
-    still have (a removed one shows ``(deleted)`` and is left out); None if its maps cannot be
+    still have (a removed one shows ``(deleted)`` and is left out); none if its maps cannot be
     read."""
     try:
         with open(f"/proc/{pid}/maps") as fh:
             text = fh.read()
     except OSError:
-        return None
+        return set()
     fields = (line.split(None, 5) for line in text.splitlines())  # address perms offset dev inode [path]
     return {f[5] for f in fields if len(f) == 6 and is_segment(f[5])}
 
 
-def _open_segments(pid: int) -> set[str]:
-    """The segments process ``pid`` holds open (``/proc/<pid>/fd``): made, not mapped yet."""
+def open_files(pid: int) -> set[str]:
+    """What process ``pid``'s descriptors point at (``/proc/<pid>/fd``); none if unreadable."""
     found: set[str] = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -105,11 +124,9 @@ def _open_segments(pid: int) -> set[str]:
         return found
     for fd in fds:
         try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed since
             continue
-        if is_segment(target):
-            found.add(target)
     return found
 
 
@@ -126,14 +143,6 @@ def remove(path: str) -> bool:
     return True
 
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _children_of(pid: int) -> set[int]:
     """The children of ``pid`` (``/proc/<pid>/task/<tid>/children``; none where the kernel has
     no such file)."""
@@ -147,25 +156,25 @@ def _children_of(pid: int) -> set[int]:
     return found
 
 
-def _launcher(pid: int) -> bool:
-    """Whether ``pid`` is a launcher process that serves one job on this node (its children are
-    that job's ranks here): hydra's proxy (MPICH, Intel MPI), or the step's slurmstepd."""
+def comm_of(pid: int) -> str:
+    """Process ``pid``'s command name (``/proc/<pid>/comm``); "" if unreadable."""
     try:
         with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip() in _LAUNCHERS
+            return fh.read().strip()
     except OSError:
-        return False
+        return ""
 
 
 def _job_segments(pid: int, parent: int | None, opened: bool) -> set[str]:
     """The segments mapped (and, with ``opened``, held open) by ``pid`` and, when ``parent`` is
-    a launcher (:func:`_launcher`), by its siblings: the ranks that launcher started on this
-    node, any of which may be the one that makes the segment."""
+    a launcher that serves one job on this node (hydra's proxy, for MPICH and Intel MPI, or the
+    step's slurmstepd), by its siblings: that job's ranks here, any of which may be the one that
+    makes the segment."""
     found: set[str] = set()
-    for proc in {pid} | (_children_of(parent) if parent and _launcher(parent) else set()):
-        found |= segments_of(proc) or set()
-        if opened:
-            found |= _open_segments(proc)
+    for proc in {pid} | (_children_of(parent) if parent and comm_of(parent) in _LAUNCHERS else set()):
+        found |= segments_of(proc)
+        if opened:  # made, not mapped yet
+            found |= {path for path in open_files(proc) if is_segment(path)}
     return found
 
 
@@ -215,9 +224,7 @@ class Watch:
 
 def _wanted() -> bool:
     env = os.environ
-    if env.get(ENV, "1").strip() == "0" or not os.path.isdir("/proc/self"):
-        return False
-    if not any(k in env for k in _LAUNCHED):
+    if not enabled() or not any(k in env for k in _LAUNCHED):
         return False
     return next((env[k] for k in _LOCAL_RANK if k in env), "0").strip() == "0"
 
@@ -280,28 +287,29 @@ def start() -> Watch | None:
     return Watch(pid, control_w)
 
 
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
+
+
 def end(watch: Watch | None, through: bool) -> None:
     """End the watcher and reap it. ``through``: ``MPI_Init`` has returned and this rank has
     removed the names itself (:func:`mpidist._launcher_files.remove_names`), so the watcher is
     killed; otherwise (``MPI_Init`` failed) its pipe is closed, and it removes the names it
-    recorded that are still there, then exits (killed after :data:`READY_S` s). Never raises."""
+    recorded that are still there, then exits (killed after :data:`EXIT_S` s). Never raises."""
     if watch is None:
         return
     if through:  # killed before its pipe closes: end-of-file would have it remove names
-        try:
-            os.kill(watch.pid, 9)
-        except OSError:
-            pass
+        _kill(watch.pid)
     try:
         os.close(watch.control)
     except OSError:
         pass
-    if not _reap(watch.pid, READY_S):
-        try:
-            os.kill(watch.pid, 9)
-        except OSError:
-            pass
-        _reap(watch.pid, READY_S)
+    if not _reap(watch.pid, EXIT_S):
+        _kill(watch.pid)
+        _reap(watch.pid, EXIT_S)
 
 
 if __name__ == "__main__":  # the watcher: python -I -S _init_watcher.py PID PARENT_PID CONTROL_FD

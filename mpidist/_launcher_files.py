@@ -20,7 +20,8 @@ barriers with every rank. :func:`remove_names` runs as soon as mpidist is import
 initialized (:func:`mpidist._mpi_init.import_mpi`, right after its ``MPI_Init``), and again in
 ``init_process_group``; it removes:
 
-* the ``mpich_shm_*`` segments this process has mapped (``/proc/self/maps``);
+* the segments this process has mapped (``/proc/self/maps``; MPICH's ``mpich_shm_*``, and
+  UCX's, which UCX has unlinked already: :func:`mpidist._init_watcher.is_segment`);
 * the ``hydra_hwloc_xmlfile_*`` file its parent holds open (``/proc/<ppid>/fd``), only when that
   parent is ``hydra_pmi_proxy``;
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 import os
 import re
 
-from mpidist._init_watcher import ENV, remove, segments_of
+from mpidist._init_watcher import ENV, comm_of, enabled, open_files, remove, segments_of
 
 __all__ = ["remove_names", "ENV"]
 
@@ -47,28 +48,15 @@ _HYDRA_TOPOLOGY = re.compile(r"hydra_hwloc_xmlfile_\w+")
 def _parent_topology_files() -> set[str]:
     """The hydra topology files this process's parent holds open, if it is hydra's proxy."""
     ppid = os.getppid()
-    try:
-        with open(f"/proc/{ppid}/comm") as fh:
-            if fh.read().strip() != "hydra_pmi_proxy":
-                return set()
-        fds = os.listdir(f"/proc/{ppid}/fd")
-    except OSError:
+    if comm_of(ppid) != "hydra_pmi_proxy":
         return set()
-    found = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{ppid}/fd/{fd}")
-        except OSError:
-            continue
-        if os.path.isabs(target) and _HYDRA_TOPOLOGY.fullmatch(os.path.basename(target)):
-            found.add(target)
-    return found
+    return {t for t in open_files(ppid) if os.path.isabs(t) and _HYDRA_TOPOLOGY.fullmatch(os.path.basename(t))}
 
 
 def remove_names() -> list[str]:
     """Remove the names of this node's MPICH segments and hydra topology file (see the module
     docstring); the paths this call removed. Call only after every rank has finished
     ``MPI_Init``. Never raises."""
-    if os.environ.get(ENV, "1").strip() == "0" or not os.path.isdir("/proc/self"):
+    if not enabled():
         return []
-    return [p for p in sorted((segments_of("self") or set()) | _parent_topology_files()) if remove(p)]
+    return [p for p in sorted(segments_of("self") | _parent_topology_files()) if remove(p)]

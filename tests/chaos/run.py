@@ -41,9 +41,8 @@ on any number of ranks) with ``MPIDIST_TIMEOUT`` = 8 s, and must show:
   bitwise equal to the uninterrupted run's);
 * a corrupt checkpoint is refused with a clear error naming it;
 * nothing new in /tmp (and $TMPDIR), /dev/shm or the output directory but the flight-recorder
-  dumps the job printed (then removed), and MPICH's ``mpich_shm_*`` segment when the signal
-  came before any rank was through ``MPI_Init`` (no rank mapped it ``(deleted)`` yet: the limit
-  docs/reliability.md section 12 states; said in the trial's line, then removed).
+  dumps the job printed (then removed); a job killed while its ranks are in ``MPI_Init``
+  included (docs/reliability.md section 12).
 
 Writes DIR/results.md (the table) and DIR/results.json; exit status 0 when every trial passed.
 """
@@ -300,7 +299,6 @@ class Trial:
     seconds: Optional[float] = None  # from the fault (launch for corrupt) to the end
     bound: float = 0.0
     problems: list[str] = field(default_factory=list)
-    # whether MPICH's segment still had its name when the signal was sent (the job in MPI_Init)
 
 
 class Harness:
