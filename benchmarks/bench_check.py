@@ -7,9 +7,9 @@ By default every member of a group compares a collective's signature the first t
 group uses it, then looks it up in a cache; the shared-memory all-reduce also compares a
 header on every call (mpidist._debug, docs/reliability.md). This script measures that,
 float32 SUM, for each size and ``algorithm`` (``auto`` = None: shared memory from the
-measured crossover up on one node; ``mpi``: MPI_Allreduce through ``_dispatch.launch``).
-The 8-byte inline latency path is measured by ``bench_latency.py`` (its ``bare+check``
-loop): there the switch below still leaves the check's identity test in place.
+measured crossover up on one node; ``mpi``: MPI_Allreduce), each a blocking call of a
+numpy array, which takes all_reduce's inline path once its members agreed on it; the switch
+below leaves that path's repeated-call test in place (``host work`` below times it).
 
 * ``checked``: ``mpidist.all_reduce(x, algorithm=...)`` as users run it;
 * ``unchecked``: the same with every check switched off (``_debug._set_checks(False)`` and
@@ -31,18 +31,28 @@ the per-round differences. The rounds pair measurements taken
 seconds apart, so a loaded machine (other jobs) shows up as scatter in the ratios, not as
 a bias: compare ratios, and rerun on a quiet machine for the figures that count.
 
-A second measurement, ``host work``, takes the peers out: all_reduce's own ``launch`` call
-(``mpidist._mpi.collectives.all_reduce`` above its inline sizes: the shared-memory and ring
-paths, and ``auto`` from the shared-memory crossover up) with an empty op in place of the
-reduction, checks on and off, paired in rounds as above. No data moves and the ranks meet only
-at the check's periodic comparison (every ``mpidist._debug.PERIOD`` calls, amortized), so the
-difference is the check's own work per call, which runs on the calling thread before the op and
-so adds to the call: what it costs on a machine where the peers' timing does not amplify it
-(on the 2-core VM ``control - unchecked`` shows the host charging any lines there ~1-5 us). It
-does not depend on the array's size (the signature holds the count, not the data); reported as
-a share of the ``unchecked`` call at each size. The ``mpi`` path's check is the inline
-path's identity test, measured at 8 B by ``bench_latency.py``; the shared-memory path's header
-comparison is one integer compared in a barrier the call makes anyway.
+A second measurement, ``host work``, takes the peers out: the call with an empty op in place
+of the reduction, checks on and off, paired in rounds as above. No data moves and the ranks
+meet only at the check's periodic comparison (every ``mpidist._debug.PERIOD`` calls,
+amortized), so the difference is the check's own work per call, which runs on the calling
+thread before the op and so adds to the call: what it costs on a machine where the peers'
+timing does not amplify it (on the 2-core VM ``control - unchecked`` shows the host charging
+any lines there ~1-5 us). It does not depend on the array's size (the signature holds the
+count, not the data); reported as a share of the ``unchecked`` call at each size. Two calls:
+
+* ``inline``: ``mpidist._mpi.collectives.all_reduce``'s inline path, which a blocking
+  all_reduce of a numpy array takes at every size once its members agreed on it (every call
+  the paired table times). Its check is two identity tests and one store whatever the size
+  and body, and the switch leaves them in place, so it is timed as ``bench_latency.py`` times
+  it: its ``bare+check`` loop against ``bare`` (the path's lines with and without the check's,
+  inline in one function each, around an 8-byte MPI_Allreduce), paired in rounds here;
+* ``launch``: ``mpidist._dispatch.launch`` as all_reduce calls it where the inline path does
+  not run (``async_op=True``, an array that is not a contiguous writable numpy array, an op
+  queued on the group), with an empty op in the reduction's place: a key tuple built and
+  compared with the group's open run.
+
+The shared-memory path's header comparison is one integer compared in a barrier the call
+makes anyway.
 
 Writes ``check_np{N}.md`` to ``--out`` (rank 0 prints it too).
 """
@@ -58,6 +68,7 @@ import os  # noqa: E402
 import statistics  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import bench_latency  # noqa: E402  (its loops: the inline path's check, see host_work)
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -131,9 +142,20 @@ def _empty_op(g: object, arr: np.ndarray, op: object) -> None:
     """The reduction's place in ``host_work``, empty."""
 
 
-def host_work(comm: MPI.Comm, x: np.ndarray, rounds: int, target_s: float) -> dict:
-    """{"checked": [s per call], "unchecked": [...]}: all_reduce's ``launch`` call (as
-    ``mpidist._mpi.collectives.all_reduce`` makes it) with an empty op (see the docstring)."""
+#: Calls of a ``bench_latency.py`` loop per timed call in ``host_work`` (its loops take a count).
+_BATCH = 100
+
+
+def host_work(comm: MPI.Comm, x: np.ndarray, path: str, rounds: int, target_s: float) -> dict:
+    """{"checked": [s per call], "unchecked": [...]}: the check's lines on ``path``
+    (``"inline"`` or ``"launch"``, see the docstring) with and without them."""
+    if path == "inline":
+        cases = bench_latency.loops(np.zeros(2, np.float32))
+        bare, with_check = cases["bare"], cases["bare+check"]
+        times = paired(
+            comm, {"checked": lambda: with_check(_BATCH), "unchecked": lambda: bare(_BATCH)}, rounds, target_s
+        )
+        return {name: [t / _BATCH for t in ts] for name, ts in times.items()}
     g, op = _runtime.resolve_group(None), mpidist.ReduceOp.SUM
 
     def call() -> None:
@@ -166,22 +188,23 @@ def main() -> None:
         "checked / control | checked - control (us) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    work = host_work(comm, bc.aligned_zeros(min(sizes) // 4, np.float32), 2 * args.rounds, args.target_ms / 1e3)
-    work_us = [(c - u) * 1e6 for c, u in zip(work["checked"], work["unchecked"])]
-    check_us = statistics.median(work_us)
+    small = bc.aligned_zeros(min(sizes) // 4, np.float32)
+    work = {path: host_work(comm, small, path, 2 * args.rounds, args.target_ms / 1e3) for path in ("inline", "launch")}
+    work_us = {path: [(c - u) * 1e6 for c, u in zip(t["checked"], t["unchecked"])] for path, t in work.items()}
+    check_us = {path: statistics.median(d) for path, d in work_us.items()}
     shares = [
-        "| algorithm | size | unchecked call (us) | the check's host work / the call |",
-        "|---|---:|---:|---:|",
+        "| algorithm | size | unchecked call (us) | the check's host work / the call: inline path | launch |",
+        "|---|---:|---:|---:|---:|",
     ]
     for algorithm in algorithms:
         for nbytes in sizes:
             x = bc.aligned_zeros(nbytes // 4, np.float32)  # sums of zeros: the values stay put
             t = measure(comm, x, None if algorithm == "auto" else algorithm, args.rounds, args.target_ms / 1e3)
-            if algorithm != "mpi":
-                unchecked = statistics.median(t["unchecked"]) * 1e6
-                shares.append(
-                    f"| {algorithm} | {bc.human_bytes(nbytes)} | {unchecked:.2f} | {100 * check_us / unchecked:.2f}% |"
-                )
+            unchecked = statistics.median(t["unchecked"]) * 1e6
+            shares.append(
+                f"| {algorithm} | {bc.human_bytes(nbytes)} | {unchecked:.2f} | "
+                f"{100 * check_us['inline'] / unchecked:.2f}% | {100 * check_us['launch'] / unchecked:.2f}% |"
+            )
             ratios = [c / u for c, u in zip(t["checked"], t["unchecked"])]
             diffs = [(c - u) * 1e6 for c, u in zip(t["checked"], t["unchecked"])]
             host = [(c - u) * 1e6 for c, u in zip(t["control"], t["unchecked"])]
@@ -217,12 +240,22 @@ def main() -> None:
                 "",
                 "## The check's host work (an empty op in the call's place; see the docstring)",
                 "",
-                f"all_reduce's launch call, {2 * args.rounds} rounds: checked "
-                f"{statistics.median(work['checked']) * 1e6:.3f} us, unchecked "
-                f"{statistics.median(work['unchecked']) * 1e6:.3f} us per call; the check "
-                f"**{check_us:+.3f} us** (median of the rounds' differences; "
-                f"{min(work_us):+.3f} to {max(work_us):+.3f}). As a share of each unchecked call measured "
-                "above (the `mpi` path checks on its inline path instead: bench_latency.py):",
+                *(
+                    f"- {what}, {2 * args.rounds} rounds: checked "
+                    f"{statistics.median(work[path]['checked']) * 1e6:.3f} us, unchecked "
+                    f"{statistics.median(work[path]['unchecked']) * 1e6:.3f} us per call; the check "
+                    f"**{check_us[path]:+.3f} us** (median of the rounds' differences; "
+                    f"{min(work_us[path]):+.3f} to {max(work_us[path]):+.3f})"
+                    for path, what in (
+                        (
+                            "inline",
+                            "all_reduce's inline path (every call timed above; bench_latency.py's bare+check - bare)",
+                        ),
+                        ("launch", "`launch` (async calls, other ops)"),
+                    )
+                ),
+                "",
+                "As a share of each unchecked call measured above:",
                 "",
                 *shares,
             ],

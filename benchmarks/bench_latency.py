@@ -71,7 +71,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
     # would hide in all three what they are here to compare.
     def bare(t: np.ndarray) -> None:
         eng = g.engine
-        if t.nbytes >= limit:  # all_reduce's size limit for its latency path (read checked or not)
+        if t.nbytes >= limit:  # the path's test of MPI_Allreduce against the plan's body (read checked or not)
             return
         seq = eng.seq
         eng.seq = seq + 1
@@ -160,7 +160,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
     op = ReduceOp.SUM
     mpidist.all_reduce(x)  # the members agree on this call (the check's first exchange); its plan
     plan = C._PLANS[(x.dtype, op._value_, None)]
-    limit = plan[3]  # bytes: under it, all_reduce's latency path
+    limit = plan[3]  # bytes: under it, all_reduce's inline path calls MPI_Allreduce itself
     dummy.lat = (plan, x.nbytes)
     return {
         "raw": run_raw,

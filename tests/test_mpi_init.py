@@ -69,7 +69,11 @@ def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path
     job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, **BOUND)
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
     assert took < 15
-    assert "Alarm clock" in job.stdout + job.stderr  # hydra names the signal that ended rank 0
+    # hydra names the first bad end it saw: rank 0's alarm (SIGALRM, "Alarm clock"), or, seen
+    # once under load, the SIGTERM hydra then sends the stopped rank 1 (a fatal signal without
+    # a handler ends even a stopped process) -- either way after rank 0's bound ended it
+    out = job.stdout + job.stderr
+    assert "Alarm clock" in out or "signal 15" in out, out
 
 
 def test_switched_off_the_job_waits(tmp_path):

@@ -242,19 +242,24 @@ def test_trace_without_divergence_and_without_dumps(tmp_path):
 
 
 @pytest.mark.mpi
-def test_the_all_reduce_latency_path_records_what_launch_records(dist, world):
-    """all_reduce builds its recorder entry inline on the 8-byte path (no function call):
-    it must hold what _recorder.begin/end make for the same op through _dispatch.launch."""
+@pytest.mark.parametrize("algorithm, count", [(None, 2), (None, 1 << 16), ("shm", 1 << 14), ("ring", 1 << 14)])
+def test_the_all_reduce_latency_path_records_what_launch_records(dist, world, monkeypatch, algorithm, count):
+    """A blocking all_reduce of a numpy array its members agreed on runs on the inline path at
+    every size (MPI_Allreduce below the shared-memory sizes, the plan's body above: no
+    launch) and builds its recorder entry there (no function call): it must hold what
+    _recorder.begin/end make for the same op through _dispatch.launch."""
     from mpidist._mpi import collectives
 
     g = dist._runtime.resolve_group(None)
-    x = np.ones(2, dtype=np.float32)
-    dist.all_reduce(x)  # makes the (float32, SUM) plan, so the next call takes the latency path
-    assert collectives._PLANS[(x.dtype, dist.ReduceOp.SUM._value_, None)][3] > x.nbytes
+    x = np.ones(count, dtype=np.float32)
+    dist.all_reduce(x, algorithm=algorithm)  # makes the plan and agrees on the call: the next is inline
+    assert (collectives._PLANS[(x.dtype, dist.ReduceOp.SUM._value_, algorithm)][3] > x.nbytes) == (count == 2)
     before = g.engine.seq
-    dist.all_reduce(x)  # the latency path
+    with monkeypatch.context() as m:
+        m.setattr(collectives, "launch", None)  # (a call through launch raises TypeError)
+        dist.all_reduce(x, algorithm=algorithm)  # the inline path
     inline = list(_recorder._ring[-1])
-    dist.all_reduce(x, async_op=True).wait()  # through launch: R.begin / R.end
+    dist.all_reduce(x, async_op=True, algorithm=algorithm).wait()  # through launch: R.begin / R.end
     launched = list(_recorder._ring[-1])
     assert g.engine.seq == before + 2 and (inline[_recorder.SEQ], launched[_recorder.SEQ]) == (before, before + 1)
     times = {_recorder.T_ISSUE, _recorder.T_START, _recorder.T_END, _recorder.SEQ}
@@ -262,7 +267,7 @@ def test_the_all_reduce_latency_path_records_what_launch_records(dist, world):
     assert [v for i, v in enumerate(inline) if i not in times] == [v for i, v in enumerate(launched) if i not in times]
     assert inline[_recorder.STATE] == _recorder.COMPLETED and inline[_recorder.OP] == "all_reduce"
     assert inline[_recorder.T_ISSUE] <= inline[_recorder.T_END] <= launched[_recorder.T_ISSUE]
-    assert x.tolist() == [world[1] ** 3] * 2
+    assert x.tolist() == [world[1] ** 3] * count
 
 
 def test_zero_length_buffer_keeps_no_history():

@@ -101,7 +101,8 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 _last = (tensor.dtype, op, algorithm, plan)
         else:
             plan = None
-        if plan is not None and (nbytes := tensor.nbytes) < plan[3]:
+        if plan is not None:
+            nbytes = tensor.nbytes
             flags = tensor.flags
             eng = g.engine
             # only with no op queued or running: otherwise another thread (the engine's, or
@@ -120,9 +121,12 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
             else:
                 ok = None
             if ok is not None:
-                # The latency path: MPI_Allreduce with no thread hop, no closure, checks done
-                # once per (dtype, op), and no function call that the 8-byte case can feel
-                # (each costs ~60 ns of a ~1 us budget; benchmarks/results/latency_np2.md, targets.md).
+                # The inline path: MPI_Allreduce (below the plan's shared-memory sizes) or the
+                # plan's body, with no thread hop, no closure, checks done once per (dtype, op),
+                # and no function call that the 8-byte case can feel (each costs ~60 ns of a
+                # ~1 us budget; benchmarks/results/latency_np2.md, targets.md). From the shared-
+                # memory sizes up it spares launch's key tuple and comparison (~0.7 us, 1.2% of a
+                # 64 KiB shared-memory call on the test VM: benchmarks/results/check_np2.md).
                 # Recorded as launch would record it: R.begin's entry (sequence number, flight
                 # recorder, timeout watchdog), built here; tests/test_recorder.py checks both
                 # paths' entries are alike. The members agreed on this call before (``ok``: the
@@ -157,15 +161,18 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                         _debug.check(g, rec, ok[3])  # (none on a group not checked)
                         if ok[2].lkey is ok[3]:  # a run of this call is open: the next one goes on with it
                             _note_run(eng, ok)
-                    g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])  # type: ignore[union-attr]  # a member's
+                    if nbytes < plan[3]:  # below the shared-memory sizes: MPI_Allreduce, no function between
+                        g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])  # type: ignore[union-attr]  # a member's
+                        if op is _AVG:
+                            tensor /= len(g.ranks)
+                    else:  # the plan's body (shared memory, the ring, the automatic choice): it averages itself
+                        plan[0](g, tensor, op)
                 except MPI.Exception as exc:
                     R.fail(rec)
                     raise from_mpi("all_reduce", exc) from exc
                 except BaseException:
                     R.fail(rec)
                     raise
-                if op is _AVG:
-                    tensor /= len(g.ranks)
                 rec[_T_END] = _now()
                 rec[_STATE] = _COMPLETED
                 return None
@@ -191,7 +198,8 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
 
 # (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op, inline below): checked
 # once, then reused (keyed on the enum's value: hashing an Enum member runs Python code).
-# ``inline below``: sizes (bytes) under it take all_reduce's inline MPI_Allreduce path.
+# ``inline below``: sizes (bytes) under it call MPI_Allreduce itself on all_reduce's inline
+# path; larger ones run the body there.
 _PLANS: dict = {}
 #: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
