@@ -142,6 +142,30 @@ def catches(pid: int, signum: int) -> bool:
     return bool(int(mask, 16) >> (signum - 1) & 1)
 
 
+def describe(pid: int) -> str:
+    """One line on process ``pid`` for a hung job's report: its parent, state, the kernel
+    function it sleeps in (wchan), its rank if any, and its command line."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    except (OSError, ValueError):
+        return f"pid {pid}: gone"
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+    except OSError:
+        wchan = "?"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+    except OSError:
+        cmd = ""
+    rank = rank_of(pid)
+    return (
+        f"pid {pid} ppid {fields[1]} state {fields[0]} wchan {wchan} comm {comm}"
+        f"{'' if rank is None else f' rank {rank}'}: {cmd}"
+    )
+
+
 class Job:
     """One mpiexec job: output read as it comes (with times), every process it started recorded."""
 
@@ -158,6 +182,7 @@ class Job:
         self.lines: dict[str, list[tuple[float, str]]] = {"out": [], "err": []}
         self.seen: dict[int, str] = {}
         self.end: Optional[float] = None  # monotonic time the job was over (wait)
+        self.hung: list[str] = []  # the processes left when wait gave up, described (describe)
         self._readers = [
             threading.Thread(target=self._read, args=(s, k), daemon=True)
             for s, k in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))
@@ -199,6 +224,7 @@ class Job:
                     t.join(5)
                 return self.end
             time.sleep(0.05)
+        self.hung = [describe(pid) for pid in sorted({self.proc.pid, *self.left()})]
         self.kill()
         return None
 
@@ -212,6 +238,10 @@ class Job:
             self.proc.wait(10)
         for t in self._readers:
             t.join(5)
+
+    def timed(self, key: str) -> str:
+        """The ``key`` ("out" or "err") lines, each after its time from the launch."""
+        return "".join(f"{t - self.t0:7.2f} {line}" for t, line in self.lines[key])
 
     @property
     def stdout(self) -> str:
@@ -381,8 +411,14 @@ class Harness:
         t.bound = GRACE + (TIMEOUT if t.fault == "sigstop" else 0.0) + (ref.startup if t.fault == "corrupt" else 0.0)
         end = job.wait(t.bound + 60)
         if end is None:
-            t.problems.append(f"did not end within {t.bound + 60:.0f} s; killed")
+            t.problems.append(f"did not end within {t.bound + 60:.0f} s; killed; its processes then:")
+            t.problems.extend(f"  {line}" for line in job.hung)
             t.outcome = "hung"
+            self.logs.append(
+                f"== trial {t.index + 1}: the faulted job, hung; its processes then:\n"
+                + "\n".join(job.hung)
+                + f"\n-- stdout (s from launch)\n{job.timed('out')}\n-- stderr\n{job.timed('err')}"
+            )
             return
         if fault_at is None and marker.exists():  # inject.py's wall-clock time of the fault
             fault_at = time.monotonic() - (time.time() - float(marker.read_text()))
@@ -568,8 +604,10 @@ def main() -> int:
             harness.trial(t, rng)
         except Exception as exc:  # noqa: BLE001  (a harness error fails the trial, with its reason)
             t.problems.append(f"harness error: {type(exc).__name__}: {exc}")
-        if t.problems:  # the jobs' output, for the failure's cause
-            (args.out / f"trial-{t.index + 1:03d}.log").write_text("\n".join(harness.logs))
+        if t.problems:  # the jobs' output, for the failure's cause (its end printed too: CI keeps only the log)
+            text = "\n".join(harness.logs)
+            (args.out / f"trial-{t.index + 1:03d}.log").write_text(text)
+            print(f"-- trial {t.index + 1}: the end of its jobs' output\n" + "\n".join(text.splitlines()[-40:]))
         print(
             f"[{t.index + 1:3d}/{len(trials)}] {'ok  ' if not t.problems else 'FAIL'} {t.job:5s} -n {t.n} "
             f"{t.fault:15s} rank {t.rank} at {'step ' if t.fault == 'raise' else ''}{t.moment:g}"
