@@ -66,7 +66,7 @@ from typing import Any, Callable, Optional, cast
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _current, _recorder as R, _signature as S, work
+from mpidist import _abort, _current, _mpi_init, _recorder as R, _signature as S, work
 from mpidist.errors import prefix
 
 __all__ = [
@@ -690,6 +690,7 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
     interval = _FIRST_PROBE
     start = time.monotonic()
     ask_at, heard = start + interval, start
+    answered: set = set()  # (final) the peers that answered a question while this rank waited
     limit = rec[R.LIMIT] if not final else (g.timeout_s or R.timeout)
     pause = 1e-5
     yield_until = start + _YIELD_S
@@ -705,10 +706,14 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
             if final:
                 if answers:
                     heard = now
+                    answered.update(answers)
                 gone = any(not a.get("member", True) or a.get("left") for a in answers.values())
-                if (gone or now - heard > _FINAL_SILENT or (limit and now - start > limit)) and not req.Test():
+                past = bool(limit) and now - start > limit
+                if (gone or now - heard > _FINAL_SILENT or past) and not req.Test():
                     _ABANDONED.append((req, bufs))
                     chk.stale = True
+                    if past and not gone:
+                        _final_timed_out(g, rec, answered, now - start, limit)
                     return False
             interval = min(2 * interval, _PROBE_MAX)
             ask_at = time.monotonic() + interval
@@ -718,6 +723,23 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
     return True
+
+
+def _final_timed_out(g: Any, rec: list, answered: set, waited: float, limit: float) -> None:
+    """A final comparison gave up past its group's timeout (no peer had left the group): say so
+    on stderr, naming the peers that never answered a question (stopped or dead, or where no
+    channel can carry one: then every peer), and bound MPI_Finalize by the grace alone
+    (:func:`mpidist._mpi_init.peers_had_their_timeout`)."""
+    me = _current.state.rank if _current.state is not None else -1
+    silent = [p for p in g.ranks if p != me and p not in answered]
+    who = f"rank(s) {silent} (no answer to any question: stopped or dead?)" if silent else "a peer"
+    bound = _mpi_init.peers_had_their_timeout()
+    _abort.write(
+        None,  # (prefix names the rank)
+        f"{prefix(rec[R.OP])} the final comparison of the calls on group {g.group_name!r} gave up after "
+        f"{waited:.0f} s, past the group's timeout of {limit:g} s: {who} never came; MPI_Finalize is now bounded by "
+        f"{bound:g} s (MPIDIST_INIT_FINALIZE_GRACE), not by the timeout again",
+    )
 
 
 def _answers(g: Any, seq: int) -> dict:

@@ -4,6 +4,7 @@ found both: SIGSTOP at start-up, or just before exit, hung the job)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,17 @@ rank = mpidist.get_rank()
 mpidist.destroy_process_group()
 if rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)   # rank 0's MPI_Finalize waits for rank 1
+print("exiting", flush=True)
+"""
+
+
+STOPPED_BEFORE_DESTROY = """
+import os, signal, mpidist
+mpidist.init_process_group()
+mpidist.barrier()
+if mpidist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)   # never continued: rank 0's final comparison waits for it
+mpidist.destroy_process_group()
 print("exiting", flush=True)
 """
 
@@ -74,6 +86,35 @@ def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path
     # a handler ends even a stopped process) -- either way after rank 0's bound ended it
     out = job.stdout + job.stderr
     assert "Alarm clock" in out or "signal 15" in out, out
+
+
+def test_a_final_comparison_that_waited_the_timeout_leaves_mpi_finalize_the_grace_alone(tmp_path):
+    """Rank 1 stopped just before destroy_process_group: rank 0's final comparison of the calls
+    gives up at the group's timeout (3 s) and says so; MPI_Finalize is then bounded by the grace
+    (1 s), not by the timeout plus the grace again (4 s). A chaos trial found the job held for
+    the timeout twice plus the grace (28 s against its bound of 23)."""
+    script = tmp_path / "job.py"
+    script.write_text(STOPPED_BEFORE_DESTROY)
+    job = subprocess.Popen(
+        ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=launcher_free_env(**BOUND),
+    )
+    assert job.stdout.readline() == "exiting\n"  # rank 0, after its final comparison gave up
+    printed = time.monotonic()
+    stdout, stderr = job.communicate(timeout=60)
+    after = time.monotonic() - printed
+    assert job.returncode not in (0, 124), (job.returncode, stdout, stderr)
+    assert re.search(
+        r"\[rank 0/2\] destroy_process_group: the final comparison of the calls on group '\w+' gave up after "
+        r"\d+ s, past the group's timeout of 3 s: rank\(s\) \[1\] \(no answer to any question: stopped or "
+        r"dead\?\) never came; MPI_Finalize is now bounded by 1 s \(MPIDIST_INIT_FINALIZE_GRACE\), not by the "
+        r"timeout again",
+        stderr,
+    ), stderr
+    assert after < 3.0, (after, stdout, stderr)  # the grace (1 s) and the teardown; 4 s + before the fix
 
 
 def test_switched_off_the_job_waits(tmp_path):

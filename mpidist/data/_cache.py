@@ -2,7 +2,7 @@
 
 :func:`mpidist.data.load_digits_split` needs scikit-learn, whose import takes ~2 s of CPU
 (scipy.stats and friends) on every rank of every job: on a 2-core node, 3 ranks of the main
-job spent ~3 s of their start there, for a 1.4 MB result that never changes for a given
+job spent ~3 s of their start there, for a 0.5 MB result (float32) that never changes for a given
 scikit-learn version, seed and split. So the result is written once to
 ``$MPIDIST_DATA_CACHE`` (default ``$XDG_CACHE_HOME/mpidist/data``, else
 ``~/.cache/mpidist/data``) and read back in milliseconds; ``MPIDIST_DATA_CACHE=off`` (or
