@@ -11,9 +11,9 @@ nothing of a rank runs once it has been killed. Found by the chaos tests (SIGKIL
 after a 2-rank launch) and in this package's own tests (a rank stopped at start-up left two
 segments per ``make test``).
 
-:func:`start`, called just before ``MPI_Init`` by the node's first rank under a launcher
-(``PMI_RANK`` or ``PMIX_RANK`` set; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0, or neither set,
-when every rank starts one), starts a **watcher**: this file run as a script by a fresh
+:func:`start`, called just before ``MPI_Init`` by the node's first two ranks under a launcher
+(``PMI_RANK`` or ``PMIX_RANK`` set; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0 or 1, or neither
+set, when every rank starts one: :data:`WATCHING`), starts a **watcher**: this file run as a script by a fresh
 interpreter (``python -I -S``: standard library only, no environment but ``PATH`` and
 ``LD_LIBRARY_PATH``, a session of its own, standard streams on ``/dev/null``, no descriptor of
 the rank's but a pipe's read end). It looks at ``/dev/shm`` every :data:`POLL_S` s and, for
@@ -32,12 +32,13 @@ the rank can cover.
 The rank does not wait for the watcher (on the 2-core test machine the segments appeared 150-250
 ms after ``mpiexec`` started, the watcher's interpreter starts in 10-25 ms; if the rank dies
 before that, the watcher finds its pipe at end-of-file at once and still reads the siblings,
-which the launcher ends a little later): it costs the first rank one ``posix_spawn``, and ``MPI_Init`` the
+which the launcher ends a little later): it costs each of the two ranks one ``posix_spawn``, and ``MPI_Init`` the
 watcher's readings (on the 2-core test machine, where the ranks and the watcher share the cores,
 ~10-20 ms). Left uncovered: a segment whose maker is killed before the watcher's next look (one
 poll interval, plus the time the watcher waits for a core); a launch that wraps each rank in a
 process of its own (then the siblings are not the node's other ranks); a launcher that kills the
-watcher with the ranks (Slurm ending a step kills every process of its cgroup). Linux only;
+watcher with the ranks (Slurm ending a step kills every process of its cgroup); both watching
+ranks stopped or killed before they started their watchers. Linux only;
 ``MPIDIST_REMOVE_LAUNCHER_FILES=0`` switches it off with the rest of
 :mod:`mpidist._launcher_files`.
 
@@ -222,11 +223,18 @@ class Watch:
         self.pid, self.control = pid, control
 
 
+#: The node's first ranks that start a watcher (by rank on the node): two, so that one stopped
+#: or killed before it started its own leaves the other's (a chaos trial stopped local rank 0 at
+#: 0.12 s, before its watcher, and rank 1 made the segment and left it); the cost, one more
+#: short-lived interpreter per node, stays the same at any number of ranks per node.
+WATCHING = ("0", "1")
+
+
 def _wanted() -> bool:
     env = os.environ
     if not enabled() or not any(k in env for k in _LAUNCHED):
         return False
-    return next((env[k] for k in _LOCAL_RANK if k in env), "0").strip() == "0"
+    return next((env[k] for k in _LOCAL_RANK if k in env), "0").strip() in WATCHING
 
 
 def _python(executable: str | None) -> bool:

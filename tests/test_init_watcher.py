@@ -80,7 +80,8 @@ def test_is_segment():
         ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, True),
         ({"PMI_RANK": "3"}, True),  # no rank on the node known: every rank watches
         ({"PMIX_RANK": "0", "SLURM_LOCALID": "0"}, True),
-        ({"PMI_RANK": "1", "MPI_LOCALRANKID": "1"}, False),  # the node's first rank watches for it
+        ({"PMI_RANK": "1", "MPI_LOCALRANKID": "1"}, True),  # the node's second: if the first stops first
+        ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, False),  # the first two watch for it
         ({"PMIX_RANK": "5", "SLURM_LOCALID": "2"}, False),
         ({}, False),  # no launcher: a singleton has no peer to wait for in MPI_Init
         ({"PMI_RANK": "0", W.ENV: "0"}, False),
@@ -244,6 +245,42 @@ def test_a_job_killed_in_mpi_init_leaves_no_segment(tmp_path, watched):
         assert left == set(), left
     else:
         assert len(left) == 1, left  # what the watcher removes
+
+
+# the node's first rank stops before it starts its watcher (before ``import mpidist``): rank 1 makes
+# the segment in MPI_Init and waits there until its bound ends it; hydra then kills rank 0.
+FIRST_STOPPED = """
+import os, signal
+if os.environ["PMI_RANK"] == "0":
+    os.kill(os.getpid(), signal.SIGSTOP)   # never continued
+import mpidist
+print("past MPI_Init", flush=True)
+"""
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "control-switched-off"])
+def test_the_first_rank_stopped_before_its_watcher_leaves_the_seconds(tmp_path, watched):
+    """A chaos trial stopped local rank 0 at 0.12 s, before it started its watcher: rank 1 made
+    the segment and it was left. Rank 1 starts a watcher too. The control shows the segment."""
+    script = tmp_path / "job.py"
+    script.write_text(FIRST_STOPPED)
+    before = segments()
+    env = launcher_free_env(MPIDIST_TIMEOUT="3", MPIDIST_INIT_FINALIZE_GRACE="1", **({} if watched else {W.ENV: "0"}))
+    job = subprocess.run(
+        ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    left = segments() - before
+    for name in left:
+        (SHM / name).unlink(missing_ok=True)
+    assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
+    assert "Timeout (0:00:04)!" in job.stderr  # rank 1's bound on MPI_Init ended the job
+    if watched:
+        assert left == set(), left
+    else:
+        assert len(left) == 1, left  # what rank 1's watcher removes
 
 
 FAMILY = """

@@ -45,11 +45,18 @@ def run_job(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedPro
     )
 
 
-def test_torch_job_reaches_accuracy_and_writes_outputs(tmp_path):
-    # 2 ranks: at 4 the two cores of the CI machine are oversubscribed and the run takes twice as
-    # long (36 s against 20 s); the torch job runs at 3 and 4 ranks in the resume tests below,
-    # the chaos tests and the Slurm jobs
-    out = run_job(2, "--out", str(tmp_path))
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The torch job at its defaults (backend "mpidist", 20 epochs) at 2 ranks: at 4 the two
+    cores of the CI machine are oversubscribed and the run takes twice as long (36 s against
+    20 s); the torch job runs at 3 and 4 ranks in the resume tests below, the chaos tests and
+    the Slurm jobs. Shared by the accuracy test and the bitwise comparison with gloo."""
+    out = tmp_path_factory.mktemp("trained")
+    return out, run_job(2, "--out", str(out))
+
+
+def test_torch_job_reaches_accuracy_and_writes_outputs(trained):
+    tmp_path, out = trained
     assert out.returncode == 0, out.stdout + out.stderr
     assert "mpidist: 2 ranks, torch 2." in out.stdout
     assert " DDP over mpidist, sklearn digits: 1437 train / 360 test samples" in out.stdout
@@ -93,22 +100,22 @@ def untimed(ckpt: dict) -> list[dict]:
     return [{k: v for k, v in h.items() if k != "samples_per_s"} for h in json.loads(ckpt["history"].tobytes())]
 
 
-def test_mpidist_and_gloo_train_bitwise_the_same_model(tmp_path):
+def test_mpidist_and_gloo_train_bitwise_the_same_model(trained, tmp_path):
     """At 2 ranks every sum is of two numbers (the same either way round), so DDP over mpidist
-    must end with exactly gloo's parameters, momentum buffers and history; and the checkpoint
-    loads into a plain torch model."""
-    ckpts = {}
-    for backend in ("mpidist", "gloo"):
-        out = run_job(2, "--out", str(tmp_path / backend), "--backend", backend, "--epochs", "3")
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert "mpidist: 2 ranks, torch 2." in out.stdout and f" DDP over {backend}, " in out.stdout
-        ckpts[backend] = load_checkpoint(tmp_path / backend / "checkpoint.npz")
-    a, b = ckpts["mpidist"], ckpts["gloo"]
+    must end with exactly gloo's parameters, momentum buffers and history (20 epochs, 900
+    steps); and the checkpoint loads into a plain torch model."""
+    ours, run = trained
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run_job(2, "--out", str(tmp_path / "gloo"), "--backend", "gloo")
+    assert out.returncode == 0, out.stdout + out.stderr
+    for backend, text in (("mpidist", run.stdout), ("gloo", out.stdout)):
+        assert "mpidist: 2 ranks, torch 2." in text and f" DDP over {backend}, " in text
+    a, b = load_checkpoint(ours / "checkpoint.npz"), load_checkpoint(tmp_path / "gloo" / "checkpoint.npz")
     assert set(a) == set(b)
     differ = [k for k in a if k not in ("history", "config") and not np.array_equal(a[k], b[k])]
     assert not differ, differ
     assert untimed(a) == untimed(b)
-    check_loads_into_a_torch_model(tmp_path / "mpidist")
+    check_loads_into_a_torch_model(ours)
 
 
 def check_loads_into_a_torch_model(out: Path) -> None:
