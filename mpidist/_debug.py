@@ -728,17 +728,24 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
 def _final_timed_out(g: Any, rec: list, answered: set, waited: float, limit: float) -> None:
     """A final comparison gave up past its group's timeout (no peer had left the group): say so
     on stderr, naming the peers that never answered a question (stopped or dead, or where no
-    channel can carry one: then every peer), and bound MPI_Finalize by the grace alone
-    (:func:`mpidist._mpi_init.peers_had_their_timeout`)."""
-    me = _current.state.rank if _current.state is not None else -1
+    channel can carry one: then every peer), and, for a group of every rank, bound MPI_Finalize
+    by the grace alone (:func:`mpidist._mpi_init.peers_had_their_timeout`)."""
+    st = _current.state
+    me = st.rank if st is not None else -1
     silent = [p for p in g.ranks if p != me and p not in answered]
     who = f"rank(s) {silent} (no answer to any question: stopped or dead?)" if silent else "a peer"
-    bound = _mpi_init.peers_had_their_timeout()
+    # only for a group of every rank: after a sub-group's, the process may go on for long with
+    # other groups, and its end keeps the usual bound
+    bound = _mpi_init.peers_had_their_timeout() if st is not None and len(g.ranks) == st.world_size else None
+    after = (
+        f"; MPI_Finalize is now bounded by {bound:g} s (MPIDIST_INIT_FINALIZE_GRACE), not by the timeout again"
+        if bound is not None
+        else ""
+    )
     _abort.write(
         None,  # (prefix names the rank)
         f"{prefix(rec[R.OP])} the final comparison of the calls on group {g.group_name!r} gave up after "
-        f"{waited:.0f} s, past the group's timeout of {limit:g} s: {who} never came; MPI_Finalize is now bounded by "
-        f"{bound:g} s (MPIDIST_INIT_FINALIZE_GRACE), not by the timeout again",
+        f"{waited:.0f} s, past the group's timeout of {limit:g} s: {who} never came{after}",
     )
 
 

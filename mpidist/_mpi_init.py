@@ -52,6 +52,7 @@ import signal
 import sys
 import threading
 from types import ModuleType
+from typing import Optional
 
 from mpidist import _init_watcher, _launcher_files
 
@@ -131,13 +132,16 @@ def grace_seconds() -> float:
     return _seconds(GRACE_ENV, GRACE, True)
 
 
-def peers_had_their_timeout() -> float:
-    """Note that this rank waited its group's whole timeout for a peer at a final comparison
-    (``destroy_process_group`` or exit; :mod:`mpidist._debug`) and gave it up: MPI_Finalize is
-    then bounded by the grace alone, since the peers have had the timeout already. Without it
-    a rank stopped just before ``destroy_process_group`` held the job for the timeout twice
-    plus the grace (a chaos trial: 28 s against its bound of 23). Returns that bound (s)."""
+def peers_had_their_timeout() -> Optional[float]:
+    """Note that this rank waited the whole timeout of a group of every rank for a peer at a
+    final comparison (``destroy_process_group`` or exit; :mod:`mpidist._debug`) and gave it up:
+    MPI_Finalize is then bounded by the grace alone, since the peers have had the timeout
+    already. Without it a rank stopped just before ``destroy_process_group`` held the job for
+    the timeout twice plus the grace (a chaos trial: 28 s against its bound of 23). Returns
+    that bound (s), or None where the bounds are off (MPIDIST_BOUND_INIT_FINALIZE=0)."""
     global _waited
+    if not _enabled():
+        return None
     _waited = True
     return grace_seconds()
 
