@@ -223,22 +223,32 @@ print("past MPI_Init", flush=True)
 """
 
 
-@pytest.mark.parametrize("watched", [True, False], ids=["watched", "control-switched-off"])
-def test_a_job_killed_in_mpi_init_leaves_no_segment(tmp_path, watched):
-    """The control (MPIDIST_REMOVE_LAUNCHER_FILES=0) shows the segment such a job left before."""
+def run_job_counting_segments(
+    tmp_path: Path, code: str, limit: int, args: list[str], before: set, **env: str
+) -> tuple[subprocess.CompletedProcess, set]:
+    """Run ``code`` as a 2-rank job under ``timeout limit``; (the job, the segment names it left
+    beside ``before``), those names removed."""
     script = tmp_path / "job.py"
-    script.write_text(KILLED_BEFORE_INIT)
-    before = segments()
-    env = launcher_free_env(**({} if watched else {W.ENV: "0"}))
+    script.write_text(code)
     job = subprocess.run(
-        ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", sys.executable, str(script), ",".join(sorted(before)) or "-"],
+        ["timeout", "-k", "5", str(limit), MPIEXEC, "-n", "2", sys.executable, str(script), *args],
         capture_output=True,
         text=True,
-        env=env,
+        env=launcher_free_env(**env),
     )
     left = segments() - before
     for name in left:
         (SHM / name).unlink(missing_ok=True)
+    return job, left
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "control-switched-off"])
+def test_a_job_killed_in_mpi_init_leaves_no_segment(tmp_path, watched):
+    """The control (MPIDIST_REMOVE_LAUNCHER_FILES=0) shows the segment such a job left before."""
+    before = segments()
+    job, left = run_job_counting_segments(
+        tmp_path, KILLED_BEFORE_INIT, 90, [",".join(sorted(before)) or "-"], before, **({} if watched else {W.ENV: "0"})
+    )
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
     assert "past MPI_Init" not in job.stdout
     if watched:
@@ -262,19 +272,10 @@ print("past MPI_Init", flush=True)
 def test_the_first_rank_stopped_before_its_watcher_leaves_the_seconds(tmp_path, watched):
     """A chaos trial stopped local rank 0 at 0.12 s, before it started its watcher: rank 1 made
     the segment and it was left. Rank 1 starts a watcher too. The control shows the segment."""
-    script = tmp_path / "job.py"
-    script.write_text(FIRST_STOPPED)
-    before = segments()
-    env = launcher_free_env(MPIDIST_TIMEOUT="3", MPIDIST_INIT_FINALIZE_GRACE="1", **({} if watched else {W.ENV: "0"}))
-    job = subprocess.run(
-        ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
+    bound = {"MPIDIST_TIMEOUT": "3", "MPIDIST_INIT_FINALIZE_GRACE": "1"}
+    job, left = run_job_counting_segments(
+        tmp_path, FIRST_STOPPED, 60, [], segments(), **bound, **({} if watched else {W.ENV: "0"})
     )
-    left = segments() - before
-    for name in left:
-        (SHM / name).unlink(missing_ok=True)
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
     assert "Timeout (0:00:04)!" in job.stderr  # rank 1's bound on MPI_Init ended the job
     if watched:

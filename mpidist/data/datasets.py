@@ -22,6 +22,7 @@ from mpidist.data._cache import cached
 __all__ = ["load_digits_split", "load_mnist", "read_idx", "write_idx"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+_NEEDS_SKLEARN = "load_digits_split needs scikit-learn: pip install mpidist[examples]"
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 # IDX type code -> big-endian numpy dtype (http://yann.lecun.com/exdb/mnist/).
@@ -65,7 +66,7 @@ def load_digits_split(test_size: float = 0.2, seed: int = 0, dtype: DTypeLike = 
     try:
         version = importlib.metadata.version("scikit-learn")
     except importlib.metadata.PackageNotFoundError as exc:
-        raise ImportError("load_digits_split needs scikit-learn: pip install mpidist[examples]") from exc
+        raise ImportError(_NEEDS_SKLEARN) from exc
     dt = np.dtype(dtype)
     key = f"load_digits_split scikit-learn=={version} test_size={test_size!r} seed={seed!r} dtype={dt.str}"
 
@@ -74,7 +75,7 @@ def load_digits_split(test_size: float = 0.2, seed: int = 0, dtype: DTypeLike = 
             from sklearn.datasets import load_digits  # noqa: PLC0415  (optional)
             from sklearn.model_selection import train_test_split  # noqa: PLC0415
         except ImportError as exc:
-            raise ImportError("load_digits_split needs scikit-learn: pip install mpidist[examples]") from exc
+            raise ImportError(_NEEDS_SKLEARN) from exc
         digits = load_digits()
         x = (digits.data / 16.0).astype(dt)
         y = digits.target.astype(np.int64)
