@@ -245,37 +245,13 @@ def _python(executable: str | None) -> bool:
 
 
 def _spawn(control_r: int) -> int:
-    """Start the watcher with ``control_r`` and no other descriptor of this process's (those a
-    child would inherit are closed in it; its standard streams are /dev/null)."""
-    actions: list[tuple] = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd != control_r:
-            try:
-                if os.get_inheritable(fd):
-                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
-            except OSError:  # the descriptor listdir itself used, closed since
-                pass
+    """Start the watcher with ``control_r`` and no other descriptor of this process's (its
+    standard streams are /dev/null)."""
+    from mpidist import _helper_process  # noqa: PLC0415  (not at the top: this file also runs as the watcher, where mpidist is not importable)
+
     env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ}
     argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(os.getppid()), str(control_r)]
-    os.set_inheritable(control_r, True)
-    return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
-
-
-def _reap(pid: int, limit: float) -> bool:
-    """Wait up to ``limit`` s for child ``pid`` to exit and reap it; True if it did."""
-    deadline, delay = time.monotonic() + limit, 0.0002
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if done:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(2 * delay, 0.01)
+    return _helper_process.spawn(argv, env, {control_r: control_r}, setsid=True)
 
 
 def start() -> Watch | None:
@@ -295,13 +271,6 @@ def start() -> Watch | None:
     return Watch(pid, control_w)
 
 
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, 9)
-    except OSError:
-        pass
-
-
 def end(watch: Watch | None, through: bool) -> None:
     """End the watcher and reap it. ``through``: ``MPI_Init`` has returned and this rank has
     removed the names itself (:func:`mpidist._launcher_files.remove_names`), so the watcher is
@@ -309,15 +278,17 @@ def end(watch: Watch | None, through: bool) -> None:
     recorded that are still there, then exits (killed after :data:`EXIT_S` s). Never raises."""
     if watch is None:
         return
+    from mpidist._helper_process import kill, reap  # noqa: PLC0415  (see _spawn)
+
     if through:  # killed before its pipe closes: end-of-file would have it remove names
-        _kill(watch.pid)
+        kill(watch.pid)
     try:
         os.close(watch.control)
     except OSError:
         pass
-    if not _reap(watch.pid, EXIT_S):
-        _kill(watch.pid)
-        _reap(watch.pid, EXIT_S)
+    if not reap(watch.pid, EXIT_S):
+        kill(watch.pid)
+        reap(watch.pid, EXIT_S)
 
 
 if __name__ == "__main__":  # the watcher: python -I -S _init_watcher.py PID PARENT_PID CONTROL_FD

@@ -15,11 +15,14 @@ rank at start-up, or just before exit, hung the job until mpiexec was killed).
   status 1; the launcher then ends the job. The timer is cancelled once MPI_Init returns
   (faulthandler has one such timer per process: one the program armed before importing
   mpidist is cancelled with it).
-* An ``atexit`` handler arms ``alarm()`` with SIGALRM's default action: if the rank is still
-  in ``MPI_Finalize`` (or in anything after that handler) at the bound, the kernel ends it
-  (status "Alarm clock", signal 14) and the launcher ends the job. Where a final comparison
-  of the calls (``destroy_process_group``, exit) already waited its group's timeout for a peer
-  that never came, that bound is the grace alone (:func:`peers_had_their_timeout`).
+* An ``atexit`` handler sets SIGALRM's default action and starts the exit watcher of
+  :mod:`mpidist._finalize_watcher`: if the rank is still in ``MPI_Finalize`` (or in anything
+  after that handler) at the bound, the watcher prints ``[rank r/n] MPI_Finalize timed out:
+  ...`` to the rank's standard error and sends it SIGALRM (status "Alarm clock", signal 14);
+  the launcher ends the job. The handler also arms ``alarm()`` one second later, for where no
+  watcher could start. Where a final comparison of the calls (``destroy_process_group``,
+  exit) already waited its group's timeout for a peer that never came, that bound is the grace
+  alone (:func:`peers_had_their_timeout`).
 
 The same import starts, just before ``MPI_Init``, the watcher of :mod:`mpidist._init_watcher`
 that removes MPICH's shared-memory segment if the ranks die in ``MPI_Init``, and removes the
@@ -54,7 +57,7 @@ import threading
 from types import ModuleType
 from typing import Optional
 
-from mpidist import _init_watcher, _launcher_files
+from mpidist import _finalize_watcher, _init_watcher, _launcher_files
 
 __all__ = [
     "import_mpi",
@@ -146,13 +149,35 @@ def peers_had_their_timeout() -> Optional[float]:
     return grace_seconds()
 
 
+#: The write end of the exit watcher's pipe (:mod:`mpidist._finalize_watcher`), held until exit.
+_exit_watch: Optional[int] = None
+
+
+def _finalize_message(rank: int, size: int, seconds: float) -> str:
+    if _waited:
+        why = f"{GRACE_ENV}, the final comparison of the calls having waited the timeout already"
+    else:
+        why = f"MPIDIST_TIMEOUT + {GRACE_ENV}"
+    return (
+        f"[rank {rank}/{size}] MPI_Finalize timed out: this rank was still exiting {seconds:g} s after its exit "
+        f"handlers began (bound: {why}), most likely waiting in MPI_Finalize for a rank that is stopped or "
+        "dead; mpidist ends it (SIGALRM)"
+    )
+
+
 def _arm_finalize_alarm() -> None:
-    """atexit: bound what is left of this process, MPI_Finalize included."""
+    """atexit: bound what is left of this process, MPI_Finalize included: the exit watcher
+    ends it at the bound, after a line that says why; the kernel's alarm one second later where
+    no watcher could start."""
+    global _exit_watch
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
         return
+    seconds = grace_seconds() if _waited else bound_seconds()
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(max(1, math.ceil(grace_seconds() if _waited else bound_seconds())))
+    world = MPI.COMM_WORLD
+    _exit_watch = _finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
+    signal.alarm(math.ceil(seconds) + 1)
 
 
 def import_mpi() -> ModuleType:

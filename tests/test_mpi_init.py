@@ -81,9 +81,14 @@ def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path
     job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, **BOUND)
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
     assert took < 15
-    # hydra names the first bad end it saw: rank 0's alarm (SIGALRM, "Alarm clock"), or, seen
-    # once under load, the SIGTERM hydra then sends the stopped rank 1 (a fatal signal without
-    # a handler ends even a stopped process) -- either way after rank 0's bound ended it
+    # rank 0's exit watcher says why (mpidist._finalize_watcher): hydra's own report names the
+    # first bad end it saw, rank 0's alarm ("Alarm clock") or, seen under load (a chaos trial,
+    # where nothing else said a rank had timed out), the SIGTERM it then sends the stopped rank 1
+    assert (
+        "[rank 0/2] MPI_Finalize timed out: this rank was still exiting 4 s after its exit handlers began "
+        "(bound: MPIDIST_TIMEOUT + MPIDIST_INIT_FINALIZE_GRACE), most likely waiting in MPI_Finalize for a rank "
+        "that is stopped or dead; mpidist ends it (SIGALRM)\n"
+    ) in job.stderr, job.stderr
     out = job.stdout + job.stderr
     assert "Alarm clock" in out or "signal 15" in out, out
 
@@ -115,6 +120,10 @@ def test_a_final_comparison_that_waited_the_timeout_leaves_mpi_finalize_the_grac
         stderr,
     ), stderr
     assert after < 3.0, (after, stdout, stderr)  # the grace (1 s) and the teardown; 4 s + before the fix
+    assert (
+        "[rank 0/2] MPI_Finalize timed out: this rank was still exiting 1 s after its exit handlers began (bound: "
+        "MPIDIST_INIT_FINALIZE_GRACE, the final comparison of the calls having waited the timeout already)"
+    ) in stderr, stderr
 
 
 def test_switched_off_the_job_waits(tmp_path):
