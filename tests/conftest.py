@@ -8,7 +8,9 @@ the whole job (MPI_Abort) at once. pytest-timeout bounds each test as a last res
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 from mpi4py import MPI
@@ -18,14 +20,31 @@ import mpidist
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
 
 
+#: The test session's temporary directory (TMPDIR of the tests and of every job they start),
+#: removed at the session's end: the jobs the tests fail on purpose leave their flight-recorder
+#: dumps (``mpidist-trace-*``, the path printed) in TMPDIR, as a user's would, and a run of the
+#: suite left ~20 of them in /tmp.
+_session_tmp: str | None = None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     """Under mpiexec only rank 0 prints pytest's report; other ranks' failures are printed
-    by the abort hook below, so the job's output ends with rank 0's summary line."""
+    by the abort hook below, so the job's output ends with rank 0's summary line. Every rank
+    gets a temporary directory of its own for the session (see ``_session_tmp``)."""
+    global _session_tmp
     if MPI.COMM_WORLD.Get_rank() > 0:
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
             config.pluginmanager.unregister(reporter)
+    _session_tmp = tempfile.mkdtemp(prefix="mpidist-tests-")
+    os.environ["TMPDIR"] = _session_tmp
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again (pytest's tmp_path included)
+
+
+def pytest_unconfigure(config):
+    if _session_tmp is not None:
+        shutil.rmtree(_session_tmp, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
