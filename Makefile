@@ -20,6 +20,9 @@ RUN_TIMEOUT ?= 600
 TEST_TIMEOUT ?= 900
 PYTEST      := $(PY) -m pytest --with-mpi
 PIP         := $(PY) -m pip install -q
+# A recipe's first line in make test's steps: the step's name and the time (UTC) it started, so a
+# CI log shows where the run's time went.
+STARTED      = @echo "[$$(date -u +%T)] make $@"
 # Extra `python -m venv` arguments, e.g. --system-site-packages so the venv sees a
 # system-wide CuPy (the GPU machines have CuPy for CUDA 13 preinstalled).
 VENV_ARGS   ?=
@@ -45,11 +48,13 @@ run-torch: install
 	timeout -k 10 $(RUN_TIMEOUT) $(MPIEXEC) -n $(NP) $(PY) -m mpidist -m mpidist.examples.train_torch --out $(TORCH_OUT) $(RUN_ARGS)
 
 test: $(TEST_STAMP) test-static test-serial test-mpi test-torch-versions-mpi test-slurm test-torch-suite test-frameworks test-chaos
+	$(STARTED): every step passed
 
 # Everything make test uses, in one pip call (one resolution and one compile pass instead of
 # three): the install, the tools of lint/dist/docs and the frameworks, with torch held at
 # $(TORCH_PIN); it stands for the three stamps.
 $(TEST_STAMP): setup.cfg pyproject.toml
+	$(STARTED)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	$(PIP) -e '.[$(EXTRAS),lint,docs,frameworks]' '$(TORCH_PIN)'
 	@$(TORCH_CHECK)
@@ -59,6 +64,7 @@ $(TEST_STAMP): setup.cfg pyproject.toml
 # a fresh venv, the docs site (each target's output printed whole when it ends).
 .PHONY: test-static
 test-static: $(TOOLS_STAMP)
+	$(STARTED)
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-layers test-wheel docs
 
 # The tools of lint, dist and docs (the lint and docs extras), installed once into $(VENV).
@@ -101,9 +107,11 @@ test-layers:
 	$(PYTHON) tools/layers.py mpidist
 
 test-serial: install
-	timeout -k 10 $(TEST_TIMEOUT) $(PYTEST)
+	$(STARTED)
+	timeout -k 10 $(TEST_TIMEOUT) $(PYTEST) --durations=15
 
 test-mpi: install
+	$(STARTED)
 	@set -e; for n in 2 3 4; do \
 	  echo "== pytest under mpiexec -n $$n"; \
 	  timeout -k 10 $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpidist -m pytest --with-mpi -q; \
@@ -126,6 +134,7 @@ TORCH_SUITE_BACKENDS     ?= gloo,mpidist@mpi,gloo@mpi
 TORCH_SUITE_ARGS         ?=
 .PHONY: test-torch-suite
 test-torch-suite: install
+	$(STARTED)
 	timeout -k 10 $(TORCH_SUITE_TIMEOUT) $(PY) tests/torch_suite/run.py --mpiexec $(MPIEXEC) \
 	  --backends $(TORCH_SUITE_BACKENDS) --control $(TORCH_SUITE_CONTROL) \
 	  --test-timeout $(TORCH_SUITE_TEST_TIMEOUT) --job-timeout $$(( $(TORCH_SUITE_TIMEOUT) / 3 - 30 )) \
@@ -142,6 +151,7 @@ CHAOS_SEED    ?=
 CHAOS_TIMEOUT ?= $$(( 300 + 90 * $(CHAOS_TRIALS) ))
 .PHONY: test-chaos
 test-chaos: install
+	$(STARTED)
 	timeout -k 10 $(CHAOS_TIMEOUT) $(PY) tests/chaos/run.py --trials $(CHAOS_TRIALS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --out out/chaos
 
 # jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,
@@ -151,6 +161,7 @@ test-chaos: install
 SLURM_TEST_TIMEOUT ?= 900
 .PHONY: test-slurm
 test-slurm: install
+	$(STARTED)
 	PY="$(abspath $(PY))" MPIDIST_VENV="$(abspath $(VENV))" timeout --foreground -k 60 $(SLURM_TEST_TIMEOUT) tests/slurm/run.sh
 	PY="$(abspath $(PY))" timeout --foreground -k 30 300 tests/slurm/two_hosts.sh
 
@@ -165,6 +176,7 @@ test-slurm: install
 FRAMEWORKS_TIMEOUT ?= 600
 .PHONY: test-frameworks
 test-frameworks: $(FRAMEWORKS_STAMP)
+	$(STARTED)
 	MPIDIST_TEST_FRAMEWORKS=1 timeout -k 10 $(FRAMEWORKS_TIMEOUT) $(PYTEST) -q tests/frameworks
 
 $(FRAMEWORKS_STAMP): $(STAMP) setup.cfg
@@ -213,7 +225,7 @@ test-torch-version-%: .venv-torch%/.installed-stamp
 	@$(MAKE) --no-print-directory test-torch-version-mpi-$*
 
 test-torch-version-mpi-%: .venv-torch%/.installed-stamp
-	@echo "== torch $*: the torch tests under mpiexec -n 2"
+	$(STARTED): the torch tests of torch $* under mpiexec -n 2
 	timeout -k 10 $(TEST_TIMEOUT) $(MPIEXEC) -n 2 .venv-torch$*/bin/python -m mpidist -m pytest --with-mpi -q $(TORCH_TESTS)
 
 .PRECIOUS: .venv-torch%/.installed-stamp
