@@ -49,7 +49,8 @@ count, not the data); reported as a share of the ``unchecked`` call at each size
 * ``launch``: ``mpidist._dispatch.launch`` as all_reduce calls it where the inline path does
   not run (``async_op=True``, an array that is not a contiguous writable numpy array, an op
   queued on the group), with an empty op in the reduction's place: a key tuple built and
-  compared with the group's open run.
+  compared with the group's open run. Its share is also given of the unchecked async call
+  (``async_op=True``, then ``wait()``), timed in the same rounds as ``async``.
 
 The shared-memory path's header comparison is one integer compared in a barrier the call
 makes anyway.
@@ -100,10 +101,15 @@ def lookalike(x: np.ndarray, states: dict, g: object, seq: int) -> None:
 
 
 def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: float) -> dict:
-    """{"checked": [s per call], "unchecked": [...], "control": [...]} over ``rounds`` rounds."""
+    """{"checked": [s per call], "unchecked": [...], "control": [...], "async": [...]} over
+    ``rounds`` rounds; ``async``: the same all-reduce with ``async_op=True`` and its ``wait()``,
+    unchecked (the call that the ``launch`` host work is a share of)."""
 
     def call() -> None:
         mpidist.all_reduce(x, algorithm=algorithm)
+
+    def call_async() -> None:
+        mpidist.all_reduce(x, algorithm=algorithm, async_op=True).wait()
 
     st = _State()
     st.lkey, st.decided = ("all_reduce", x.size, x.dtype, -1, "sum", None), 0
@@ -116,7 +122,7 @@ def measure(comm: MPI.Comm, x: np.ndarray, algorithm, rounds: int, target_s: flo
         lookalike(x, states, g, seq[0])
         mpidist.all_reduce(x, algorithm=algorithm)
 
-    return paired(comm, {"checked": call, "unchecked": call, "control": control}, rounds, target_s)
+    return paired(comm, {"checked": call, "unchecked": call, "control": control, "async": call_async}, rounds, target_s)
 
 
 def paired(comm: MPI.Comm, loops: dict, rounds: int, target_s: float) -> dict:
@@ -193,17 +199,19 @@ def main() -> None:
     work_us = {path: [(c - u) * 1e6 for c, u in zip(t["checked"], t["unchecked"])] for path, t in work.items()}
     check_us = {path: statistics.median(d) for path, d in work_us.items()}
     shares = [
-        "| algorithm | size | unchecked call (us) | the check's host work / the call: inline path | launch |",
-        "|---|---:|---:|---:|---:|",
+        "| algorithm | size | unchecked call (us) | the check's host work / the call: inline path | launch | "
+        "unchecked async call + wait (us) | launch / the async call |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for algorithm in algorithms:
         for nbytes in sizes:
             x = bc.aligned_zeros(nbytes // 4, np.float32)  # sums of zeros: the values stay put
             t = measure(comm, x, None if algorithm == "auto" else algorithm, args.rounds, args.target_ms / 1e3)
-            unchecked = statistics.median(t["unchecked"]) * 1e6
+            unchecked, unchecked_async = (statistics.median(t[k]) * 1e6 for k in ("unchecked", "async"))
             shares.append(
                 f"| {algorithm} | {bc.human_bytes(nbytes)} | {unchecked:.2f} | "
-                f"{100 * check_us['inline'] / unchecked:.2f}% | {100 * check_us['launch'] / unchecked:.2f}% |"
+                f"{100 * check_us['inline'] / unchecked:.2f}% | {100 * check_us['launch'] / unchecked:.2f}% | "
+                f"{unchecked_async:.2f} | {100 * check_us['launch'] / unchecked_async:.2f}% |"
             )
             ratios = [c / u for c, u in zip(t["checked"], t["unchecked"])]
             diffs = [(c - u) * 1e6 for c, u in zip(t["checked"], t["unchecked"])]
@@ -227,7 +235,7 @@ def main() -> None:
             n,
             load,
             [
-                f"{args.rounds} rounds (checked, unchecked, control) per size of ~{args.target_ms:g} ms per "
+                f"{args.rounds} rounds (checked, unchecked, control, async) per size of ~{args.target_ms:g} ms per "
                 f"measurement; see the docstring of benchmarks/bench_check.py"
             ],
             [
@@ -255,7 +263,8 @@ def main() -> None:
                     )
                 ),
                 "",
-                "As a share of each unchecked call measured above:",
+                "As a share of each unchecked call measured above (blocking calls of a contiguous numpy array take "
+                "the inline path; an async call, `launch`: its share of the unchecked async call, `wait()` included):",
                 "",
                 *shares,
             ],
