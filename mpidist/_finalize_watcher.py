@@ -35,7 +35,8 @@ __all__ = ["start", "SCRIPT", "SHELL"]
 
 SHELL = "/bin/sh"
 
-#: $1 the bound (s), $2 the rank's process id, $3 the message; descriptor 3 the pipe's read end.
+#: $1 the bound (s), $2 the rank's process id, $3 the message; descriptor 3 the pipe's read end
+#: (:data:`mpidist._helper_process.CONTROL_FD`).
 #: timeout(1) exits 124 when it ended cat at the bound, 0 when the pipe reached end-of-file.
 SCRIPT = r"""
 timeout "$1" cat <&3 >/dev/null 2>&1
@@ -46,27 +47,14 @@ printf '%s\n' "$3" >&2
 kill -s ALRM "$2"
 """
 
-_CONTROL = 3  # the pipe's read end, in the watcher
-
 
 def start(seconds: float, message: str) -> Optional[int]:
     """Start this process's exit watcher: past ``seconds`` s it writes ``message`` (one line) to
     this process's standard error and sends it SIGALRM. Returns the write end of the watcher's
-    pipe, which this process must hold until it exits (never closed: its end is the watcher's),
-    or None where none could be started (not Linux, no ``/bin/sh``). Never raises."""
+    pipe, which this process holds until it exits (never closed: its end is the watcher's), or
+    None where none could be started (not Linux, no ``/bin/sh``). Never raises."""
     if not os.path.isdir("/proc/self") or not os.access(SHELL, os.X_OK):
         return None
-    try:
-        read_end, write_end = os.pipe()  # neither inherited by other children
-    except OSError:
-        return None
     argv = [SHELL, "-c", SCRIPT, "mpidist-finalize-watcher", f"{seconds:.3f}", str(os.getpid()), message]
-    env = {"PATH": os.environ.get("PATH") or "/usr/bin:/bin"}
-    try:
-        _helper_process.spawn(argv, env, {_CONTROL: read_end}, stderr=True)
-    except OSError:
-        os.close(write_end)
-        return None
-    finally:
-        os.close(read_end)
-    return write_end
+    started = _helper_process.spawn_watcher(argv, {"PATH": os.environ.get("PATH") or "/usr/bin:/bin"}, stderr=True)
+    return None if started is None else started[1]

@@ -17,10 +17,14 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from typing import Optional
 
-__all__ = ["spawn", "reap", "kill"]
+__all__ = ["spawn", "spawn_watcher", "reap", "kill", "CONTROL_FD"]
 
 _DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores both; a child inherits that
+
+#: The descriptor at which a watcher (:func:`spawn_watcher`) holds its pipe's read end.
+CONTROL_FD = 3
 
 
 def spawn(
@@ -55,6 +59,28 @@ def spawn(
         else:  # dup2 in the child; the copy there is inheritable, this process's stays as it is
             actions.append((os.POSIX_SPAWN_DUP2, mine, child))
     return os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=setsid, setsigdef=_DEFAULTS)
+
+
+def spawn_watcher(
+    argv: list[str], env: Mapping[str, str], stderr: bool = False, setsid: bool = False
+) -> Optional[tuple[int, int]]:
+    """Start a watcher of this process as :func:`spawn` starts ``argv``, holding at
+    :data:`CONTROL_FD` the read end of a new pipe whose write end only this process holds (not
+    inheritable): the watcher reads end-of-file there once this process has closed it or exited.
+    Returns (the watcher's process id, the write end), or None where the pipe or the spawn
+    failed. Never raises OSError."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:  # out of descriptors
+        return None
+    try:
+        pid = spawn(argv, env, {CONTROL_FD: read_end}, stderr, setsid)
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return pid, write_end
 
 
 def reap(pid: int, limit: float) -> bool:

@@ -244,31 +244,18 @@ def _python(executable: str | None) -> bool:
     return name.startswith(("python", "pypy")) and not getattr(sys, "frozen", False)
 
 
-def _spawn(control_r: int) -> int:
-    """Start the watcher with ``control_r`` and no other descriptor of this process's (its
-    standard streams are /dev/null)."""
-    from mpidist import _helper_process  # noqa: PLC0415  (not at the top: this file also runs as the watcher, where mpidist is not importable)
-
-    env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ}
-    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(os.getppid()), str(control_r)]
-    return _helper_process.spawn(argv, env, {control_r: control_r}, setsid=True)
-
-
 def start() -> Watch | None:
     """Start this rank's watcher of ``MPI_Init`` (see the module docstring); None where none is
     wanted (no launcher, not the node's first rank, switched off, not Linux) or it could not be
     started. Call just before ``MPI_Init``, then :func:`end`. Never raises."""
     if not _wanted() or not os.path.isfile(os.path.abspath(__file__)) or not _python(sys.executable):
         return None
-    control_r, control_w = os.pipe()
-    try:
-        pid = _spawn(control_r)
-    except OSError:
-        os.close(control_w)
-        return None
-    finally:
-        os.close(control_r)
-    return Watch(pid, control_w)
+    from mpidist import _helper_process as H  # noqa: PLC0415  (not at the top: this file also runs as the watcher, where mpidist is not importable)
+
+    env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ}
+    me = [str(os.getpid()), str(os.getppid()), str(H.CONTROL_FD)]
+    started = H.spawn_watcher([sys.executable, "-I", "-S", os.path.abspath(__file__), *me], env, setsid=True)
+    return None if started is None else Watch(*started)
 
 
 def end(watch: Watch | None, through: bool) -> None:
@@ -278,7 +265,7 @@ def end(watch: Watch | None, through: bool) -> None:
     recorded that are still there, then exits (killed after :data:`EXIT_S` s). Never raises."""
     if watch is None:
         return
-    from mpidist._helper_process import kill, reap  # noqa: PLC0415  (see _spawn)
+    from mpidist._helper_process import kill, reap  # noqa: PLC0415  (see start)
 
     if through:  # killed before its pipe closes: end-of-file would have it remove names
         kill(watch.pid)

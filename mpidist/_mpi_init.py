@@ -149,10 +149,6 @@ def peers_had_their_timeout() -> Optional[float]:
     return grace_seconds()
 
 
-#: The write end of the exit watcher's pipe (:mod:`mpidist._finalize_watcher`), held until exit.
-_exit_watch: Optional[int] = None
-
-
 def _finalize_message(rank: int, size: int, seconds: float) -> str:
     if _waited:
         why = f"{GRACE_ENV}, the final comparison of the calls having waited the timeout already"
@@ -169,14 +165,14 @@ def _arm_finalize_alarm() -> None:
     """atexit: bound what is left of this process, MPI_Finalize included: the exit watcher
     ends it at the bound, after a line that says why; the kernel's alarm one second later where
     no watcher could start."""
-    global _exit_watch
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
         return
     seconds = grace_seconds() if _waited else bound_seconds()
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     world = MPI.COMM_WORLD
-    _exit_watch = _finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
+    # the watcher's pipe stays open until this process exits: its end-of-file tells the watcher
+    _finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
     signal.alarm(math.ceil(seconds) + 1)
 
 
