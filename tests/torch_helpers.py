@@ -57,3 +57,51 @@ def assert_ddp_step_matches_one_process(rank: int, n: int, device: str = "cuda")
         opt.step()
     for got, want in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-10, atol=0)
+
+
+def train_ddp(rank: int, device: str, compile_backend: str = "", steps: int = 3) -> list:
+    """``steps`` SGD steps of a small float64 MLP under DDP on ``device`` (each rank on its own
+    8 samples), compiled with ``torch.compile(backend=compile_backend)`` unless that is "";
+    the parameters after them, on the CPU. The same seeds give every call the same model and
+    data, so a compiled run and an eager run on the same group must agree to rounding."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)).double().to(device)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    run = torch.compile(ddp, backend=compile_backend) if compile_backend else ddp
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(8, 6, generator=g, dtype=torch.float64).to(device)
+        y = torch.randn(8, 2, generator=g, dtype=torch.float64).to(device)
+        opt.zero_grad()
+        nn.functional.mse_loss(run(x), y).backward()
+        opt.step()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def assert_compiled_ddp_matches_eager(rank: int, device: str, compile_backend: str) -> None:
+    """DDP compiled with ``compile_backend`` trains to the parameters eager DDP reaches on the
+    same group (float64; rtol 1e-9), and the ranks' parameters stay identical."""
+    eager = train_ddp(rank, device)
+    compiled = train_ddp(rank, device, compile_backend)
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    flat = torch.cat([p.reshape(-1) for p in compiled]).to(device)
+    root = flat.clone()
+    tdist.broadcast(root, src=0)
+    assert torch.equal(flat, root), "the ranks' compiled DDP parameters differ"
+
+
+def assert_compiled_broadcast(rank: int, device: str, compile_backend: str = "aot_eager") -> None:
+    """Compiled code that calls ``dist.broadcast`` (Dynamo graph-breaks there, as on gloo)
+    gets rank 0's tensor, and the compiled arithmetic around it runs."""
+
+    @torch.compile(backend=compile_backend)
+    def f(t: torch.Tensor) -> torch.Tensor:
+        t = t + 1
+        tdist.broadcast(t, src=0)
+        return t * 2
+
+    out = f(torch.full((5,), float(rank), device=device))
+    assert torch.equal(out.cpu(), torch.full((5,), 2.0))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch.distributed as _dist
 
-from mpidist.torch import _mpi_name, rendezvous
+from mpidist.torch import _dynamo_fence, _mpi_name, rendezvous
 from mpidist.torch._backend import create, declare_self_recording
 from mpidist.torch._process_group import BACKEND_NAME, ProcessGroupMpidist
 from mpidist.torch._work import TorchWork
@@ -46,6 +46,7 @@ def register() -> None:
     declare_self_recording(BACKEND_NAME)
     rendezvous.register()
     _mpi_name.install()
+    _dynamo_fence.fence_package()
 
 
 register()
