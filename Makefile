@@ -246,12 +246,16 @@ clean:
 # gloo (the `bench` extra: CPU torch), nccl-tests' layout; bench_ddp_hooks.py: DDP comm hooks;
 # bench_latency.py: where the 8-byte all_reduce's time goes (raw, mpidist, the bare latency path);
 # bench_check.py: what the default mismatch check costs (all_reduce with it on and off, paired).
+# bench_device_host.py: mpidist's host work per small device collective with the device stubbed out,
+# this tree against $(DEVICE_HOST_BASELINE) in the same run (device_host.md).
 # bench_torch.py: torch's dist.all_reduce through the "mpidist" backend vs gloo, raw mpi4py and a
 # do-nothing backend, and a DDP step over mpidist vs gloo (torch_np{2,4}.md). bench_store.py: the store
 # over MPI (mpidist.torch.MPIStore) vs torch's TCPStore, and gloo's init over each (store_np{2,4}.md).
 BENCH         := $(PY) benchmarks/bench_allreduce.py
 BENCH_COLL    := $(PY) benchmarks/bench_collectives.py
 BENCH_TIMEOUT ?= 1200
+# bench_device_host.py's "before": the revision before the device path's per-call cost was cut
+DEVICE_HOST_BASELINE ?= 40aa2fd
 BENCH_STAMP   := $(VENV)/.bench-installed-stamp
 
 .PHONY: bench bench-quick bench-install
@@ -279,6 +283,8 @@ bench: bench-install
 	  echo "== cost of the default mismatch check (all_reduce, check on / off) under mpiexec -n $$n"; \
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_check.py; \
 	done
+	@echo "== host cost of a small device collective, device work stubbed out (vs DEVICE_HOST_BASELINE)"
+	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(PY) benchmarks/bench_device_host.py --baseline $(DEVICE_HOST_BASELINE)
 	@set -e; for n in 2 4; do \
 	  echo "== shm all_reduce benchmark under mpiexec -n $$n"; \
 	  timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_shm.py; \

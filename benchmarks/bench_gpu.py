@@ -376,6 +376,20 @@ def targets(rows: list) -> list[str]:
         ]
         if parts:
             lines.append(f"- {op} host-staging time / (host-mpi time + device<->host copy time): " + ", ".join(parts))
+        plain = {r["size"]: r for r in rows if r["path"] == "host-staging-unpipelined" and r["op"] == op and r["size"]}
+        gain = [
+            f"{bc.human_bytes(z)} {plain[z]['time_us'] / stg[z]['time_us']:.2f}x" for z in sorted(stg) if z in plain
+        ]
+        if gain:
+            lines.append(f"- {op} host-staging, pipelined vs unpipelined (time ratio, same run): " + ", ".join(gain))
+        sweep = {}
+        for r in rows:
+            if r["path"].startswith("host-staging@") and r["op"] == op and r["size"]:
+                sweep.setdefault(r["path"].split("@")[1], []).append(
+                    f"{bc.human_bytes(r['size'])} {bc.fmt(r['vs_host'], 3)}"
+                )
+        for chunk, cells in sweep.items():
+            lines.append(f"- {op} host-staging with {chunk} chunks, vs host: " + ", ".join(cells))
     return lines
 
 
@@ -393,6 +407,11 @@ def main() -> int:
     parser.add_argument("--max-bytes", default="256M")
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument(
+        "--staging-chunks",
+        default="",
+        help="also time pipelined host staging with these chunk sizes (e.g. 1M,4M,16M), from 16 MiB",
+    )
     args = parser.parse_args()
     reason = skip_reason()
     if reason:
@@ -417,8 +436,11 @@ def main() -> int:
         ("nccl", "cpu:mpi,cuda:nccl", {}, nccl_ok(cupy, n_local)),
         ("cuda-aware-mpi", "mpi", {"MPIDIST_CUDA_AWARE": "1"}, "" if aware else f"not CUDA-aware ({how})"),
         ("host-staging", "mpi", {"MPIDIST_CUDA_AWARE": "0"}, ""),
+        ("host-staging-unpipelined", "mpi", {"MPIDIST_CUDA_AWARE": "0", "MPIDIST_STAGING_CHUNK": "off"}, ""),
         ("host-mpi", "mpi", {}, ""),
     ]
+    chunks = [c for c in args.staging_chunks.split(",") if c]
+    paths += [(f"host-staging@{c}", "mpi", {"MPIDIST_CUDA_AWARE": "0", "MPIDIST_STAGING_CHUNK": c}, "") for c in chunks]
     rows: list = []
     for name, backend, env, why in paths:
         why = COMM.allreduce(why, op=MPI.MAX)
@@ -431,7 +453,8 @@ def main() -> int:
             if why:
                 rows += unavailable(name, why)
             else:
-                run_sizes(path, cupy, sizes, copy_bw, rows)
+                big = [z for z in sizes if z >= 16 << 20] if "@" in name else sizes
+                run_sizes(path, cupy, big, copy_bw, rows)
         finally:
             path.stop(mpidist)
     compare(rows, host_bw)

@@ -11,13 +11,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "is_device_array", "DLPACK_DEVICE_TYPES"]
+__all__ = ["array_module", "is_device_array", "DLPACK_DEVICE_TYPES", "DEVICE_TYPES"]
 
 #: DLPack device types (dlpack.h ``DLDeviceType``) whose memory only a GPU can read:
 #: kDLCUDA (2) and kDLCUDAManaged (13). kDLCUDAHost (3), page-locked host memory, is
 #: deliberately not among them: the CPU reads it directly, so such an array is host
 #: memory for mpidist (wrap it with ``numpy.from_dlpack`` to pass it to an op).
 DLPACK_DEVICE_TYPES = (2, 13)
+
+
+#: Classes every instance of which is a device array (``cupy.ndarray``, added when the device
+#: runtime loads CuPy; mpidist.torch's CudaTensor): :func:`is_device_array` answers them
+#: without evaluating their ``__cuda_array_interface__`` (CuPy builds it on every access).
+DEVICE_TYPES: set = set()
 
 
 def is_device_array(x: Any) -> bool:
@@ -28,7 +34,7 @@ def is_device_array(x: Any) -> bool:
     (torch, jax, ... CUDA tensors). numpy arrays (kDLCPU) and pinned host memory
     (kDLCUDAHost) are host arrays: False.
     """
-    if hasattr(x, "__cuda_array_interface__"):
+    if type(x) in DEVICE_TYPES or hasattr(x, "__cuda_array_interface__"):
         return True
     dl = getattr(x, "__dlpack_device__", None)
     if dl is None or isinstance(x, np.ndarray):

@@ -20,6 +20,7 @@ array before synchronizing its stream sends stale data and the test sees it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional
 
 import numpy as np
@@ -120,6 +121,10 @@ class FakeDeviceArray:
         return f"FakeDeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
 
 
+def _DONE() -> None:  # noqa: N802  (a queue entry that ran)
+    return None
+
+
 class FakeRuntime:
     """mpidist's device runtime (``mpidist.device.runtime.DeviceRuntime``) for
     :class:`FakeDeviceArray`: numpy copies, counters, and the stream model above.
@@ -135,7 +140,9 @@ class FakeRuntime:
     def __init__(self, devices: int = 2) -> None:
         self.devices = devices
         self.syncs = self.down = self.up = self.pinned_allocs = self.views = 0
+        self.async_down = self.async_up = 0
         self.log: list = []
+        self._copy_streams: dict = {}
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, FakeDeviceArray)
@@ -184,6 +191,37 @@ class FakeRuntime:
 
     def device_count(self) -> int:
         return self.devices
+
+    # asynchronous copies (pipelined staging): each stream a queue, run only when an event
+    # recorded after them is waited on, so a host that reads a buffer before waiting for its
+    # copy sees stale data, as it would on a GPU
+    def on_device(self, device: int) -> Any:
+        return contextlib.nullcontext()
+
+    def copy_streams(self, device: int) -> tuple:
+        return self._copy_streams.setdefault(device, ([], []))
+
+    def copy_down(self, x: FakeDeviceArray, offset: int, out: np.ndarray, stream: list) -> None:
+        assert x.pending is None, "copied down before the stream was synchronized"
+        src = x.host.reshape(-1).view(np.uint8)[offset : offset + out.nbytes]
+        stream.append(lambda: np.copyto(out, src))
+        self.async_down += 1
+
+    def copy_up(self, src: np.ndarray, x: FakeDeviceArray, offset: int, stream: list) -> None:
+        dst = x.host.reshape(-1).view(np.uint8)[offset : offset + src.nbytes]
+        data = src  # read when the copy runs, as the device would
+        stream.append(lambda: np.copyto(dst, data))
+        self.async_up += 1
+
+    def record(self, stream: list) -> tuple:
+        return (stream, len(stream))
+
+    def wait(self, event: tuple) -> None:
+        stream, upto = event
+        # run what was enqueued up to the event (entries run once: replaced by no-ops)
+        for i in range(upto):
+            job, stream[i] = stream[i], _DONE
+            job()
 
 
 # -- one call of every op, for the device-path tests ------------------------------------------

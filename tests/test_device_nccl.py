@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -175,10 +176,25 @@ def expected_reduction(name: str, dtype, shape, n: int, salt: int, factor=None) 
     return acc
 
 
+def run(op: str, g, args: dict):
+    """``nccl.run``, then, for a sync op, what a host that reads the results does first:
+    synchronize the stream it called from (as ``cupy.asnumpy`` does; a sync op runs on it).
+    The fake's sends and receives stay pending on their stream until then."""
+    out = nccl.run(op, g, args)
+    if not args.get("async_op") and op not in ("isend", "irecv", "batch_isend_irecv"):
+        shim = _nccl_shim.get()
+        shim.synchronize(shim.current_stream())
+    return out
+
+
 def finish(work, async_op: bool):
-    """None for sync calls; for async ones check the Work and wait on it."""
+    """None for sync calls, whose results the host reads after synchronizing the stream it
+    called from (as ``cupy.asnumpy`` does; a sync op runs on it); for async ones check the
+    Work and wait on it."""
     if not async_op:
         assert work is None
+        shim = _nccl_shim.get()
+        shim.synchronize(shim.current_stream())
         return
     assert isinstance(work, nccl.NcclWork)
     assert work.wait() is True
@@ -205,7 +221,7 @@ def test_all_reduce_every_op_and_dtype(dist, shim, name, dtype):
     factor = premul_factor(dtype) if name == "PREMUL" else None
     op = make_premul_sum(factor) if factor is not None else OPS[name]
     x = dev(data(dtype, (3, 4), 1, me))
-    assert nccl.run("all_reduce", g, {"tensor": x, "op": op}) is None
+    assert run("all_reduce", g, {"tensor": x, "op": op}) is None
     want = expected_reduction(name, dtype, (3, 4), len(members), 1, factor)
     assert x.host.tobytes() == want.tobytes()
     assert len(set(MPI.COMM_WORLD.allgather(x.host.tobytes()))) == 1
@@ -217,12 +233,12 @@ def test_dlpack_only_device_arrays_take_the_nccl_path(dist, shim, async_op):
     through a zero-copy view: the results land in its own memory."""
     g, members, me = world(dist)
     x = DLPackOnly(dev(data(np.float32, (2, 3), 8, me)))
-    finish(nccl.run("all_reduce", g, {"tensor": x, "op": ReduceOp.SUM, "async_op": async_op}), async_op)
+    finish(run("all_reduce", g, {"tensor": x, "op": ReduceOp.SUM, "async_op": async_op}), async_op)
     assert ("from_dlpack", "DLPackOnly") in shim.log
     np.testing.assert_array_equal(x.inner.host, expected_reduction("SUM", np.float32, (2, 3), len(members), 8))
     out = DLPackOnly(dev(np.zeros((len(members), 2), np.int32)))
     finish(
-        nccl.run(
+        run(
             "all_gather_into_tensor",
             g,
             {"output_tensor": out, "input_tensor": dev(np.full(2, me, np.int32)), "async_op": async_op},
@@ -240,7 +256,7 @@ def test_a_host_object_is_not_taken_for_a_device_array_on_the_nccl_path(dist, sh
         r"object with __cuda_array_interface__ or a CUDA __dlpack_device__\) "
         r"on the NCCL path, got list",
     ):
-        nccl.run("all_reduce", g, {"tensor": [1.0], "op": ReduceOp.SUM})
+        run("all_reduce", g, {"tensor": [1.0], "op": ReduceOp.SUM})
 
 
 def test_reduction_plans_match_nccl_codes():
@@ -264,9 +280,9 @@ def test_avg_without_nccl_avg_sums_then_divides(dist):
         g = dist.new_group()
         pg, members, me = _runtime.resolve_group(g), list(range(dist.get_world_size())), dist.get_rank()
         x = dev(data(np.float64, 7, 2, me))
-        nccl.run("all_reduce", pg, {"tensor": x, "op": ReduceOp.AVG})
+        run("all_reduce", pg, {"tensor": x, "op": ReduceOp.AVG})
         np.testing.assert_array_equal(x.host, expected_reduction("AVG", np.float64, 7, len(members), 2))
-        assert ("kernel", pg._resources["nccl"].main.stream.ptr) in fake.log  # the division, on the stream
+        assert ("kernel", fake.current_stream().ptr) in fake.log  # the division, on a sync op's stream: the caller's
         dist.destroy_process_group(g)
     finally:
         _nccl_shim.use(previous)
@@ -305,7 +321,7 @@ def test_reduction_errors(dist, shim, op, dtype, kind, message):
         else:
             args = {"tensor": x, **args}
         with pytest.raises(kind, match=PREFIX + re.escape(f"{call}: {message}")):
-            nccl.run(call, g, {**args, "op": op})
+            run(call, g, {**args, "op": op})
 
 
 @pytest.mark.parametrize("async_op", [False, True])
@@ -317,7 +333,7 @@ def test_reduce_every_root(dist, shim, any_group, async_op):
     for root_index, root in enumerate(members):
         x = dev(data(np.float32, (2, 5), 3, me))
         finish(
-            nccl.run("reduce", g, {"tensor": x, "dst": root, "op": make_premul_sum(0.5), "async_op": async_op}),
+            run("reduce", g, {"tensor": x, "dst": root, "op": make_premul_sum(0.5), "async_op": async_op}),
             async_op,
         )
         if me == root_index:
@@ -335,7 +351,7 @@ def test_all_reduce_any_group(dist, shim, any_group, async_op):
         return
     g, members, me = m
     x = dev(data(np.int64, 11, 4, me))
-    finish(nccl.run("all_reduce", g, {"tensor": x, "op": ReduceOp.MAX, "async_op": async_op}), async_op)
+    finish(run("all_reduce", g, {"tensor": x, "op": ReduceOp.MAX, "async_op": async_op}), async_op)
     np.testing.assert_array_equal(x.host, expected_reduction("MAX", np.int64, 11, len(members), 4))
 
 
@@ -354,7 +370,7 @@ def test_reduce_scatter_list(dist, shim, any_group, layout, op):
     for a, h in zip(ins, hosts):
         a.host[...] = h
     out = dev(np.zeros((2, 3)))
-    nccl.run("reduce_scatter", g, {"output": out, "input_list": ins, "op": reduce_op})
+    run("reduce_scatter", g, {"output": out, "input_list": ins, "op": reduce_op})
     parts = [data(np.float64, (2, 3), 5, r, me) * (factor or 1) for r in range(n)]
     want = sum(parts[1:], parts[0].copy())
     np.testing.assert_array_equal(out.host, want / n if op == "AVG" else want)
@@ -372,7 +388,7 @@ def test_reduce_scatter_tensor(dist, shim, any_group, in_place, async_op):
     n = len(members)
     inp = dev(data(np.complex128, (n, 4), 6, me))
     out = view_of(inp, me * 4, (me + 1) * 4) if in_place else dev(np.zeros(4, np.complex128))
-    finish(nccl.run("reduce_scatter_tensor", g, {"output": out, "input": inp, "async_op": async_op}), async_op)
+    finish(run("reduce_scatter_tensor", g, {"output": out, "input": inp, "async_op": async_op}), async_op)
     want = sum(data(np.complex128, (n, 4), 6, r)[me] for r in range(n))
     np.testing.assert_array_equal(out.host, want)
 
@@ -389,7 +405,7 @@ def test_broadcast_every_src(dist, shim, any_group, dtype, async_op):
     g, members, me = m
     for src_index, src in enumerate(members):
         x = dev(data(dtype, (3, 2), 7, me))
-        finish(nccl.run("broadcast", g, {"tensor": x, "src": src, "async_op": async_op}), async_op)
+        finish(run("broadcast", g, {"tensor": x, "src": src, "async_op": async_op}), async_op)
         np.testing.assert_array_equal(x.host, data(dtype, (3, 2), 7, src_index))
 
 
@@ -408,7 +424,7 @@ def test_all_gather(dist, shim, any_group, layout, async_op):
         if layout != "block"
         else block([shape(r) for r in range(n)], np.int32)
     )
-    finish(nccl.run("all_gather", g, {"tensor_list": outs, "tensor": inp, "async_op": async_op}), async_op)
+    finish(run("all_gather", g, {"tensor_list": outs, "tensor": inp, "async_op": async_op}), async_op)
     for r in range(n):
         np.testing.assert_array_equal(outs[r].host, data(np.int32, shape(r), 8, r))
     used = {e[1] for e in shim.log if e[0] == "nccl"}
@@ -430,7 +446,7 @@ def test_all_gather_into_tensor(dist, shim, any_group, in_place, async_op):
     else:
         inp = dev(data(np.float16, 3, 9, me))
     finish(
-        nccl.run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": inp, "async_op": async_op}),
+        run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": inp, "async_op": async_op}),
         async_op,
     )
     np.testing.assert_array_equal(out.host, np.stack([data(np.float16, 3, 9, r) for r in range(n)]))
@@ -446,13 +462,13 @@ def test_gather_and_scatter_every_root(dist, shim, any_group, async_op):
     for root_index, root in enumerate(members):
         mine = dev(data(np.float32, (me + 1,), 10, me))
         gl = [dev(np.zeros(r + 1, np.float32)) for r in range(n)] if me == root_index else None
-        finish(nccl.run("gather", g, {"tensor": mine, "gather_list": gl, "dst": root, "async_op": async_op}), async_op)
+        finish(run("gather", g, {"tensor": mine, "gather_list": gl, "dst": root, "async_op": async_op}), async_op)
         if gl is not None:
             for r in range(n):
                 np.testing.assert_array_equal(gl[r].host, data(np.float32, (r + 1,), 10, r))
         out = dev(np.zeros(me + 2, np.uint8))
         sl = [dev(data(np.uint8, (r + 2,), 11, root_index, r)) for r in range(n)] if me == root_index else None
-        finish(nccl.run("scatter", g, {"tensor": out, "scatter_list": sl, "src": root, "async_op": async_op}), async_op)
+        finish(run("scatter", g, {"tensor": out, "scatter_list": sl, "src": root, "async_op": async_op}), async_op)
         np.testing.assert_array_equal(out.host, data(np.uint8, (me + 2,), 11, root_index, me))
 
 
@@ -470,7 +486,7 @@ def test_all_to_all_uneven(dist, shim, any_group, async_op):
     ins = [dev(data(np.float64, (rows(me, r), 2), 12, me, r)) for r in range(n)]
     outs = [dev(np.zeros((rows(r, me), 2))) for r in range(n)]
     finish(
-        nccl.run("all_to_all", g, {"output_tensor_list": outs, "input_tensor_list": ins, "async_op": async_op}),
+        run("all_to_all", g, {"output_tensor_list": outs, "input_tensor_list": ins, "async_op": async_op}),
         async_op,
     )
     for r in range(n):
@@ -493,7 +509,7 @@ def test_all_to_all_single(dist, shim, any_group, splits, async_op):
         args = {}
     inp = dev(np.concatenate([data(np.int64, (k, 3), 13, me, r) for r, k in enumerate(in_rows)]))
     out = dev(np.zeros((sum(out_rows), 3), np.int64))
-    finish(nccl.run("all_to_all_single", g, {"output": out, "input": inp, "async_op": async_op, **args}), async_op)
+    finish(run("all_to_all_single", g, {"output": out, "input": inp, "async_op": async_op, **args}), async_op)
     want = np.concatenate([data(np.int64, (k, 3), 13, r, me) for r, k in enumerate(out_rows)])
     np.testing.assert_array_equal(out.host, want)
 
@@ -503,13 +519,13 @@ def test_overlapping_inputs_are_staged(dist, shim):
     g, members, me = world(dist)
     n = len(members)
     buf = dev(np.concatenate([data(np.int32, (1, 2), 14, me, r) for r in range(n)]))
-    nccl.run("all_to_all_single", g, {"output": buf, "input": buf})
+    run("all_to_all_single", g, {"output": buf, "input": buf})
     np.testing.assert_array_equal(buf.host, np.concatenate([data(np.int32, (1, 2), 14, r, me) for r in range(n)]))
     out = dev(np.zeros(2 * n, np.int32))
     other = (me + 1) % n
     inp = view_of(out, other * 2, other * 2 + 2)
     inp.host[...] = data(np.int32, 2, 15, me)
-    nccl.run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": inp})
+    run("all_gather_into_tensor", g, {"output_tensor": out, "input_tensor": inp})
     np.testing.assert_array_equal(out.host, np.concatenate([data(np.int32, 2, 15, r) for r in range(n)]))
 
 
@@ -529,7 +545,7 @@ def test_ring_exchange(dist, shim, any_group, mode):
     out, got = dev(data(np.float32, 100, 16, me)), dev(np.zeros(100, np.float32))
     group = None if g is _runtime.state().world else g
     if mode == "batch":
-        works = nccl.run(
+        works = run(
             "batch_isend_irecv",
             g,
             {"p2p_op_list": [p2p_op(mpidist.irecv, got, left, group), p2p_op(mpidist.isend, out, right, group)]},
@@ -541,14 +557,14 @@ def test_ring_exchange(dist, shim, any_group, mode):
             [(left, "irecv", {"tensor": got, "src": left}), (right, "isend", {"tensor": out, "dst": right})],
             key=lambda p: (p[0], p[1]),
         )
-        works = {op: nccl.run(op, g, args) for _, op, args in posts}
+        works = {op: run(op, g, args) for _, op, args in posts}
         assert all(w.wait() for w in works.values()) and works["irecv"].source_rank() == left
     elif me % 2 == 0:
-        assert nccl.run("send", g, {"tensor": out, "dst": right}) is None
-        assert nccl.run("recv", g, {"tensor": got, "src": left}) == left
+        assert run("send", g, {"tensor": out, "dst": right}) is None
+        assert run("recv", g, {"tensor": got, "src": left}) == left
     else:
-        assert nccl.run("recv", g, {"tensor": got, "src": left}) == left
-        assert nccl.run("send", g, {"tensor": out, "dst": right}) is None
+        assert run("recv", g, {"tensor": got, "src": left}) == left
+        assert run("send", g, {"tensor": out, "dst": right}) is None
     np.testing.assert_array_equal(got.host, data(np.float32, 100, 16, members.index(left)))
     st = state(g)
     if mode == "batch":
@@ -563,7 +579,7 @@ def test_p2p_first_op_between_two_ranks_only(dist, shim):
     g, _, me = world(dist)
     if me < 2:
         x = dev(data(np.int8, 5, 17, 0) if me == 0 else np.zeros(5, np.int8))
-        nccl.run("send" if me == 0 else "recv", g, {"tensor": x, ("dst" if me == 0 else "src"): 1 - me})
+        run("send" if me == 0 else "recv", g, {"tensor": x, ("dst" if me == 0 else "src"): 1 - me})
         np.testing.assert_array_equal(x.host, data(np.int8, 5, 17, 0))
         assert state(g).made == 1
     dist.barrier()
@@ -577,8 +593,8 @@ def test_barrier_sync_and_async(dist, shim, any_group):
     if m is None:
         return
     g, _, _ = m
-    assert nccl.run("barrier", g, {}) is None
-    work = nccl.run("barrier", g, {"async_op": True, "device_ids": [0]})
+    assert run("barrier", g, {}) is None
+    work = run("barrier", g, {"async_op": True, "device_ids": [0]})
     assert work.wait() is True and work.is_completed()
     assert state(g).made == 1
 
@@ -587,17 +603,17 @@ def test_multigpu_forms_take_one_array(dist, shim):
     g, members, me = world(dist)
     n = len(members)
     x = dev(data(np.float32, 4, 18, me))
-    nccl.run("all_reduce_multigpu", g, {"tensor_list": [x]})
+    run("all_reduce_multigpu", g, {"tensor_list": [x]})
     np.testing.assert_array_equal(x.host, expected_reduction("SUM", np.float32, 4, len(members), 18))
     y = dev(data(np.float32, 4, 19, me))
-    nccl.run("reduce_multigpu", g, {"tensor_list": [y], "dst": 0, "dst_tensor": 0})
+    run("reduce_multigpu", g, {"tensor_list": [y], "dst": 0, "dst_tensor": 0})
     if me == 0:
         np.testing.assert_array_equal(y.host, expected_reduction("SUM", np.float32, 4, len(members), 19))
     z = dev(data(np.float32, 4, 20, me))
-    nccl.run("broadcast_multigpu", g, {"tensor_list": [z], "src": n - 1})
+    run("broadcast_multigpu", g, {"tensor_list": [z], "src": n - 1})
     np.testing.assert_array_equal(z.host, data(np.float32, 4, 20, n - 1))
     outs = [dev(np.zeros(4, np.float32)) for _ in range(n)]
-    w = nccl.run("all_gather_multigpu", g, {"output_tensor_lists": [outs], "input_tensor_list": [x], "async_op": True})
+    w = run("all_gather_multigpu", g, {"output_tensor_lists": [outs], "input_tensor_list": [x], "async_op": True})
     w.wait()
     for o in outs:
         np.testing.assert_array_equal(o.host, x.host)
@@ -606,55 +622,92 @@ def test_multigpu_forms_take_one_array(dist, shim):
         "multi-GPU forms), got 2"
     )
     with pytest.raises(ValueError, match=PREFIX + re.escape(f"all_reduce_multigpu: {msg}")):
-        nccl.run("all_reduce_multigpu", g, {"tensor_list": [x, y]})
+        run("all_reduce_multigpu", g, {"tensor_list": [x, y]})
     with pytest.raises(ValueError, match=re.escape("dst_tensor=1 is out of range: the NCCL path takes one array")):
-        nccl.run("reduce_multigpu", g, {"tensor_list": [y], "dst": 0, "dst_tensor": 1})
+        run("reduce_multigpu", g, {"tensor_list": [y], "dst": 0, "dst_tensor": 1})
 
 
 # -- streams, Work, lifetime, recorder ---------------------------------------------------------------
 
 
 def test_stream_protocol_of_a_sync_op(dist, shim):
+    """A sync op runs on the caller's stream (torch >= 2.8, pytorch#150398): no event between
+    two streams, one done event recorded after it for the recorder, and the host goes on."""
     g, _, me = world(dist)
     x = FakeDeviceArray.from_host(np.ones(3), stream=None)  # its interface: no stream to wait for
     nccl.run("all_reduce", g, {"tensor": x})  # makes the communicator
     comm = state(g).main
     user, mark = shim.current_stream().ptr, len(shim.log)
     nccl.run("all_reduce", g, {"tensor": x})
-    (_, ready, on_user), (_, stream, waited), (_, _, nccl_stream), (_, done, on_nccl), (_, back, waited2) = shim.log[
-        mark : mark + 5
-    ]
+    (_, _, nccl_stream), (_, done, on) = shim.log[mark : mark + 2]
+    assert nccl_stream == user != comm.stream.ptr and on == user  # the op and its done event: the caller's stream
+    assert len(shim.log) == mark + 2  # nothing else: no wait, and the host did not synchronize
+    rec = R.snapshot()[-1]
+    assert REAPER.drain() and R.snapshot()[-1]["state"] == "completed", rec
+
+
+def test_stream_protocol_of_an_async_op(dist, shim):
+    """An async op runs on the communicator's stream, after an event recorded on the caller's;
+    ``wait()`` makes the caller's stream wait on its done event, and the host goes on."""
+    g, _, me = world(dist)
+    x = FakeDeviceArray.from_host(np.ones(3), stream=None)
+    nccl.run("all_reduce", g, {"tensor": x})
+    comm = state(g).main
+    user, mark = shim.current_stream().ptr, len(shim.log)
+    work = nccl.run("all_reduce", g, {"tensor": x, "async_op": True})
+    (_, ready, on_user), (_, stream, waited), (_, _, nccl_stream), (_, done, on_nccl) = shim.log[mark : mark + 4]
     assert on_user == user and stream == comm.stream.ptr and waited == ready  # NCCL stream waits on the caller
-    assert nccl_stream == comm.stream.ptr != user  # the op runs on the NCCL stream
-    assert on_nccl == comm.stream.ptr and back == user and waited2 == done  # the caller waits on the done event
-    assert len(shim.log) == mark + 5  # and the host did not synchronize
+    assert nccl_stream == comm.stream.ptr != user and on_nccl == comm.stream.ptr  # the op runs on the NCCL stream
+    assert len(shim.log) == mark + 4
+    work.wait()
+    assert shim.log[mark + 4 :] == [("wait", user, done)]  # the caller waits on the done event
+
+
+def test_sync_ops_end_without_a_thread_hand_off(dist, shim):
+    """A sync op's entry ends when a later op on the communicator sees its done event, or the
+    completion thread's backstop poll does; the arrays of a sync op are not kept."""
+    g, _, me = world(dist)
+    x = FakeDeviceArray.from_host(np.ones(3), stream=None)
+    nccl.run("all_reduce", g, {"tensor": x})
+    comm = state(g).main
+    shim.hold = True
+    nccl.run("all_reduce", g, {"tensor": x})
+    rec = R.snapshot()[-1]
+    assert rec["state"] == "started" and len(comm.inflight) == 1 and not REAPER._items
+    shim.release()
+    nccl.run("all_reduce", g, {"tensor": x})  # the next op ends the first
+    assert [e["state"] for e in R.snapshot()[-2:]] in (["completed", "started"], ["completed", "completed"])
+    deadline = time.monotonic() + 5
+    while comm.inflight and time.monotonic() < deadline:  # the backstop, with no further op
+        time.sleep(0.01)
+    assert not comm.inflight and R.snapshot()[-1]["state"] == "completed"
 
 
 def test_ops_wait_for_the_streams_their_arrays_are_ready_on(dist, shim):
     """__cuda_array_interface__ v3's ``stream`` (a torch tensor reports its current stream):
-    the NCCL stream waits on an event recorded there, once per distinct stream, before the op."""
+    the op's stream (a sync op's: the caller's) waits on an event recorded there, once per
+    distinct stream other than the caller's, before the op."""
     g, members, me = world(dist)
     nccl.run("all_reduce", g, {"tensor": FakeDeviceArray.from_host(np.ones(2), stream=None)})
-    nccl_ptr = state(g).main.stream.ptr
+    user = shim.current_stream().ptr
 
     def waits_before_the_op(mark: int) -> list:
         log = shim.log[mark:]
         first = next(i for i, e in enumerate(log) if e[0] == "nccl")
         recorded = {e[1]: e[2] for e in log[:first] if e[0] == "record"}
-        return sorted(recorded[e[2]] for e in log[:first] if e[0] == "wait" and e[1] == nccl_ptr)
+        return sorted(recorded[e[2]] for e in log[:first] if e[0] == "wait" and e[1] == user)
 
-    user = shim.current_stream().ptr
     mark = len(shim.log)
     x = FakeDeviceArray.from_host(data(np.float32, 4, 2, me), stream=0x7000)
     nccl.run("all_reduce", g, {"tensor": x})
-    assert waits_before_the_op(mark) == sorted([user, 0x7000])
+    assert waits_before_the_op(mark) == [0x7000]
     np.testing.assert_array_equal(x.host, expected_reduction("SUM", np.float32, 4, len(members), 2))
     mark = len(shim.log)
     outs = [FakeDeviceArray.from_host(np.zeros(2), stream=s) for s in (0x8000, 0x9000) * len(members)][: len(members)]
     nccl.run(
         "all_gather", g, {"tensor_list": outs, "tensor": FakeDeviceArray.from_host(np.full(2, me * 1.0), stream=0x8000)}
     )
-    assert waits_before_the_op(mark) == sorted([user, 0x8000] + ([0x9000] if len(members) > 1 else []))
+    assert waits_before_the_op(mark) == sorted([0x8000] + ([0x9000] if len(members) > 1 else []))
     assert [o.host.tolist() for o in outs] == [[float(r)] * 2 for r in range(len(members))]
 
 
@@ -671,7 +724,7 @@ def test_the_legacy_default_stream_is_the_null_stream_of_the_caller(dist, shim):
     x = FakeDeviceArray.from_host(np.ones(2), stream=1)
     nccl.run("all_reduce", g, {"tensor": x})
     first = next(i for i, e in enumerate(shim.log[mark:]) if e[0] == "nccl")
-    assert [e for e in shim.log[mark : mark + first] if e[0] == "record"] == [("record", state(g).main.ready.id, 0)]
+    assert first == 0 and shim.log[mark][2] == 0  # no record, no wait: the op itself first, on the null stream
     assert x.host.tolist() == [float(len(members))] * 2
 
 
@@ -711,7 +764,7 @@ def test_async_work_completes_with_its_event(dist, shim):
 def test_barrier_blocks_the_host_until_done(dist, shim):
     g, _, _ = world(dist)
     shim.hold = True
-    work = nccl.run("barrier", g, {"async_op": True})
+    work = run("barrier", g, {"async_op": True})
     with pytest.raises(DistError, match=re.escape("barrier: Work.wait timed out")):
         work.wait(timeout=0.02)
     shim.release()
@@ -721,7 +774,7 @@ def test_barrier_blocks_the_host_until_done(dist, shim):
 def test_flight_recorder_names_the_ops(dist, shim):
     g, _, me = world(dist)
     x = dev(np.ones(4, np.float32))
-    nccl.run("broadcast", g, {"tensor": x, "src": 0})
+    run("broadcast", g, {"tensor": x, "src": 0})
     assert REAPER.drain()
     last = R.snapshot()[-1]
     assert (last["op"], last["shapes"], last["dtype"], last["root"], last["state"]) == (
@@ -736,7 +789,7 @@ def test_flight_recorder_names_the_ops(dist, shim):
         DistBackendError,
         match=PREFIX + re.escape("all_reduce: the op failed: NCCL error: NCCL_ERROR_SYSTEM_ERROR: injected failure"),
     ):
-        nccl.run("all_reduce", g, {"tensor": x})
+        run("all_reduce", g, {"tensor": x})
     assert R.snapshot()[-1]["state"] == "failed"  # (every rank failed the same way: nothing unmatched)
 
 
@@ -745,8 +798,8 @@ def test_communicators_made_once_and_destroyed_with_the_group(dist, shim):
     group = dist.new_group()
     g = _runtime.resolve_group(group)
     for _ in range(3):
-        nccl.run("all_reduce", g, {"tensor": dev(np.ones(2))})
-        nccl.run(
+        run("all_reduce", g, {"tensor": dev(np.ones(2))})
+        run(
             "all_gather_into_tensor", g, {"output_tensor": dev(np.zeros(len(members))), "input_tensor": dev(np.ones(1))}
         )
     assert state(g).made == 1 and len(shim.comms) == 1
@@ -761,7 +814,7 @@ def test_cupy13_tuple_unique_ids(dist):
     try:
         g = dist.new_group()
         x = dev(np.full(2, dist.get_rank() + 1.0))
-        nccl.run("all_reduce", _runtime.resolve_group(g), {"tensor": x})
+        run("all_reduce", _runtime.resolve_group(g), {"tensor": x})
         n = dist.get_world_size()
         np.testing.assert_array_equal(x.host, np.full(2, n * (n + 1) / 2))
         assert isinstance(fake.comms[0].uid, tuple)
@@ -798,10 +851,10 @@ def test_ranks_sharing_a_gpu(dist, monkeypatch, version, env, refused):
                     f"{version % 100}) and NCCL_MULTI_RANK_GPU_ENABLE=1"
                 ),
             ):
-                nccl.run("all_reduce", pg, {"tensor": x})
+                run("all_reduce", pg, {"tensor": x})
             assert not fake.comms  # refused before NCCL was asked
         else:
-            nccl.run("all_reduce", pg, {"tensor": x})
+            run("all_reduce", pg, {"tensor": x})
             np.testing.assert_array_equal(x.host, np.full(2, n * (n + 1) / 2))
         dist.destroy_process_group(g)
     finally:
@@ -892,7 +945,7 @@ def test_bad_arrays(dist, shim):
         if op == "gather" and me == n - 1:
             continue
         with pytest.raises(kind, match=PREFIX + re.escape(f"{op}: {message}")):
-            nccl.run(op, g, args)
+            run(op, g, args)
 
 
 def test_shared_checks_keep_each_ops_wording(dist, shim):
@@ -985,12 +1038,12 @@ def test_shared_checks_keep_each_ops_wording(dist, shim):
         )
     for op, args, kind, message in cases:
         with pytest.raises(kind, match=PREFIX + re.escape(f"{op}: {message}") + "$"):
-            nccl.run(op, g, args)
+            run(op, g, args)
 
 
 def test_arrays_must_sit_on_the_communicators_device(dist, shim):
     g, _, _ = world(dist)
-    nccl.run("all_reduce", g, {"tensor": dev(np.ones(2))})
+    run("all_reduce", g, {"tensor": dev(np.ones(2))})
     other = FakeDeviceArray.from_host(np.ones(2), device=1)
     with pytest.raises(
         ValueError,
@@ -999,9 +1052,9 @@ def test_arrays_must_sit_on_the_communicators_device(dist, shim):
             "all_reduce: tensor is on device 1, expected device 0 (where group 'default_pg' communicates through NCCL)"
         ),
     ):
-        nccl.run("all_reduce", g, {"tensor": other})
+        run("all_reduce", g, {"tensor": other})
     with pytest.raises(ValueError, match=re.escape("output_tensor is on device 1, expected device 0")):
-        nccl.run(
+        run(
             "all_gather_into_tensor",
             g,
             {
@@ -1019,11 +1072,9 @@ def test_batch_ops_must_share_one_group(dist, shim):
         ValueError,
         match=PREFIX + re.escape("batch_isend_irecv: p2p_op_list[1] is on another group than the batch's first op"),
     ):
-        nccl.run(
-            "batch_isend_irecv", g, {"p2p_op_list": [p2p_op(mpidist.isend, x, 0), p2p_op(mpidist.isend, x, 0, other)]}
-        )
+        run("batch_isend_irecv", g, {"p2p_op_list": [p2p_op(mpidist.isend, x, 0), p2p_op(mpidist.isend, x, 0, other)]})
     with pytest.raises(ValueError, match=re.escape("p2p_op_list[0] must be a P2POp, got int")):
-        nccl.run("batch_isend_irecv", g, {"p2p_op_list": [3]})
+        run("batch_isend_irecv", g, {"p2p_op_list": [3]})
     dist.destroy_process_group(other)
 
 

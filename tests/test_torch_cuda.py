@@ -15,8 +15,6 @@ mpiexec -n 2, 3, 4.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -74,13 +72,15 @@ def fake_cuda(monkeypatch):
     """torch's current stream -> a FakeStream; the stream context records its uses."""
     stream, entered = FakeStream(), []
 
-    @contextlib.contextmanager
-    def context(device=None):
-        entered.append(True)
-        yield
+    class Context:  # reusable, as CuPy's stream objects are (an async op's Work enters it again)
+        def __enter__(self):
+            entered.append(True)
+
+        def __exit__(self, *exc):
+            return None
 
     monkeypatch.setattr(_cuda, "stream_of", lambda device=None: stream)
-    monkeypatch.setattr(_cuda, "current_stream", context)
+    monkeypatch.setattr(_cuda, "current_stream", lambda s: Context())
     return stream, entered
 
 

@@ -177,15 +177,10 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                 rec[_STATE] = _COMPLETED
                 return None
     arr = host_array(tensor, "all_reduce", "tensor", writable=True)
-    if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
-        body = (_PLANS.get((arr.dtype, op._value_, algorithm)) or _plan(arr.dtype, op, algorithm))[0]
-    else:
-        check_op_dtype(op, arr.dtype, prefix("all_reduce"))
-        body = _choose(arr.dtype, algorithm)
     return launch(
         g,
         "all_reduce",
-        body,
+        reduce_body(arr.dtype, op, algorithm),
         (g, arr, op),
         async_op,
         (tensor,),
@@ -194,6 +189,19 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
         count=arr.size,
         redop=op,
     )
+
+
+def reduce_body(dtype: np.dtype, op: Op, algorithm: Optional[str]) -> Callable[[ProcessGroup, np.ndarray, Op], None]:
+    """The body ``(g, arr, op)`` that all-reduces a host array of ``dtype`` with ``op`` and
+    ``algorithm`` (None: the automatic choice for its size), after checking the pair.
+
+    Raises:
+        ValueError/TypeError: ``op`` does not apply to ``dtype``; an unknown ``algorithm``.
+    """
+    if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
+        return cast(Callable[..., None], (_PLANS.get((dtype, op._value_, algorithm)) or _plan(dtype, op, algorithm))[0])
+    check_op_dtype(op, dtype, prefix("all_reduce"))
+    return _choose(dtype, algorithm)
 
 
 # (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op, inline below): checked

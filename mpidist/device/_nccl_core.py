@@ -1,24 +1,33 @@
 """The machinery under :mod:`mpidist.device.nccl`: dtype and op tables, device-array
 validation, the per-group NCCL communicators, stream ordering, completion and Work.
 
-Streams and completion follow torch's ProcessGroupNCCL. Each NCCL communicator has its
-own stream. An op records an event on the caller's current stream and makes the NCCL
-stream wait on it (so the op sees everything the caller enqueued before), enqueues its
-kernels on the NCCL stream, and records a *done* event there. A sync op then makes the
-caller's current stream wait on the done event and returns at once: the host is not
-blocked, later work on the caller's stream is ordered after the op. ``async_op=True``
-returns an :class:`NcclWork` holding the done event instead.
+Streams and completion follow torch's ProcessGroupNCCL (since torch 2.8, pytorch#150398).
+A sync op (``async_op=False``) is enqueued on the caller's current stream itself: it is
+ordered after everything the caller enqueued there and before everything it enqueues
+next, with no event between two streams, and the arrays it uses need no keeping alive
+(the caller's stream-ordered allocator cannot hand their memory to work that runs before
+the op). It records one *done* event there, for the flight recorder and the timeout
+watchdog only. An async op (``async_op=True``) runs on the communicator's own stream:
+it records an event on the caller's stream and makes the NCCL stream wait on it, enqueues
+its kernels, records its done event and returns an :class:`NcclWork` holding it; the
+arrays it uses (the caller's and its temporaries) are kept alive until it is done. A
+barrier also runs on the NCCL stream and blocks the host until done.
 
-A process-wide completion thread (:class:`_Reaper`) polls the done events of the ops in
-flight (0.1 ms, backing off to 5 ms while nothing completes), as torch's watchdog thread
-does: it marks their flight-recorder entries completed, completes ``get_future()``
-futures, and keeps the arrays an op uses (the caller's and its temporaries) alive until
-the op is done. While an op is in flight its entry is in ``_recorder.watched``, so
-mpidist's timeout watchdog names it if it does not complete within the group's timeout.
+Completion: the done events of sync ops are polled without a thread hand-off, oldest
+first, by the next op on the communicator (:meth:`NcclComm.retire`), and by a
+process-wide completion thread (:class:`_Reaper`) every 50 ms as a backstop for the last
+ops of a burst. Async ops are handed to that thread at once, which polls their events
+(0.1 ms, backing off to 5 ms while nothing completes) as torch's watchdog thread does:
+it completes their ``get_future()`` futures and releases their arrays. Either way the
+op's flight-recorder entry is marked completed then, and while it is in flight it is in
+``_recorder.watched``, so mpidist's timeout watchdog names it if it does not complete
+within the group's timeout.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import math
 import os
 import threading
@@ -52,6 +61,7 @@ __all__ = [
     "AVG_MIN_VERSION",
     "NcclWork",
     "REAPER",
+    "Lane",
     "launch",
 ]
 
@@ -136,6 +146,8 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
             CUDA DLPack device), or has a non-numeric dtype.
         ValueError: ``x`` is not C-contiguous, or read-only where it must be written.
     """
+    if type(x) is Dev:  # validated by a front end that knows its arrays (mpidist.torch)
+        return x
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None and is_device_array(x):
         x = shim.from_dlpack(x)
@@ -153,7 +165,7 @@ def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
         dtype = np.dtype(cai["typestr"])
     ptr, readonly = cai["data"]
     strides = cai.get("strides")
-    if not _c_contiguous(shape, strides, dtype.itemsize):
+    if strides is not None and not _c_contiguous(shape, strides, dtype.itemsize):
         raise ValueError(
             f"{prefix(op)} {arg} must be C-contiguous, got a non-contiguous array of shape "
             f"{shape} and strides {tuple(strides)}"
@@ -199,9 +211,10 @@ def reduction(op: Any, dtype: np.dtype, name: str, version: int) -> Plan:
             pair mpidist refuses on host arrays too (AVG on integers, MIN/MAX on complex, ...).
         TypeError: a dtype NCCL cannot reduce (int16, float8, ...), or ``op`` not a ReduceOp.
     """
-    key = (dtype, op, version >= AVG_MIN_VERSION) if type(op) is ReduceOp else None
-    if key in _PLANS:
-        return _PLANS[key]
+    key = (dtype, id(op), version >= AVG_MIN_VERSION) if type(op) is ReduceOp else None  # (members: singletons)
+    found = _PLANS.get(key)
+    if found is not None:
+        return found
     if op in _BITWISE:
         raise ValueError(
             f"{prefix(name)} {op!r} is not supported by NCCL (torch: 'Cannot use "
@@ -310,6 +323,11 @@ class NcclComm:
         self.rank = mpi_comm.Get_rank()
         self.spare: list = []  # done events of finished sync ops, for reuse
         self.scratch: Any = None  # barrier's 1-element buffer
+        self.lanes: dict = {}  # caller stream handle -> Lane
+        #: (done event, flight-recorder entries) of the sync ops in flight, oldest first
+        self.inflight: collections.deque = collections.deque()
+        self.lock = threading.Lock()  # inflight: this thread's ops and the completion thread
+        self.watched = False  # REAPER polls inflight as a backstop
         check_gpus_distinct(shim, mpi_comm, device, name, what)
         uid = shim.unique_id() if self.rank == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
@@ -321,11 +339,66 @@ class NcclComm:
         except shim.error as exc:
             raise nccl_failure(name, f"could not make the NCCL communicator of {what}", exc) from exc
 
+    def lane(self, stream: Any) -> Lane:
+        """The communicator as a sync op on ``stream`` (the caller's) sees it."""
+        lane = self.lanes.get(stream.ptr)
+        if lane is None:
+            if len(self.lanes) >= 64:  # streams come and go (torch's pool wraps around)
+                self.lanes.clear()
+            lane = self.lanes[stream.ptr] = Lane(self, stream)
+        return lane
+
+    def retire(self, done: Any, recs: list) -> None:
+        """Track sync op ``recs`` until ``done`` has happened (:meth:`reap`); first end the
+        oldest ops seen done, so the list stays as long as what the device has not run yet."""
+        for rec in recs:
+            R.watched[id(rec)] = rec
+        with self.lock:
+            self.inflight.append((done, recs))
+            self._reap()
+        if not self.watched:
+            self.watched = True
+            REAPER.watch(self)
+
+    def reap(self) -> bool:
+        """End the sync ops whose done event has happened, oldest first; True if none is left."""
+        with self.lock:
+            return self._reap()
+
+    def _reap(self) -> bool:
+        inflight, done = self.inflight, self.shim.done
+        while inflight and done(inflight[0][0]):
+            event, recs = inflight.popleft()
+            for rec in recs:
+                R.watched.pop(id(rec), None)
+                R.end(rec)
+            self.spare.append(event)
+        return not inflight
+
     def free(self) -> None:
-        """Wait for the ops in flight on the stream, then destroy the communicator."""
+        """Wait for the ops in flight (the NCCL stream's and the sync ops' on callers'
+        streams), then destroy the communicator."""
+        REAPER.unwatch(self)
         with self.shim.device(self.device):
             self.shim.synchronize(self.stream)
+            while not self.reap():
+                time.sleep(1e-4)
             self.nccl.destroy()
+
+
+class Lane:
+    """A communicator as a sync op sees it: the same NCCL communicator, shim, device and
+    ranks, with ``stream`` the caller's stream (the op's bodies enqueue on ``comm.stream``
+    and take either). Anything else is read from the communicator."""
+
+    __slots__ = ("comm", "shim", "nccl", "device", "rank", "size", "stream")
+
+    def __init__(self, comm: NcclComm, stream: Any) -> None:
+        self.comm, self.shim, self.nccl, self.device = comm, comm.shim, comm.nccl, comm.device
+        self.rank, self.size, self.stream = comm.rank, comm.size, stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
 
 
 class NcclGroupState:
@@ -417,10 +490,32 @@ def state(g: ProcessGroup) -> NcclGroupState:
 class _Reaper:
     """The completion thread: polls the done events of ops in flight (see the module doc)."""
 
+    #: seconds between the backstop polls of the communicators' sync ops in flight
+    LAZY_POLL = 0.05
+
     def __init__(self) -> None:
         self._items: list = []  # (shim, event, recs, refs, works, comm or None)
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
+        self._comms: set = set()  # communicators whose sync ops the thread polls as a backstop
+
+    def _start(self) -> None:
+        """Start the thread (under ``_cv``) if it is not running."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="mpidist-nccl-completion", daemon=True)
+            self._thread.start()
+
+    def watch(self, comm: NcclComm) -> None:
+        """Poll ``comm``'s sync ops every :attr:`LAZY_POLL` s (no hand-off per op)."""
+        if comm not in self._comms:
+            with self._cv:
+                self._comms.add(comm)
+                self._start()
+                self._cv.notify()
+
+    def unwatch(self, comm: NcclComm) -> None:
+        with self._cv:
+            self._comms.discard(comm)
 
     def track(
         self, shim: Any, event: Any, recs: list, refs: tuple, works: Optional[list], comm: Optional[NcclComm]
@@ -431,15 +526,13 @@ class _Reaper:
             R.watched[id(rec)] = rec
         with self._cv:
             self._items.append((shim, event, recs, refs, works, comm))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="mpidist-nccl-completion", daemon=True)
-                self._thread.start()
+            self._start()
             self._cv.notify()
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every op tracked so far was seen complete (tests); False on timeout."""
         deadline = time.monotonic() + timeout
-        while self._items:
+        while self._items or not all(c.reap() for c in list(self._comms)):
             if time.monotonic() > deadline:
                 return False
             time.sleep(1e-4)
@@ -450,7 +543,10 @@ class _Reaper:
         while True:
             with self._cv:
                 while not self._items:
-                    self._cv.wait()
+                    comms = list(self._comms)
+                    for comm in comms:
+                        comm.reap()
+                    self._cv.wait(self.LAZY_POLL if comms else None)
                     pause = 1e-4
                 items = list(self._items)
             finished = [it for it in items if it[0].done(it[1])]
@@ -555,6 +651,9 @@ def host_wait_for(shim: Any, event: Any, recs: list, limit: Optional[float]) -> 
 # -- enqueueing an op ----------------------------------------------------------------------------------
 
 
+_SAME_DEVICE = contextlib.nullcontext()
+
+
 def launch(
     comm: NcclComm,
     g: ProcessGroup,
@@ -566,50 +665,62 @@ def launch(
     handles: list,
     host_wait: bool = False,
     devs: Sequence[Dev] = (),
+    stream: Any = None,
 ) -> Optional[list]:
-    """Enqueue ``body(comm, *args)`` on the communicator's stream, ordered after the caller's
-    current stream. Sync: the caller's stream waits on the op; returns None. Async: returns
-    one NcclWork per entry of ``handles``, all on the op's done event.
+    """Enqueue ``body(comm, *args)`` (see the module doc for the streams). Sync: on the
+    caller's current stream, ``body`` getting a :class:`Lane`; returns None. Async: on the
+    communicator's stream, ordered after the caller's; returns one NcclWork per entry of
+    ``handles``, all on the op's done event.
 
     ``body`` enqueues NCCL calls (and kernels) on ``comm.stream`` and may return temporaries
-    to keep alive until the op is done; ``refs`` are the caller's arrays, kept likewise.
-    ``handles``: ``(op name, outputs, flight-recorder entries, source rank or None)`` per
-    Work (one, except for batch_isend_irecv). ``host_wait``: the host also waits for the
-    op (barrier; its Works' ``wait()`` too). ``devs``: the caller's arrays as validated;
-    the op is also ordered after each other stream they say their data is ready on
-    (``Dev.stream``: an event recorded there, waited on by the NCCL stream, as the CUDA
-    Array Interface asks of a consumer; a torch tensor reports its current stream there).
+    to keep alive until the op is done (async); ``refs`` are the caller's arrays, kept
+    likewise. ``handles``: ``(op name, outputs, flight-recorder entries, source rank or
+    None)`` per Work (one, except for batch_isend_irecv). ``host_wait``: the op runs on the
+    NCCL stream and the host also waits for it (barrier; its Works' ``wait()`` too).
+    ``devs``: the caller's arrays as validated; the op is also ordered after each other
+    stream they say their data is ready on (``Dev.stream``: an event recorded there, waited
+    on by the op's stream, as the CUDA Array Interface asks of a consumer; a torch tensor
+    reports its current stream there). ``stream``: the caller's stream, if not the shim's
+    current stream (a front end that knows it: mpidist.torch passes torch's).
     """
     if g.engine.broken is not None:
         raise DistError(f"{prefix(name)} group {g.group_name!r} is unusable: {g.engine.broken}")
     recs = [rec for h in handles for rec in h[2]]
     shim = comm.shim
-    with shim.device(comm.device):
-        caller = shim.current_stream()
-        shim.record(comm.ready, caller)
-        shim.wait_event(comm.stream, comm.ready)
+    inline = not async_op and not host_wait
+    with shim.device(comm.device) if shim.current_device() != comm.device else _SAME_DEVICE:
+        caller = stream if stream is not None else shim.current_stream()
+        if inline:
+            on: Any = comm.lane(caller)
+        else:
+            on = comm
+            shim.record(comm.ready, caller)
+            shim.wait_event(comm.stream, comm.ready)
+        stream = on.stream
         # Each other stream ``devs`` name, once. The legacy default stream is 1 in the interface
         # and 0 as the caller's (cupy's null stream): the same stream, so it costs no extra wait.
-        mine, seen = int(caller.ptr) or 1, set()
-        for ptr in (d.stream for d in devs):
-            if ptr is not None and (ptr or 1) != mine and ptr not in seen:
-                seen.add(ptr)
+        mine, seen = int(caller.ptr) or 1, None
+        for d in devs:
+            ptr = d.stream
+            if ptr is not None and (ptr or 1) != mine and (seen is None or ptr not in seen):
+                seen = (seen or set()) | {ptr}
                 ready = shim.new_event()
                 shim.record(ready, shim.external_stream(ptr))
-                shim.wait_event(comm.stream, ready)
+                shim.wait_event(stream, ready)
         try:
-            temps = body(comm, *args)
+            temps = body(on, *args)
         except BaseException as exc:
             for rec in recs:
                 R.fail(rec)
             if isinstance(exc, shim.error):
                 raise nccl_failure(name, "the op failed", exc) from exc
             raise
-        try:  # a sync op reuses a finished sync op's done event (no Work holds it)
-            done = comm.spare.pop() if not async_op else shim.new_event()
-        except IndexError:
-            done = shim.new_event()
-        shim.record(done, comm.stream)
+        spare = comm.spare
+        done = spare.pop() if spare and not async_op else shim.new_event()  # no Work holds a sync op's event
+        shim.record(done, stream)
+        if inline:
+            comm.retire(done, recs)
+            return None
         if not async_op:
             shim.wait_event(caller, done)
     works = (

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpidist._array import DEVICE_TYPES
 from mpidist.device import _streams
 
 __all__ = ["CupyShim", "get", "use"]
@@ -45,18 +46,22 @@ class CupyShim:
 
         self.cupy = cupy
         self.nccl = nccl
+        DEVICE_TYPES.add(cupy.ndarray)
         #: The array module of :meth:`view` and :meth:`empty` (cupy here, numpy in the fake).
         self.xp = cupy
         #: What the nccl module raises when a call fails.
         self.error = getattr(nccl, "NcclError", RuntimeError)
+        self._version: Optional[int] = None
 
     # -- versions, communicators ----------------------------------------------------------
     def version(self) -> int:
-        """NCCL's runtime version code (2.10.3 -> 21003; 0 if unknown)."""
-        try:
-            return int(self.nccl.get_version())
-        except Exception:  # noqa: BLE001  (very old NCCL: no ncclGetVersion)
-            return 0
+        """NCCL's runtime version code (2.10.3 -> 21003; 0 if unknown), asked once."""
+        if self._version is None:
+            try:
+                self._version = int(self.nccl.get_version())
+            except Exception:  # noqa: BLE001  (very old NCCL: no ncclGetVersion)
+                self._version = 0
+        return self._version
 
     def unique_id(self) -> Any:
         return self.nccl.get_unique_id()

@@ -178,13 +178,14 @@ def collective(
     root: int = -1,
     device: Optional[int] = None,
     host_wait: bool = False,
+    stream: Any = None,
 ) -> Optional[NcclWork]:
     """Get the group's communicator (device-checking ``devs``; ``device``: the one to make it
-    on, barrier), record, and launch ``body`` (``host_wait``: see launch)."""
+    on, barrier), record, and launch ``body`` (``host_wait``, ``stream``: see launch)."""
     comm = state(g).collective(name, devs, args, device)
     rec = R.begin(g, name, shapes, devs[0].dtype if devs else None, root, R.SCHEDULED)  # not the engine's current op
     rec[R.STATE] = R.STARTED
-    works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)], host_wait, devs)
+    works = launch(comm, g, name, body, bargs, refs, async_op, [(name, outputs, [rec], None)], host_wait, devs, stream)
     return works[0] if works else None
 
 
@@ -269,9 +270,11 @@ def all_reduce(
     algorithm: Optional[str] = None,
     *,
     name: str = "all_reduce",
+    stream: Any = None,
 ) -> Optional[NcclWork]:
     """ncclAllReduce in place on ``tensor`` (writable, C-contiguous; same shape and dtype on
-    every member); every member's ``tensor`` gets the result."""
+    every member; or a :class:`Dev` a front end validated); every member's ``tensor`` gets
+    the result. ``stream``: the caller's stream where it is not CuPy's current one."""
     if algorithm is not None:
         raise ValueError(
             f"{prefix(name)} algorithm={algorithm!r} selects a host algorithm; the NCCL path takes algorithm=None"
@@ -279,7 +282,10 @@ def all_reduce(
     shim = _nccl_shim.get()
     t = device_array(tensor, name, "tensor", True, shim)
     plan = reduction(op, t.dtype, name, version(shim))
-    return collective(g, name, [t], ["tensor"], _reduce_body, (t, plan), (tensor,), (tensor,), async_op, t.shape)
+    out = t.obj if tensor is t else tensor  # (a Dev: what it stands for)
+    return collective(
+        g, name, [t], ["tensor"], _reduce_body, (t, plan), (out,), (out,), async_op, t.shape, stream=stream
+    )
 
 
 def broadcast(

@@ -12,6 +12,7 @@ on device arrays (the CUDA-aware path, :func:`passthrough`), where
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -20,10 +21,10 @@ from mpidist import _dispatch, _runtime
 from mpidist._array import is_device_array
 from mpidist._group import ProcessGroup
 from mpidist._p2p_op import P2POp
-from mpidist.device import arrays as A, detect, paths
+from mpidist.device import arrays as A, detect, paths, pipeline
 from mpidist.device.arrays import passing_through, passthrough
 from mpidist.device.cuda_aware import CUDA_AWARE
-from mpidist.device.staging import STAGING
+from mpidist.device.staging import STAGING, warn_once
 from mpidist.errors import prefix
 
 __all__ = ["takes", "first_takes", "device_call", "passthrough", "passing_through"]
@@ -104,18 +105,38 @@ def device_call(op: str, g: Optional[ProcessGroup], args: dict) -> Any:
         return -1 if op == "recv" else None
     else:
         args = _global_root(op, g, args)
+    backend = paths.device_backend(g.backend)
+    if backend == "nccl" and op in _ONE_ARRAY:  # nothing to mix up: NCCL validates its one array
+        return _nccl().run(op, g, args)
     found = list(A.leaves(op, args))
     rt, _ = A.classify(op, found)
-    backend = paths.device_backend(g.backend)
     if backend == "nccl":
-        from mpidist.device import nccl  # noqa: PLC0415  (loads cupy's NCCL on first use)
-
-        return nccl.run(op, g, args)
+        return _nccl().run(op, g, args)
     found_dev = [f for f in found if is_device_array(f[1])]
     redop, dtype = _redop_dtype(op, args, rt, found_dev)
     found_ok = paths.mpi_cuda_ok(op, dtype, redop, args.get("algorithm"), A.overlapping(rt, found_dev))
     path = paths.choose(True, backend, detect.detection().aware, found_ok)
-    return (CUDA_AWARE if path == paths.MPI_CUDA else STAGING).run(op, g, args, rt)
+    if path == paths.MPI_CUDA:
+        return CUDA_AWARE.run(op, g, args, rt)
+    if op in pipeline.OPS:
+        done = pipeline.run(op, g, args, rt)
+        if done is not NotImplemented:
+            warn_once(detect.detection(), op)
+            return done
+    return STAGING.run(op, g, args, rt)
+
+
+#: ops whose only array argument is one array (no list: nothing for :func:`A.classify` to compare)
+_ONE_ARRAY = frozenset(op for op, sig in A.SIGNATURES.items() if len(sig) == 1 and sig[0][2] == A.ONE)
+
+
+def _nccl() -> Any:
+    """:mod:`mpidist.device.nccl` (imported on first use: it loads cupy's NCCL; then found in
+    ``sys.modules`` without the import statement's machinery, ~1 us a call)."""
+    found = sys.modules.get("mpidist.device.nccl")
+    if found is None:
+        from mpidist.device import nccl as found  # noqa: PLC0415
+    return found
 
 
 def _batch_group(args: dict) -> tuple[Any, dict]:

@@ -14,10 +14,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpidist._array import DEVICE_TYPES
 from mpidist.device import _streams
 from mpidist.errors import prefix
 
 __all__ = ["DeviceRuntime", "CupyRuntime", "register", "unregister", "runtime_for"]
+
+_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
 
 
 class DeviceRuntime:
@@ -67,6 +70,34 @@ class DeviceRuntime:
         """Copy host ``src`` into ``x``; done on return (``src`` may be reused at once)."""
         raise NotImplementedError
 
+    # -- asynchronous copies, for pipelined staging (mpidist.device.pipeline) ---------------
+    # ``offset`` counts bytes into ``x``'s memory; host arrays are pinned uint8 buffers.
+    # Called inside ``on_device(device)``, maybe from another thread than the caller's.
+
+    def on_device(self, device: int) -> Any:
+        """A context manager making ``device`` the current device of this thread."""
+        raise NotImplementedError
+
+    def copy_streams(self, device: int) -> tuple[Any, Any]:
+        """Two streams of ``device`` that wait for no other (down, up), made once."""
+        raise NotImplementedError
+
+    def copy_down(self, x: Any, offset: int, out: np.ndarray, stream: Any) -> None:
+        """Enqueue on ``stream`` the copy of ``out.nbytes`` bytes of ``x`` from ``offset`` into ``out``."""
+        raise NotImplementedError
+
+    def copy_up(self, src: np.ndarray, x: Any, offset: int, stream: Any) -> None:
+        """Enqueue on ``stream`` the copy of ``src`` into ``x`` from byte ``offset``."""
+        raise NotImplementedError
+
+    def record(self, stream: Any) -> Any:
+        """An event recorded on ``stream`` now."""
+        raise NotImplementedError
+
+    def wait(self, event: Any) -> None:
+        """Block the host until ``event`` has happened."""
+        raise NotImplementedError
+
 
 class CupyRuntime(DeviceRuntime):
     """:class:`DeviceRuntime` on CuPy (13 or 14). Handles every device array: cupy arrays
@@ -76,6 +107,8 @@ class CupyRuntime(DeviceRuntime):
         import cupy  # noqa: PLC0415  (optional dependency, loaded on the first device array)
 
         self.cp = cupy
+        self._copy_streams: dict = {}
+        DEVICE_TYPES.add(cupy.ndarray)
 
     def owns(self, x: Any) -> bool:
         return True
@@ -140,6 +173,32 @@ class CupyRuntime(DeviceRuntime):
         with a.device:
             a.set(src)
             self.cp.cuda.get_current_stream().synchronize()  # src is a pooled buffer
+
+    def on_device(self, device: int) -> Any:
+        return self.cp.cuda.Device(device)
+
+    def copy_streams(self, device: int) -> tuple[Any, Any]:
+        found = self._copy_streams.get(device)
+        if found is None:
+            Stream = self.cp.cuda.Stream  # noqa: N806
+            found = self._copy_streams[device] = (Stream(non_blocking=True), Stream(non_blocking=True))
+        return found
+
+    def copy_down(self, x: Any, offset: int, out: np.ndarray, stream: Any) -> None:
+        ptr = int(self._array(x).data.ptr) + offset
+        self.cp.cuda.runtime.memcpyAsync(out.ctypes.data, ptr, out.nbytes, _DEVICE_TO_HOST, stream.ptr)
+
+    def copy_up(self, src: np.ndarray, x: Any, offset: int, stream: Any) -> None:
+        ptr = int(self._array(x).data.ptr) + offset
+        self.cp.cuda.runtime.memcpyAsync(ptr, src.ctypes.data, src.nbytes, _HOST_TO_DEVICE, stream.ptr)
+
+    def record(self, stream: Any) -> Any:
+        event = self.cp.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
 
 
 _registered: list = []

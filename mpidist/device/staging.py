@@ -13,6 +13,7 @@ buffers are kept; past it the largest free ones are dropped (freed by the runtim
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import threading
 import warnings
 from typing import Any, Callable, Optional
@@ -203,7 +204,7 @@ class _Staged:
         entry = self.host.get(id(x))
         if entry is None:
             shape, dtype = self.rt.shape_dtype(x)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = math.prod(shape) * dtype.itemsize
             buf = self.pool.acquire(nbytes)
             entry = self.host[id(x)] = (x, buf[:nbytes].view(dtype).reshape(shape), buf)
             self.rt.synchronize(x)  # work producing x, or still using it, is done

@@ -20,13 +20,13 @@ are ordered before the kernels torch enqueues next, as torch's NCCL backend orde
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from functools import cache
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from mpidist._array import DEVICE_TYPES
 from mpidist.device import _streams, runtime as device_runtime
 from mpidist.errors import prefix
 from mpidist.torch._dtypes import REINTERPRET
@@ -34,10 +34,31 @@ from mpidist.torch._dtypes import REINTERPRET
 __all__ = ["CudaTensor", "TorchRuntime", "device_array", "current_stream", "stream_of"]
 
 
+#: torch's current raw CUDA stream handle of a device index (what inductor's generated code
+#: asks: ~0.2 us, where ``torch.cuda.current_stream`` builds a Stream object in Python, ~3 us)
+_raw_stream: Optional[Callable[[int], int]] = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+#: (device index, handle) -> the torch Stream object of that handle, made once (bounded)
+_torch_streams: dict = {}
+
+
+def _current_stream(device: Any = None) -> Any:
+    """torch's current CUDA stream of ``device`` (a torch.device or index; None: the current
+    device) on this thread: the same object for the same handle, made once."""
+    index = device.index if isinstance(device, torch.device) else device
+    if _raw_stream is None or index is None:
+        return torch.cuda.current_stream(device)
+    key = (index, _raw_stream(index))
+    found = _torch_streams.get(key)
+    if found is None:
+        if len(_torch_streams) >= 256:  # a program making streams without end
+            _torch_streams.clear()
+        found = _torch_streams[key] = torch.cuda.current_stream(index)
+    return found
+
+
 #: How the stream a CUDA tensor is ready on is found: torch's current CUDA stream of the
-#: tensor's device on this thread (tests replace it on machines without CUDA). Called with the
-#: device: without one torch looks the current device up in Python on every call.
-stream_of: Callable[..., Any] = torch.cuda.current_stream
+#: tensor's device on this thread (tests replace it on machines without CUDA).
+stream_of: Callable[..., Any] = _current_stream
 
 
 @cache
@@ -69,7 +90,7 @@ class CudaTensor:
     ``shape``, ``dtype``, ``nbytes`` and ``flags.c_contiguous``.
     """
 
-    __slots__ = ("tensor", "stream", "dtype")
+    __slots__ = ("tensor", "stream", "dtype", "shape", "device", "__cuda_array_interface__")
 
     class _Flags:
         c_contiguous = True
@@ -80,30 +101,25 @@ class CudaTensor:
         self.tensor = tensor
         self.stream = stream
         self.dtype = dtype
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.tensor.shape)
+        self.shape = shape = tuple(tensor.shape)
+        self.device = tensor.device.index or 0  # the device index (what the NCCL path asks first)
+        handle = int(getattr(stream, "cuda_stream", 0) or 0)
+        self.__cuda_array_interface__ = {  # made once: each op reads it several times
+            "shape": shape,
+            "typestr": dtype.str,
+            "version": 3,
+            "strides": None,
+            "data": (tensor.data_ptr() if tensor.numel() else 0, False),
+            # CAI: 1 is the legacy default stream (torch's default stream reports 0)
+            "stream": handle or 1,
+        }
 
     @property
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        handle = int(getattr(self.stream, "cuda_stream", 0) or 0)
-        return {
-            "shape": self.shape,
-            "typestr": self.dtype.str,
-            "version": 3,
-            "strides": None,
-            "data": (self.tensor.data_ptr() if self.tensor.numel() else 0, False),
-            # CAI: 1 is the legacy default stream (torch's default stream reports 0)
-            "stream": handle or 1,
-        }
-
     def __dlpack_device__(self) -> tuple:
-        return (2, self.tensor.device.index or 0)  # kDLCUDA
+        return (2, self.device)  # kDLCUDA
 
     def __repr__(self) -> str:
         return f"CudaTensor(shape={self.shape}, dtype={self.dtype}, device={self.tensor.device})"
@@ -112,32 +128,63 @@ class CudaTensor:
 def device_array(t: torch.Tensor, staged: Any, write: bool, op: str, arg: str) -> CudaTensor:
     """``t`` (a CUDA tensor) as a :class:`CudaTensor`; a non-contiguous (or conj/neg) one
     through a contiguous temporary, copied back when the op completes if ``write``
-    (``staged``: the call's :class:`mpidist.torch._views.Staged`)."""
+    (``staged``: the call's :class:`mpidist.torch._views.Staged`, whose ``stream`` this sets:
+    the call runs in torch's current stream of the first CUDA tensor's device)."""
     dtype = _numpy_dtype(t.dtype, op, arg)
     base = t.detach()
+    stream = stream_of(base.device)
+    if staged.stream is None:
+        staged.stream = current_stream(stream)
     if base.is_contiguous() and not base.is_conj() and not base.is_neg():
-        return CudaTensor(base, stream_of(base.device), dtype)
+        return CudaTensor(base, stream, dtype)
     tmp = base.clone(memory_format=torch.contiguous_format).resolve_conj().resolve_neg()
     if write:
         staged.backs.append((base, tmp))
-    return CudaTensor(tmp, stream_of(base.device), dtype)
+    return CudaTensor(tmp, stream, dtype)
 
 
-@contextlib.contextmanager
-def current_stream(device: Any = None) -> Iterator[None]:
-    """Make torch's current CUDA stream (of ``device``; None: the current device) CuPy's
-    current stream for the block (the NCCL and CUDA-aware paths order their work after,
-    and before, what runs on it); nothing without CuPy (host staging synchronizes the
-    tensors' own streams)."""
-    try:
-        import cupy  # noqa: PLC0415
-    except ImportError:
-        yield
-        return
-    stream = stream_of(device) if device is not None else stream_of()
+_NO_CUPY = contextlib.nullcontext()
+_cupy: Any = None
+
+
+def nccl_dev(t: torch.Tensor) -> Optional[tuple]:
+    """(the NCCL path's array, the CuPy stream of torch's current stream) for CUDA tensor
+    ``t`` where it can go to the NCCL path as it is (dense, contiguous, no conjugate or
+    negative bit, a dtype mpidist knows), skipping the generic array layers (~15 us of a
+    call on an H200 host); None otherwise (the general path then checks, stages or refuses
+    it). Needs CuPy, as the NCCL path does."""
+    from mpidist.device._nccl_core import Dev  # noqa: PLC0415  (CUDA tensors on NCCL only)
+
+    if t.layout is not torch.strided or t.is_quantized or not t.is_contiguous() or t.is_conj() or t.is_neg():
+        return None
+    dtype = _dtype(t.dtype)
+    if dtype is None or _raw_stream is None:
+        return None
+    index = t.get_device()
+    handle = _raw_stream(index)
+    stream = current_stream(_torch_streams.get((index, handle)) or _current_stream(index))
+    if stream is _NO_CUPY:
+        return None
+    return Dev(t, t.data_ptr(), tuple(t.shape), dtype, index, handle or 1), stream
+
+
+def current_stream(stream: Any) -> Any:
+    """A context manager that makes torch stream ``stream`` CuPy's current stream (the NCCL
+    and CUDA-aware paths order their work after, and before, what runs on it): CuPy's own
+    stream object for its handle, made once (:func:`mpidist.device._streams.wrap`); a
+    no-op without CuPy (host staging synchronizes the tensors' own streams)."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy  # noqa: PLC0415
+        except ImportError:
+            _cupy = False
+        else:
+            _cupy = cupy
+    if _cupy is False:
+        return _NO_CUPY
     index = stream.device.index
-    with _streams.wrap(cupy, int(stream.cuda_stream), index if index is not None else -1):
-        yield
+    return _streams.wrap(_cupy, int(stream.cuda_stream), index if index is not None else -1)
 
 
 class TorchRuntime(device_runtime.DeviceRuntime):
@@ -146,11 +193,14 @@ class TorchRuntime(device_runtime.DeviceRuntime):
 
     name = "torch"
 
+    def __init__(self) -> None:
+        self._copy_streams: dict = {}
+
     def owns(self, x: Any) -> bool:
         return type(x) is CudaTensor
 
     def device_of(self, x: Any) -> int:
-        return x.tensor.device.index or 0
+        return x.device
 
     def shape_dtype(self, x: Any) -> tuple:
         return x.shape, x.dtype
@@ -195,6 +245,36 @@ class TorchRuntime(device_runtime.DeviceRuntime):
     def device_count(self) -> int:
         return torch.cuda.device_count()
 
+    def on_device(self, device: int) -> Any:
+        return torch.cuda.device(device)
+
+    def copy_streams(self, device: int) -> tuple[Any, Any]:
+        found = self._copy_streams.get(device)
+        if found is None:
+            found = self._copy_streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        return found
+
+    @staticmethod
+    def _span(x: Any, offset: int, nbytes: int) -> torch.Tensor:
+        return x.tensor.reshape(-1).view(torch.uint8)[offset : offset + nbytes]
+
+    def copy_down(self, x: Any, offset: int, out: np.ndarray, stream: Any) -> None:
+        with torch.cuda.stream(stream):
+            self._bytes(out).copy_(self._span(x, offset, out.nbytes), non_blocking=True)
+
+    def copy_up(self, src: np.ndarray, x: Any, offset: int, stream: Any) -> None:
+        with torch.cuda.stream(stream):
+            self._span(x, offset, src.nbytes).copy_(self._bytes(src), non_blocking=True)
+
+    def record(self, stream: Any) -> Any:
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
 
 RUNTIME = TorchRuntime()
 device_runtime.register(RUNTIME)
+DEVICE_TYPES.add(CudaTensor)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import operator
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -43,6 +44,7 @@ from torch._C._distributed_c10d import (
 
 import mpidist
 from mpidist import _coalesced, _runtime, gather_scatter, reductions
+from mpidist.device import paths
 from mpidist.errors import DistError, prefix
 from mpidist.torch._profile import profiled, record, recording
 from mpidist.torch._views import SparseTensor, Staged, array
@@ -77,6 +79,22 @@ _ASYNC_IN_OPTS = hasattr(AllreduceOptions(), "asyncOp")
 #: ``opts.asyncOp`` (torch >= 2.8), else True: the op returns a Work for torch to wait on
 #: (allreduce, broadcast and reduce test ``_ASYNC_IN_OPTS`` inline: no call on their path)
 _is_async: Callable[[Any], bool] = operator.attrgetter("asyncOp") if _ASYNC_IN_OPTS else lambda opts: True
+
+
+def _cuda() -> Any:
+    """:mod:`mpidist.torch._cuda` (CUDA tensors only; imported once, then found in ``sys.modules``)."""
+    found = sys.modules.get("mpidist.torch._cuda")
+    if found is None:
+        from mpidist.torch import _cuda as found  # noqa: PLC0415
+    return found
+
+
+def _nccl() -> Any:
+    """:mod:`mpidist.device.nccl` (loads CuPy's NCCL: imported on the first CUDA tensor of an NCCL group)."""
+    found = sys.modules.get("mpidist.device.nccl")
+    if found is None:
+        from mpidist.device import nccl as found  # noqa: PLC0415
+    return found
 
 
 def _reduce_op(red: Any, op: str) -> Any:
@@ -164,6 +182,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         self._name = ""
         self._desc = ""
         self._coalesced: Optional[list] = None  # Works issued between _start/_end_coalescing
+        #: CUDA tensors go through NCCL on this group (its mpidist group's backend names it)
+        self._nccl = paths.device_backend(group.backend) == "nccl"
 
     # -- housekeeping -----------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802  (torch's names)
@@ -283,7 +303,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         """``fn(*args, **kwargs)``, in torch's current CUDA stream if a CUDA tensor is involved."""
         if staged.stream is None:
             return fn(*args, **kwargs)
-        with staged.stream():
+        with staged.stream:
             return fn(*args, **kwargs)
 
     def _each(self, staged: Staged, async_op: bool, calls: list) -> Any:
@@ -334,6 +354,12 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             red = self._avg(red, staged, ts)
         try:
             if len(ts) == 1:
+                if self._nccl and not staged.after and getattr(ts[0], "is_cuda", False) and not self._mg.destroyed:
+                    found = _cuda().nccl_dev(ts[0])
+                    if found is not None:  # straight to the NCCL path, in torch's current stream
+                        staged.stream = found[1]
+                        w = _nccl().all_reduce(self._mg, found[0], red, async_op, stream=found[1])
+                        return self._done(w, ts, staged)
                 w = self._call(staged, mpidist.all_reduce, staged.out(ts[0], op, "tensor"), red, self._arg, async_op)
             else:
                 arrays = [staged.out(t, op, f"tensors[{i}]") for i, t in enumerate(ts)]

@@ -18,8 +18,7 @@ CUDA-aware MPI or host-staging path: never to the host path.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -39,15 +38,15 @@ class Staged:
     """The copies one call needs around its op: output temporaries to copy back into the
     caller's tensors once the op completes (``backs``); steps to run after those
     (``after``: callables, e.g. integer AVG's division); and, when a CUDA tensor is among
-    the arguments, ``stream``: :func:`mpidist.torch._cuda.current_stream`, in which the
-    call runs (torch's current stream); else None."""
+    the arguments, ``stream``: the context manager (:func:`mpidist.torch._cuda.current_stream`)
+    in which the call runs (torch's current stream); else None."""
 
     __slots__ = ("backs", "after", "stream")
 
     def __init__(self) -> None:
         self.backs: list = []
         self.after: list = []
-        self.stream: Optional[Callable[[], Any]] = None
+        self.stream: Optional[Any] = None
 
     def out(self, t: Any, op: str, arg: str) -> Any:
         """The array an op writes for tensor ``t`` (read too, for in-place ops)."""
@@ -137,7 +136,6 @@ def _slow(t: Any, staged: Staged, write: bool, op: str, arg: str) -> Any:
     if t.is_cuda:
         from mpidist.torch import _cuda  # noqa: PLC0415  (CUDA tensors only)
 
-        staged.stream = functools.partial(_cuda.current_stream, t.device)
         return _cuda.device_array(t, staged, write, op, arg)
     if t.device.type != "cpu":
         raise TypeError(f"{prefix(op)} {arg} is on device {t.device}; mpidist takes CPU and CUDA tensors")

@@ -51,7 +51,7 @@ class TorchWork(dist._Work):
     ``finish`` (or None) runs once, after every Work completed and before ``wait`` returns
     or the future completes: it copies temporaries back into the caller's tensors.
     ``source`` maps mpidist's source rank (global) to the group rank torch reports
-    (receives only). ``stream``: a context manager factory that puts the call in torch's
+    (receives only). ``stream``: a context manager that puts the call in torch's
     current CUDA stream (CUDA tensors), else None.
     """
 
@@ -61,7 +61,7 @@ class TorchWork(dist._Work):
         outputs: list,
         finish: Optional[Callable[[], None]] = None,
         source: Optional[Callable[[int], int]] = None,
-        stream: Optional[Callable[[], Any]] = None,
+        stream: Optional[Any] = None,
     ) -> None:
         super().__init__()
         self._works = list(works)
@@ -84,7 +84,7 @@ class TorchWork(dist._Work):
         """Block until the op completed (True), raise its error, or DistError past
         ``timeout`` (``timedelta`` or seconds; None or 0: the group's timeout)."""
         limit = seconds(timeout)
-        with (self._stream or contextlib.nullcontext)():
+        with self._stream or contextlib.nullcontext():
             for w in self._works:
                 w.wait(limit)
         self._complete()
