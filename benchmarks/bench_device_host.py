@@ -274,14 +274,14 @@ def child(tree: str, calls: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def report(trees: dict, rounds: list, out: Path, calls: int) -> None:
+def report(trees: dict, rounds: list, out: Path, calls: int, load: float) -> None:
     names = list(trees)
     med = {name: {p: statistics.median(r[name]["us"][p] for r in rounds) for p in PATHS} for name in names}
     cuda = {name: rounds[-1][name]["cuda_calls"] for name in names}
     lines = [
         "# Host cost of a small device collective, device work stubbed out (CPU)",
         "",
-        *[f"- {line}" for line in bc.machine_lines(1, os.getloadavg()[0])],
+        *bc.machine_lines(1, load),
         f"- {bc.versions()}",
         f"- method: {len(rounds)} alternating rounds of {calls} back-to-back all_reduce calls of an 8-byte "
         'float32 "device" array per tree and path (one process, world of size 1); the median of the rounds\' '
@@ -327,6 +327,7 @@ def main() -> None:
         print(json.dumps(measure(args.calls)))
         return
     root = HERE.parent
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="mpidist-baseline-") as tmp:
         trees = {}
         if args.baseline:
@@ -349,7 +350,8 @@ def main() -> None:
         head = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
         ).stdout.strip()
-        report({k: (head or "?") if k == "this tree" else k.split()[-1] for k in trees}, rounds, args.out, args.calls)
+        labels = {k: (head or "?") if k == "this tree" else k.split()[-1] for k in trees}
+        report(labels, rounds, args.out, args.calls, load)
 
 
 if __name__ == "__main__":
