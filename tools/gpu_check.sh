@@ -7,8 +7,12 @@
 #   2. `make test-gpu`'s two commands: tests/gpu serially, then under mpiexec -n 2 (both ranks
 #      on one GPU; NCCL_MULTI_RANK_GPU_ENABLE=1 unless set);
 #   3. the CPU suite's device tests (fakes), with the real CuPy importable;
-#   4. `make bench-gpu` (benchmarks/bench_gpu.py at -n 1 and 2) and benchmarks/bench_torch_gpu.py
+#   4. where the host time of a small device collective goes (tools/profile_device_call.py, 1 rank);
+#   5. `make bench-gpu` (benchmarks/bench_gpu.py at -n 1 and 2) and benchmarks/bench_torch_gpu.py
 #      (torch DDP on CUDA over "mpidist" against torch's NCCL over mpi://) at -n 1 and 2.
+# tests/gpu holds the torch main job on CUDA (over "mpidist" and --backend nccl, 1 and 2 ranks) and
+# torch.compile of DDP on CUDA (over "mpidist" and torch's NCCL; aot_eager and inductor).
+# Steps run in the order of their value (the CPU fakes last), so a short lease loses the least.
 # Each step has its own time limit and a step is skipped once less than its limit is left of
 # $DEADLINE seconds (default 540); ONLY="probe venv ..." runs just the steps named. Logs and
 # benchmark results go to $LOGS; the last lines printed are one line per step with its exit
@@ -95,15 +99,16 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} VENV WHEELS BASE_PY
 export -f probe make_venv
 step probe 60 bash -c probe
 step venv 120 bash -c make_venv
-step test-gpu-serial 150 "$PY" -m pytest --with-mpi -rs -q tests/gpu
+step test-gpu-serial 240 "$PY" -m pytest --with-mpi -rs -q --durations=10 tests/gpu
 step test-gpu-np2 150 "$MPIEXEC" -n 2 "$PY" -m mpidist -m pytest --with-mpi -rs -q tests/gpu
-# the CPU suite's device and torch-CUDA tests (fakes), where the real CuPy and CUDA are importable
-step device-tests 120 "$PY" -m pytest --with-mpi -rs -q tests/test_device_nccl.py tests/test_device_staging.py \
-  tests/test_device_paths.py tests/test_device_integration.py tests/test_device_mpi_cuda.py tests/test_torch_cuda.py \
-  tests/test_torch_backend.py
-step bench-gpu-np2 100 "$MPIEXEC" -n 2 "$PY" benchmarks/bench_gpu.py --out "$LOGS/results"
+step profile 60 "$MPIEXEC" -n 1 "$PY" tools/profile_device_call.py
+step bench-gpu-np2 150 "$MPIEXEC" -n 2 "$PY" benchmarks/bench_gpu.py --out "$LOGS/results" --staging-chunks 1M,2M,8M,16M
 step bench-torch-gpu-np2 80 "$MPIEXEC" -n 2 "$PY" benchmarks/bench_torch_gpu.py --out "$LOGS/results"
 step bench-gpu-np1 60 "$MPIEXEC" -n 1 "$PY" benchmarks/bench_gpu.py --out "$LOGS/results"
 step bench-torch-gpu-np1 50 "$MPIEXEC" -n 1 "$PY" benchmarks/bench_torch_gpu.py --out "$LOGS/results"
+# the CPU suite's device and torch-CUDA tests (fakes), where the real CuPy and CUDA are importable
+step device-tests 120 "$PY" -m pytest --with-mpi -rs -q tests/test_device_nccl.py tests/test_device_staging.py \
+  tests/test_device_paths.py tests/test_device_integration.py tests/test_device_mpi_cuda.py tests/test_torch_cuda.py \
+  tests/test_torch_backend.py tests/test_torch_compile.py
 echo "== summary ($(($(date +%s) - T0))s)"
 printf '%s\n' "${SUMMARY[@]}" | tee "$LOGS/summary.txt"
