@@ -173,6 +173,30 @@ def test_gloo_group_beside_an_mpidist_world():
         tdist.destroy_process_group(gloo)
 
 
+def test_a_second_rendezvous_leaves_the_live_groups_store_open():
+    """torch's stores from two rendezvous are independent: a second ``mpi://`` rendezvous
+    while a default group exists leaves its store usable (a gloo group made afterwards meets
+    in it); a store no group uses any more is closed by the next rendezvous."""
+    from mpidist.torch import rendezvous  # noqa: PLC0415
+
+    with torch_world():
+        first = next(tdist.rendezvous("mpi://"))[0]  # a second rendezvous: a store of its own
+        gloo = tdist.new_group(ranks=list(range(SIZE)), backend="gloo")
+        t = torch.ones(1)
+        tdist.all_reduce(t, group=gloo)
+        assert t.item() == SIZE
+        tdist.destroy_process_group(gloo)
+        default = [s for s in rendezvous._stores if s is not first]
+        assert default and not any(getattr(s, "_closed", False) for s in default)
+    MPI.COMM_WORLD.Barrier()
+    second = next(tdist.rendezvous("mpi://"))[0]  # the default group is gone: its store closes
+    assert all(getattr(s, "_closed", True) for s in default) and getattr(first, "_closed", True)
+    assert rendezvous._stores == [second]
+    MPI.COMM_WORLD.Barrier()
+    rendezvous.close_unused()
+    assert rendezvous._stores == []
+
+
 INIT_BARRIER = """
 import torch, torch.distributed as dist
 import mpidist.torch

@@ -51,7 +51,7 @@ import mpidist
 from mpidist.torch import _backend
 from mpidist.torch.store import MPIStore
 
-__all__ = ["mpi_rendezvous_handler", "install_env_handler", "SCHEME", "BACKEND"]
+__all__ = ["mpi_rendezvous_handler", "install_env_handler", "close_unused", "SCHEME", "BACKEND"]
 
 SCHEME = "mpi"
 BACKEND = "mpidist"
@@ -155,23 +155,47 @@ def mpi_rendezvous_handler(
     raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")
 
 
-#: the store of the latest rendezvous (closed by the next: a new default group means the
-#: previous one was destroyed)
-_current: Optional[Any] = None
+#: the stores the rendezvous made that may still be open (closed once no group uses them)
+_stores: list[Any] = []
+
+
+def _in_use() -> set[int]:
+    """ids of the stores (under torch's PrefixStores) of the groups torch holds now."""
+    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
+
+    used = set()
+    for _, found in list(getattr(getattr(c10d, "_world", None), "pg_map", {}).values()):
+        while isinstance(found, dist.PrefixStore):
+            found = found.underlying_store
+        used.add(id(found))
+    return used
+
+
+def close_unused() -> None:
+    """Close the stores the rendezvous made that no group torch holds uses any more (local).
+    Called by each new rendezvous (torch gives a backend no call when it destroys a group
+    of another backend, so a store whose groups are gone is closed there); at exit every
+    store closes (:class:`MPIStore` registers that itself)."""
+    used = _in_use()
+    for old in [s for s in _stores if id(s) not in used]:
+        _stores.remove(old)
+        if hasattr(old, "close"):
+            old.close()
 
 
 def store(timeout: timedelta = _DEFAULT_TIMEOUT, shared: bool = True) -> Any:
     """A new store for a rendezvous, made collectively by every rank: an MPIStore, or
-    (``shared`` False) a process-local HashStore. The previous rendezvous's is closed."""
-    global _current
-    if _current is not None and hasattr(_current, "close"):
-        _current.close()
+    (``shared`` False) a process-local HashStore. Stores of earlier rendezvous stay open
+    while a group uses them (torch's stores from two rendezvous are independent); those no
+    group uses are closed first (:func:`close_unused`)."""
+    close_unused()
     if shared:
-        _current = MPIStore(timeout)
+        made: Any = MPIStore(timeout)
     else:
-        _current = dist.HashStore()
-        _current.set_timeout(timeout)
-    return _current
+        made = dist.HashStore()
+        made.set_timeout(timeout)
+    _stores.append(made)
+    return made
 
 
 _torch_env: Optional[Callable[..., Iterator[tuple[Any, int, int]]]] = None
