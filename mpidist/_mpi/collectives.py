@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist import _debug, _recorder as R, _runtime
-from mpidist._buffers import host_array, mpi_datatype, mpi_reducible
+from mpidist._buffers import host_array, mpi_datatype, mpi_has, mpi_reducible
 from mpidist._dispatch import launch, root_rank
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
@@ -270,7 +270,7 @@ def _choose(dtype: np.dtype, algorithm: Optional[str]):
     if algorithm is None:
         return all_reduce_body
     if algorithm == "mpi":
-        if not mpi_reducible(dtype):
+        if not mpi_has(dtype):  # (a saturating small integer: MPI_Allreduce with mpidist's own op)
             raise TypeError(
                 f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {dtype}; "
                 f"use algorithm='ring', 'shm' or None"
@@ -287,7 +287,7 @@ def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> tuple:
     check_op_dtype(op, dtype, prefix("all_reduce"))
     body = _choose(dtype, algorithm)
     mpi = mpi_reducible(dtype) and body in (_mpi_all_reduce, all_reduce_body)
-    inline = _NEVER if body is _mpi_all_reduce else _shm_floor(True) if mpi else 0
+    inline = (_NEVER if body is _mpi_all_reduce else _shm_floor(True)) if mpi else 0  # (not mpi: the body, always)
     plan = (body, mpi_datatype(dtype) if mpi else None, to_mpi_op(op, dtype) if mpi else None, inline)
     _PLANS[(dtype, op._value_, algorithm)] = plan
     return plan
