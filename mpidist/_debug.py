@@ -5,7 +5,7 @@ each call's signature before running it. Also torch's debug-level API.
 the op, in the group's op order, on the thread that runs the op). A call's signature is
 its key (:mod:`mpidist._signature`: op, count where every member passes the same one,
 dtype, root, reduction, list of sizes). Each group has a cache of the keys its members
-agreed on (:class:`GroupCheck`, made by the group's first collective).
+agreed on (:class:`GroupCheck`, made with the group: :func:`prepare`).
 
 * A key in the cache: the op runs at once (one dict lookup; none for a key equal to the
   last call's, which the op paths test themselves, the 8-byte all_reduce path by identity).
@@ -250,8 +250,9 @@ _ABANDONED: list = []  # exchanges given up on (requests with their buffers): ke
 
 
 class GroupCheck:
-    """A group's resource ``"check"`` (``ProcessGroup.resource``, made collectively by its
-    first collective, freed with it): the duplicate communicator the exchanges use, the
+    """A group's resource ``"check"`` (``ProcessGroup.resource``, made collectively with the
+    group (:func:`prepare`), or by its first checked collective if checks were off then;
+    freed with it): the duplicate communicator the exchanges use, the
     keys the members agreed on, and what this rank decided last (for the peers' questions).
     """
 
@@ -359,6 +360,16 @@ class _Unchecked:
 
 
 _UNCHECKED = _Unchecked()
+
+
+def prepare(g: Any) -> None:
+    """Make group ``g``'s check state (its duplicated communicators) now, where the group is
+    made, in the parent group's op order (collective over ``g``), rather than at its first
+    op on its own thread: with Open MPI, communicators made concurrently on two threads of
+    a process (a new group's first op duplicating its communicator while the main thread
+    makes another group) deadlock. Nothing where no check runs on ``g``."""
+    if CHECK and len(g.ranks) > 1:
+        g.resource("check", GroupCheck)
 
 
 def agreed(g: Any, key: tuple) -> Any:

@@ -19,7 +19,7 @@ from typing import Any, Optional, cast, overload
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _runtime
+from mpidist import _debug, _runtime
 from mpidist._backends import BackendConfig
 from mpidist._group import ProcessGroup
 from mpidist._tags import CREATE_GROUP_TAG
@@ -209,6 +209,7 @@ def new_group(
         return GroupMember.NON_GROUP_MEMBER
     pg = _register(comm, members, name, backend, key)
     pg.timeout_s = timeout_s
+    world.engine.run_sync(_debug.prepare, pg)  # (its members only: collective over pg)
     return pg
 
 
@@ -280,7 +281,9 @@ def split(
     if comm is None:
         return None
     mine = cast("list[int]", mine)  # (set: a rank in none of the subgroups got no communicator)
-    return _register(comm, mine, _name(st, group_desc, mine), backend, _key(mine))
+    pg = _register(comm, mine, _name(st, group_desc, mine), backend, _key(mine))
+    parent.engine.run_sync(_debug.prepare, pg)  # (collective over pg: every member is here)
+    return pg
 
 
 def split_group(

@@ -56,6 +56,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+#: the MPI under test (mpi4py's MPI.get_vendor(): "MPICH", "Open MPI", "Intel MPI", ...)
+MPI_VENDOR = MPI.get_vendor()[0]
+
+
+def only_on(vendor: str, why: str) -> pytest.MarkDecorator:
+    """Skip a test that is about one MPI's own behaviour elsewhere, saying why."""
+    return pytest.mark.skipif(MPI_VENDOR != vendor, reason=f"{why}: {vendor} only (this MPI: {MPI_VENDOR})")
+
+
 def launcher_free_env(**extra: str) -> dict:
     """os.environ without the MPI launcher's variables, for a child that starts its own job.
 

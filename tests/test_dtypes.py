@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from mpidist import ReduceOp, make_premul_sum
-from mpidist._buffers import mpi_reducible
+from mpidist._buffers import mpi_reducible, saturating_sums
 from mpidist._reduce_op import to_mpi_op
 
 pytestmark = pytest.mark.mpi
@@ -200,10 +200,12 @@ def test_rounding_dtypes_bitwise_identical_and_close(dist, world, dtype):
 
 
 def test_predefined_types_keep_mpis_own_ops():
-    """The fast path: MPI's predefined reductions wherever MPI has the datatype; a user-defined
-    op (one per ReduceOp, cached) only where it has none."""
-    for d in [np.int8, np.uint64, np.float32, np.float64, np.complex64, np.bool_, np.longdouble]:
+    """The fast path: MPI's predefined reductions wherever MPI has the datatype (8- and 16-bit
+    integers only where its sum wraps: tests/test_int_overflow.py); a user-defined op (one per
+    ReduceOp, cached) only where it has none."""
+    for d in [np.uint64, np.float32, np.float64, np.complex64, np.bool_, np.longdouble]:
         assert mpi_reducible(np.dtype(d))
+    assert mpi_reducible(np.dtype(np.int8)) == (("i", 1) not in saturating_sums())
     assert to_mpi_op(ReduceOp.SUM, np.dtype(np.float32)) == MPI.SUM
     assert to_mpi_op(ReduceOp.MAX, np.dtype(np.bool_)) == MPI.LOR
     for d in [np.float16, ">f8"] + ([ml_dtypes.bfloat16] if ml_dtypes else []):

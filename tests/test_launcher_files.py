@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import launcher_free_env
+from conftest import launcher_free_env, only_on
 from mpi4py import MPI
 
 from mpidist import _init_watcher, _launcher_files
@@ -30,6 +30,7 @@ def entries() -> set[str]:
 
 
 @pytest.mark.mpi(min_size=2)
+@only_on("MPICH", "MPICH's shared-memory segment (/dev/shm/mpich_shm_*) and hydra's files")
 def test_no_mapped_segment_keeps_its_name_after_import():
     maps = Path("/proc/self/maps").read_text().splitlines()
     segments = [line for line in maps if "/dev/shm/mpich_shm_" in line]
