@@ -175,7 +175,14 @@ def dtype_of(datatype: MPI.Datatype) -> np.dtype:
     Raises KeyError for any other datatype.
     """
     found = _OPAQUE.get(datatype.handle)
-    return found if found is not None else _PREDEFINED_DTYPES[datatype.handle]
+    if found is None:  # a predefined one: what mpi4py reads a numpy buffer as (SIGNED_CHAR, SHORT, ...)
+        found = _PREDEFINED_DTYPES.get(datatype.handle)
+    if found is None:
+        code = MPI._typecode(datatype)  # mpi4py's own buffer typecode of a predefined datatype
+        if code is None:
+            raise KeyError(f"no numpy dtype for MPI datatype {datatype}")
+        found = np.dtype(code)
+    return found
 
 
 #: (kind, itemsize) of the 8- and 16-bit integer types whose predefined MPI_SUM saturates at

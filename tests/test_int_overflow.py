@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from mpidist import _buffers
 from mpidist._mpi import collectives as C
@@ -80,6 +81,10 @@ def test_saturating_types_take_mpidists_own_reduction(dist, saturating):
         dist.reduce(x, dst=size - 1)
         if r == size - 1:
             np.testing.assert_array_equal(x, wrapped(dtype, 8, size))
+        # the op on a bare numpy buffer, which mpi4py sends as SIGNED_CHAR / UNSIGNED_SHORT
+        x = near_max(dtype, 1024, r)
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, x, op=to_mpi_op(ReduceOp.SUM, np.dtype(dtype)))
+        np.testing.assert_array_equal(x, wrapped(dtype, 1024, size))
 
 
 def test_the_measurement_is_cached_and_sane(dist):
