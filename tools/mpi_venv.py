@@ -15,6 +15,7 @@ or mpi4py does not report the MPI asked for.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import sysconfig
@@ -27,6 +28,13 @@ MPIS = {
     "impi": ("impi-rt==2021.18.1", "Intel(R) MPI"),
 }
 PIP_TIMEOUT = 900
+#: Open MPI's launcher refuses root and more ranks than cores without these (its documented
+#: variables); the others ignore them
+LAUNCHER_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+}
 
 
 def site_packages(python: Path) -> str:
@@ -57,11 +65,20 @@ def main() -> int:
     if run.returncode != 0:
         print(f"mpi_venv: pip failed ({run.returncode}) installing {requirement}", file=sys.stderr)
         return 1
-    found = subprocess.run(
-        [str(python), "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
+    found = subprocess.run(  # under the venv's own launcher: Open MPI's singleton leaves its segment in /dev/shm
+        [
+            str(target / "bin" / "mpiexec"),
+            "-n",
+            "1",
+            str(python),
+            "-c",
+            "from mpi4py import MPI; print(MPI.Get_library_version())",
+        ],
         capture_output=True,
         text=True,
         check=False,
+        timeout=120,
+        env={**os.environ, **LAUNCHER_ENV},
     )
     if not found.stdout.startswith(vendor):
         print(
