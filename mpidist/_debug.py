@@ -367,7 +367,9 @@ def prepare(g: Any) -> None:
     made, in the parent group's op order (collective over ``g``), rather than at its first
     op on its own thread: with Open MPI, communicators made concurrently on two threads of
     a process (a new group's first op duplicating its communicator while the main thread
-    makes another group) deadlock. Nothing where no check runs on ``g``."""
+    makes another group) deadlock. Nothing where no check runs on ``g``. (Not for the
+    default group: init_process_group's collectives after its bounded exchange would grow,
+    and a rank stopped among them would hang the others; its first op makes them, watched.)"""
     if CHECK and len(g.ranks) > 1:
         g.resource("check", GroupCheck)
 

@@ -353,7 +353,6 @@ def init_process_group(
     R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(cast(MPI.Comm, group.comm)))
     work.ABORT_ON_TIMEOUT = settings.abort
     _debug.set_debug_level(settings.level or _debug.get_debug_level())  # unset: keep the level set before init
-    _debug.prepare(group)  # its check's communicators now, on this thread (see _debug.prepare)
     _watchdog.start(st)
     _register_exit_check()
     if settings.abort_on_exception:
