@@ -63,8 +63,6 @@ _PREDEFINED = {
 if np.dtype(np.longdouble).itemsize > 8:
     _PREDEFINED["f", np.dtype(np.longdouble).itemsize] = MPI.LONG_DOUBLE
     _PREDEFINED["c", np.dtype(np.clongdouble).itemsize] = MPI.C_LONG_DOUBLE_COMPLEX
-#: predefined datatype handle -> numpy dtype (what a user-defined op gets for those)
-_PREDEFINED_DTYPES = {t.handle: np.dtype(f"{k}{n}") for (k, n), t in _PREDEFINED.items() if k in "iu"}
 # Handle of each opaque datatype made by mpi_datatype -> the numpy dtype it carries.
 _OPAQUE: dict = {}
 
@@ -175,10 +173,8 @@ def dtype_of(datatype: MPI.Datatype) -> np.dtype:
     Raises KeyError for any other datatype.
     """
     found = _OPAQUE.get(datatype.handle)
-    if found is None:  # a predefined one: what mpi4py reads a numpy buffer as (SIGNED_CHAR, SHORT, ...)
-        found = _PREDEFINED_DTYPES.get(datatype.handle)
-    if found is None:
-        code = MPI._typecode(datatype)  # mpi4py's own buffer typecode of a predefined datatype
+    if found is None:  # a predefined one (INT8_T, or SIGNED_CHAR as mpi4py reads an int8 buffer): its typecode
+        code = MPI._typecode(datatype)
         if code is None:
             raise KeyError(f"no numpy dtype for MPI datatype {datatype}")
         found = np.dtype(code)

@@ -30,7 +30,29 @@ import re
 from collections.abc import Mapping, MutableMapping
 from typing import Optional
 
-__all__ = ["VARS", "MARKER", "export_at_import", "export", "user_values", "launcher_local", "contradiction"]
+__all__ = [
+    "VARS",
+    "MARKER",
+    "export_at_import",
+    "export",
+    "user_values",
+    "launcher_local",
+    "contradiction",
+    "byte_count",
+]
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def byte_count(text: str) -> Optional[int]:
+    """A size as the ``MPIDIST_*`` size settings take it: digits with an optional binary
+    K/M/G (``65536``, ``64K``, ``4M``), or ``off`` (0); None if it is neither."""
+    text = text.strip()
+    if text.lower() == "off":
+        return 0
+    digits, unit = (text[:-1], _UNITS[text[-1].upper()]) if text and text[-1].upper() in _UNITS else (text, 1)
+    return int(digits) * unit if digits.isdigit() else None
+
 
 VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 MARKER = "MPIDIST_ENV_EXPORTED"

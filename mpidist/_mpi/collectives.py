@@ -25,6 +25,7 @@ from mpi4py import MPI
 from mpidist import _debug, _recorder as R, _runtime
 from mpidist._buffers import host_array, mpi_datatype, mpi_has, mpi_reducible
 from mpidist._dispatch import launch, root_rank
+from mpidist._environ import byte_count
 from mpidist._group import ProcessGroup
 from mpidist._reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
 from mpidist._tags import monitored_barrier_tag
@@ -320,13 +321,10 @@ def _env_min_bytes() -> Optional[int]:
     text = os.environ.get(_ENV, "").strip()
     if not text:
         return None
-    if text.lower() == "off":
-        return _NEVER
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    digits, unit = (text[:-1], units[text[-1].upper()]) if text[-1].upper() in units else (text, 1)
-    if not digits.isdigit():
+    value = byte_count(text)
+    if value is None:
         raise ValueError(f"{prefix('all_reduce')} {_ENV} must be a byte count (65536, 64K, 1M), 0 or off, got {text!r}")
-    return int(digits) * unit or _NEVER
+    return value or _NEVER
 
 
 def _shm_floor(vs_mpi: bool) -> int:

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Optional
+from functools import partial
+from typing import Any, Optional
 
 import numpy as np
 
 from mpidist._buffers import group_blocks, mpi_datatype
 from mpidist._dispatch import launch, root_rank
+from mpidist._environ import byte_count
 from mpidist._group import ProcessGroup
 from mpidist._mpi.collectives import reduce_body
 from mpidist._mpi.reductions import _reduce_scatter_tensor
@@ -83,15 +85,8 @@ def chunk_bytes() -> int:
 def _parse(text: str) -> int:
     if not text:
         return DEFAULT_CHUNK
-    if text.lower() == "off":
-        return 0
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    body, mult = (text[:-1], units[text[-1].upper()]) if text[-1].upper() in units else (text, 1)
-    try:
-        value = int(body) * mult
-    except ValueError:
-        value = -1
-    if value < 0:
+    value = byte_count(text)
+    if value is None:
         raise ValueError(f"{CHUNK_VAR}={text!r}: expected bytes (e.g. 4194304 or 4M), 0 or 'off'")
     return value
 
@@ -186,7 +181,7 @@ def _all_reduce(g: ProcessGroup, args: dict, rt: DeviceRuntime, device: int, chu
     chunks = []
     for start, n in _ranges(host.nbytes, chunk):
         piece = _Copy(x, start, flat[start : start + n])
-        step = _bound(body, g, piece.host.view(host.dtype), op)
+        step = partial(body, g, piece.host.view(host.dtype), op)
         chunks.append(([piece], step, [piece]))
     return _launch(g, "all_reduce", rt, device, chunks, [buf], args, (x,), host, count=host.size, redop=op)
 
@@ -199,7 +194,7 @@ def _broadcast(g: ProcessGroup, args: dict, rt: DeviceRuntime, device: int, chun
     chunks = []
     for start, n in _ranges(host.nbytes, chunk):
         piece = _Copy(x, start, flat[start : start + n])
-        step = _bound(g.comm.Bcast, [piece.host.view(host.dtype), dt], root)  # type: ignore[union-attr]  # a member's
+        step = partial(g.comm.Bcast, [piece.host.view(host.dtype), dt], root)  # type: ignore[union-attr]  # a member's
         chunks.append(([piece] if mine else [], step, [] if mine else [piece]))
     return _launch(g, "broadcast", rt, device, chunks, [buf], args, (x,), host, count=host.size, root=g.ranks[root])
 
@@ -220,7 +215,7 @@ def _all_gather(g: ProcessGroup, args: dict, rt: DeviceRuntime, device: int, chu
         send = in_buf[start : start + k]
         region = out_buf[n * start : n * (start + k)]  # chunk-major: the n pieces of this chunk
         ups = [_Copy(out, r * size + start, region[r * k : (r + 1) * k]) for r in range(n)]
-        step = _bound(g.comm.Allgather, [send.view(in_host.dtype), dt], [region.view(in_host.dtype), dt])  # type: ignore[union-attr]
+        step = partial(g.comm.Allgather, [send.view(in_host.dtype), dt], [region.view(in_host.dtype), dt])  # type: ignore[union-attr]
         chunks.append(([_Copy(inp, start, send)], step, ups))
     return _launch(
         g, "all_gather_into_tensor", rt, device, chunks, [in_buf, out_buf], args, (out,), in_host, count=out_host.size
@@ -244,16 +239,12 @@ def _reduce_scatter(g: ProcessGroup, args: dict, rt: DeviceRuntime, device: int,
         region = in_buf[n * start : n * (start + k)]  # chunk-major: the n pieces of this chunk
         downs = [_Copy(inp, r * size + start, region[r * k : (r + 1) * k]) for r in range(n)]
         piece = _Copy(out, start, out_buf[start : start + k])
-        step = _bound(_reduce_scatter_tensor, g, piece.host.view(dtype), region.view(dtype), op)
+        step = partial(_reduce_scatter_tensor, g, piece.host.view(dtype), region.view(dtype), op)
         chunks.append((downs, step, [piece]))
     return _launch(
         g, name, rt, device, chunks, [out_buf, in_buf], args, (out,), in_host, count=out_host.size, redop=op,
         dtype=dtype,
     )  # fmt: skip
-
-
-def _bound(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-    return lambda: fn(*args)
 
 
 def _launch(

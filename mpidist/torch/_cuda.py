@@ -28,6 +28,7 @@ import torch
 
 from mpidist._array import DEVICE_TYPES
 from mpidist.device import _streams, runtime as device_runtime
+from mpidist.device._nccl_core import Dev
 from mpidist.errors import prefix
 from mpidist.torch._dtypes import REINTERPRET
 
@@ -153,7 +154,6 @@ def nccl_dev(t: torch.Tensor) -> Optional[tuple]:
     negative bit, a dtype mpidist knows), skipping the generic array layers (~15 us of a
     call on an H200 host); None otherwise (the general path then checks, stages or refuses
     it). Needs CuPy, as the NCCL path does."""
-    from mpidist.device._nccl_core import Dev  # noqa: PLC0415  (CUDA tensors on NCCL only)
 
     if t.layout is not torch.strided or t.is_quantized or not t.is_contiguous() or t.is_conj() or t.is_neg():
         return None
