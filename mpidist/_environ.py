@@ -39,6 +39,8 @@ __all__ = [
     "launcher_local",
     "contradiction",
     "byte_count",
+    "launcher_rank",
+    "without_launcher",
 ]
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -110,6 +112,48 @@ def launcher_local(env: Mapping[str, str], size: int) -> Optional[tuple[int, int
         if local is not None and count is not None and 0 <= local < count <= size:
             return local, count
     return None
+
+
+#: (rank, world size) variable pairs the launchers set for each process they start: MPICH's and
+#: Intel MPI's hydra, Open MPI's prterun (which also sets ``PMIX_RANK``), Slurm's srun, torchrun
+_RANK_PAIRS = (
+    ("PMI_RANK", "PMI_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+    ("RANK", "WORLD_SIZE"),
+)
+
+
+def launcher_rank(env: Mapping[str, str] = os.environ) -> Optional[tuple[int, int]]:
+    """(rank, world size) as the launcher set them for this process, before or without MPI
+    (hydra: ``PMI_RANK``/``PMI_SIZE``; Open MPI: ``OMPI_COMM_WORLD_RANK``/``_SIZE``; srun:
+    ``SLURM_PROCID``/``SLURM_NTASKS``; torchrun, or an export of mpidist's: ``RANK``/``WORLD_SIZE``);
+    None if no launcher set a consistent pair."""
+    for rank_var, size_var in _RANK_PAIRS:
+        rank, size = _int(env.get(rank_var)), _int(env.get(size_var))
+        if rank is not None and size is not None and 0 <= rank < size:
+            return rank, size
+    return None
+
+
+#: What the launchers set for each process they start (hydra: ``PMI_*``, ``HYDRA_*``,
+#: ``MPI_LOCAL*``, Intel MPI's ``I_MPI_HYDRA_UUID``; Open MPI's prterun: ``PMIX_*``, ``PRTE_*``
+#: and ``OMPI_*``, of which the user's settings are kept: ``OMPI_ALLOW_RUN_AS_ROOT*`` and the
+#: ``*_MCA_*`` parameters).
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_HYDRA_UUID")
+_USER_SETTINGS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
+_LAUNCHER_MCA = ("OMPI_MCA_num_procs", "OMPI_MCA_initial_wdir", "OMPI_MCA_cpu_type", "OMPI_MCA_PREFIXES")
+
+
+def without_launcher(env: Mapping[str, str] = os.environ) -> dict:
+    """``env`` without the variables an MPI launcher sets for each rank: the environment for a
+    child process that must not join this rank's job (one that inherits them tries to: under
+    Open MPI it hangs, then fails), or that starts a job of its own."""
+    return {
+        k: v
+        for k, v in env.items()
+        if not k.startswith(_LAUNCHER_PREFIXES) or (k.startswith(_USER_SETTINGS) and k not in _LAUNCHER_MCA)
+    }
 
 
 def contradiction(env_rank: Optional[int], env_size: Optional[int], size: int) -> bool:

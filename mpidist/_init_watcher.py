@@ -12,9 +12,10 @@ after a 2-rank launch) and in this package's own tests (a rank stopped at start-
 segments per ``make test``).
 
 :func:`start`, called just before ``MPI_Init`` by the node's first two ranks under a launcher
-(``PMI_RANK`` or ``PMIX_RANK`` set; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0 or 1, or neither
-set, when every rank starts one: :data:`WATCHING`), starts a **watcher**: this file run as a script by a fresh
-interpreter (``python -I -S``: standard library only, no environment but ``PATH`` and
+(``PMI_RANK`` or ``PMIX_RANK`` set, but not Open MPI's ``OMPI_COMM_WORLD_SIZE``: Open MPI makes
+no MPICH segment, and its launcher removes its own; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0
+or 1, or neither set, when every rank starts one: :data:`WATCHING`), starts a **watcher**: this
+file run as a script by a fresh interpreter (``python -I -S``: standard library only, no environment but ``PATH`` and
 ``LD_LIBRARY_PATH``, a session of its own, standard streams on ``/dev/null``, no descriptor of
 the rank's but a pipe's read end). It looks at ``/dev/shm`` every :data:`POLL_S` s and, for
 :data:`HOT_S` s after a name appears or goes there (every :data:`SLOW_S` s otherwise), reads the
@@ -54,6 +55,10 @@ import stat
 import sys
 import time
 
+TYPE_CHECKING = False  # (not typing's: the watcher imports no more than it needs)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = [
     "Watch",
     "start",
@@ -77,8 +82,11 @@ SLOW_S = 0.05  # s between readings otherwise
 EXIT_S = 10.0  # s a rank waits at most for its watcher's exit
 _PREFIX = "/dev/shm/mpich_shm_"
 _UCX_PREFIX = "/dev/shm/ucx_shm_posix_"
+_INTEL_PREFIX = "/dev/shm/Intel_MPI_"  # + mkstemp's 6 letters and digits
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _LAUNCHED = ("PMI_RANK", "PMIX_RANK")
 _LOCAL_RANK = ("MPI_LOCALRANKID", "SLURM_LOCALID")  # hydra's and Slurm's rank on the node
+_OPEN_MPI = "OMPI_COMM_WORLD_SIZE"  # Open MPI's launcher: its MPI makes no MPICH segment
 _HEX = frozenset("0123456789abcdef")
 _LAUNCHERS = frozenset({"hydra_pmi_proxy", "slurmstepd"})  # /proc/<pid>/comm
 
@@ -89,11 +97,16 @@ def _hex(text: str) -> bool:
 
 def is_segment(path: str) -> bool:
     """Whether ``path`` names a segment that MPICH's ``MPI_Init`` makes: its own,
-    ``/dev/shm/mpich_shm_<hex>_<decimal>``, or UCX's (MPICH's ch4:ucx device),
-    ``/dev/shm/ucx_shm_posix_<hex>``, which UCX itself unlinks 2-6 ms after making it."""
+    ``/dev/shm/mpich_shm_<hex>_<decimal>``, UCX's (MPICH's ch4:ucx device),
+    ``/dev/shm/ucx_shm_posix_<hex>``, which UCX itself unlinks 2-6 ms after making it, or Intel
+    MPI's, ``/dev/shm/Intel_MPI_<6 letters or digits>`` (192 bytes; Intel MPI unlinks them by the
+    end of its ``MPI_Init``)."""
     if path.startswith(_PREFIX):
         parts = path[len(_PREFIX) :].split("_")
         return len(parts) == 2 and _hex(parts[0]) and parts[1].isdigit() and parts[1].isascii()
+    if path.startswith(_INTEL_PREFIX):
+        tail = path[len(_INTEL_PREFIX) :]
+        return len(tail) == 6 and set(tail) <= _ALNUM
     return path.startswith(_UCX_PREFIX) and _hex(path[len(_UCX_PREFIX) :])
 
 
@@ -103,17 +116,17 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip() != "0" and os.path.isdir("/proc/self")
 
 
-def segments_of(pid: int | str) -> set[str]:
-    """The segments (:func:`is_segment`) process ``pid`` (or ``"self"``) maps, by the name they
-    still have (a removed one shows ``(deleted)`` and is left out); none if its maps cannot be
-    read."""
+def segments_of(pid: int | str, match: Callable[[str], object] = is_segment) -> set[str]:
+    """The segments (those ``match`` accepts: :func:`is_segment`) process ``pid`` (or ``"self"``)
+    maps, by the name they still have (a removed one shows ``(deleted)`` and is left out); none
+    if its maps cannot be read."""
     try:
         with open(f"/proc/{pid}/maps") as fh:
             text = fh.read()
     except OSError:
         return set()
     fields = (line.split(None, 5) for line in text.splitlines())  # address perms offset dev inode [path]
-    return {f[5] for f in fields if len(f) == 6 and is_segment(f[5])}
+    return {f[5] for f in fields if len(f) == 6 and match(f[5])}
 
 
 def open_files(pid: int) -> set[str]:
@@ -232,7 +245,7 @@ WATCHING = ("0", "1")
 
 def _wanted() -> bool:
     env = os.environ
-    if not enabled() or not any(k in env for k in _LAUNCHED):
+    if not enabled() or not any(k in env for k in _LAUNCHED) or _OPEN_MPI in env:
         return False
     return next((env[k] for k in _LOCAL_RANK if k in env), "0").strip() in WATCHING
 

@@ -30,7 +30,14 @@ followed or removed). MPICH's ``MPI_Finalize`` and hydra ignore a name that is a
 A job that ends while its ranks are still in ``MPI_Init`` is covered by a watcher process
 (:mod:`mpidist._init_watcher`). Linux only (``/proc``); elsewhere, and with
 ``MPIDIST_REMOVE_LAUNCHER_FILES=0``, nothing is done.
-Open MPI, and Slurm's own launch, keep their files elsewhere: not handled here.
+
+Open MPI's launcher (``prterun``) removes its jobs' files itself, after a signal or
+``MPI_Abort`` too; not so an Open MPI **singleton** (a process started without a launcher:
+``python script.py``), which leaves its shared-memory segment,
+``/dev/shm/sm_segment.<host>.<uid>.<jobid>.<rank>`` (16 MiB apparent size), at every exit, a
+clean one included (Open MPI 5.0.11). No other process can open a singleton's segment, so
+:func:`remove_names` removes its name too, where no launcher set ``PMIX_RANK``. Its empty session
+directory, ``$TMPDIR/ompi.<host>.<uid>/jf.0/<jobid>``, stays (docs/hpc.md, "MPIs").
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from mpidist._init_watcher import ENV, comm_of, enabled, open_files, remove, seg
 __all__ = ["remove_names", "ENV"]
 
 _HYDRA_TOPOLOGY = re.compile(r"hydra_hwloc_xmlfile_\w+")
+_OPEN_MPI_SEGMENT = re.compile(r"/dev/shm/sm_segment\.[^/]+\.\d+\.[0-9a-f]+\.\d+")
 
 
 def _parent_topology_files() -> set[str]:
@@ -54,9 +62,12 @@ def _parent_topology_files() -> set[str]:
 
 
 def remove_names() -> list[str]:
-    """Remove the names of this node's MPICH segments and hydra topology file (see the module
-    docstring); the paths this call removed. Call only after every rank has finished
-    ``MPI_Init``. Never raises."""
+    """Remove the names of this node's MPICH segments and hydra topology file, and of an Open
+    MPI singleton's segment (see the module docstring); the paths this call removed. Call only
+    after every rank has finished ``MPI_Init``. Never raises."""
     if not enabled():
         return []
-    return [p for p in sorted(segments_of("self") | _parent_topology_files()) if remove(p)]
+    names = segments_of("self") | _parent_topology_files()
+    if "PMIX_RANK" not in os.environ:  # no Open MPI launcher: a singleton's own segment
+        names |= segments_of("self", _OPEN_MPI_SEGMENT.fullmatch)
+    return [p for p in sorted(names) if remove(p)]

@@ -42,6 +42,7 @@ import time
 from typing import Any, Optional
 
 from mpidist import _current
+from mpidist._environ import launcher_rank
 from mpidist._private import UnsafeDirectory, fresh_name, write_private_file
 
 __all__ = [
@@ -264,7 +265,7 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
     """
     global last_error
     st = _current.state
-    rank = st.rank if st is not None else int(os.environ.get("PMI_RANK", os.environ.get("RANK", "0")))
+    rank = st.rank if st is not None else (launcher_rank() or (0, 1))[0]
     with _dump_lock:
         try:
             offset = time.time() - _now()

@@ -11,8 +11,8 @@ Reports (rank 0 prints; ``--json``: one JSON document instead of text):
 * CuPy, NCCL (through CuPy) and the GPUs they see, where CuPy is installed;
 * torch, whether ``torch.distributed`` is available, and the backends registered once
   ``mpidist.torch`` is imported (``mpidist``, and ``mpi`` on a torch built without MPI);
-* the launcher (hydra's ``mpiexec``, Open MPI's ``mpirun``, Slurm's ``srun``, a PMIx launcher, or
-  none: a singleton) and the rank variables it and mpidist set;
+* the launcher (hydra's ``mpiexec``, MPICH's or Intel MPI's; Open MPI's ``mpirun``; Slurm's
+  ``srun``; a PMIx launcher; or none: a singleton) and the rank variables it and mpidist set;
 * shared memory: whether an MPI-3 shared-memory window can be allocated among the ranks of a
   node (mpidist's shared-memory all-reduce needs one), whether all ranks share one node, and
   the space free in ``/dev/shm``.
@@ -77,7 +77,7 @@ def launcher(env: Optional[Mapping[str, str]] = None) -> str:
     """The launcher that started this process, from its variables (and, for hydra, the parent)."""
     env = os.environ if env is None else env
     if "HYDI_CONTROL_FD" in env or "PMI_FD" in env and "SLURM_STEP_ID" not in env:
-        return "hydra (MPICH's mpiexec)"
+        return "hydra (Intel MPI's mpiexec)" if "I_MPI_HYDRA_UUID" in env else "hydra (MPICH's mpiexec)"
     if "OMPI_COMM_WORLD_SIZE" in env:
         return "Open MPI's mpirun"
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
 from mpidist import _abort as A
+from mpidist._environ import launcher_rank
 
 __all__ = ["main", "USAGE"]
 
@@ -66,10 +67,7 @@ def _rank_and_size() -> tuple[int, int]:
             MPI.Init_thread()
         return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     except Exception:  # noqa: BLE001  (fall back on the launcher's variables)
-        for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-            if var in os.environ:
-                return int(os.environ[var]), int(os.environ.get("PMI_SIZE", os.environ.get("WORLD_SIZE", "2")))
-        return 0, 1
+        return launcher_rank() or (0, 1)
 
 
 def _user_traceback(exc: BaseException) -> str:

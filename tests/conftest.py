@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -16,9 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidist
-
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_", "MPI_LOCAL")
-
+from mpidist._environ import without_launcher
 
 #: The test session's temporary directory (TMPDIR of the tests and of every job they start),
 #: removed at the session's end: the jobs the tests fail on purpose leave their flight-recorder
@@ -60,6 +59,17 @@ def pytest_collection_modifyitems(config, items):
 MPI_VENDOR = MPI.get_vendor()[0]
 
 
+#: the signal that stops a job cleanly when sent to its launcher (docs/hpc.md, "MPIs"): hydra
+#: (MPICH, Intel MPI) passes SIGTERM on to every rank; Open MPI's mpirun takes SIGTERM as "kill the
+#: job" (the ranks get SIGTERM and are killed shortly after) and passes SIGUSR1 on
+STOP_SIGNAL = signal.SIGUSR1 if MPI_VENDOR == "Open MPI" else signal.SIGTERM
+
+
+#: the exit status of mpiexec for a job whose rank was killed by SIGKILL (docs/hpc.md, "MPIs"):
+#: MPICH's hydra reports the signal, Intel MPI's hydra 255, Open MPI's mpirun 128 + the signal
+KILLED_STATUS = {"MPICH": 9, "Intel MPI": 255, "Open MPI": 128 + 9}.get(MPI_VENDOR)
+
+
 def only_on(vendor: str, why: str) -> pytest.MarkDecorator:
     """Skip a test that is about one MPI's own behaviour elsewhere, saying why."""
     return pytest.mark.skipif(MPI_VENDOR != vendor, reason=f"{why}: {vendor} only (this MPI: {MPI_VENDOR})")
@@ -74,7 +84,7 @@ def launcher_free_env(**extra: str) -> dict:
     another's and a line the test looks for is split (two fresh-clone CI runs failed so).
     Buffered (stderr line-buffered, stdout flushed by the programs that need it at once),
     each line goes out in one write."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES) and k != "PYTHONUNBUFFERED"}
+    env = {k: v for k, v in without_launcher(os.environ).items() if k != "PYTHONUNBUFFERED"}
     env.update(extra)
     return env
 

@@ -18,6 +18,8 @@ from mpi4py import MPI
 from mpidist import _recorder as R, _runtime
 from mpidist.work import WorkResult
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 WAIT_S = 30
 

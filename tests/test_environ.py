@@ -14,6 +14,8 @@ from conftest import launcher_free_env
 
 from mpidist import _environ as E
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -32,7 +34,10 @@ def per_rank(tmp_path: Path, n: int, code: str) -> list[str]:
     """Run ``code`` on ``n`` ranks; each rank's ``result`` (written to a file of its own:
     the launcher may interleave the ranks' stdout), in rank order."""
     script = tmp_path / "job.py"
-    script.write_text(code + "\nopen(os.path.join(sys.argv[1], os.environ['PMI_RANK']), 'w').write(result)\n")
+    script.write_text(
+        code
+        + "\nfrom mpi4py import MPI\nopen(os.path.join(sys.argv[1], str(MPI.COMM_WORLD.rank)), 'w').write(result)\n"
+    )
     out = subprocess.run(
         [MPIEXEC, "-n", str(n), sys.executable, str(script), str(tmp_path)],
         capture_output=True,
@@ -71,7 +76,8 @@ def test_a_torchrun_environment_is_left_alone_until_init_refuses_it():
 CHILD = """
 import os, subprocess, sys, mpidist
 mpidist.init_process_group()
-env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_LOCAL"))}
+launcher = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_HYDRA_")  # docs/hpc.md, "Child processes"
+env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
 code = "import mpidist; mpidist.init_process_group(); print(mpidist.get_world_size())"
 a = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 b = subprocess.run([sys.executable, "-c", code], env={**env, "WORLD_SIZE": "3"}, capture_output=True, text=True,

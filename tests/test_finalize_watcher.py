@@ -19,9 +19,12 @@ import pytest
 
 from mpidist import _finalize_watcher
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc/self").is_dir() or not os.access(_finalize_watcher.SHELL, os.X_OK), reason="Linux with /bin/sh"
-)
+pytestmark = [
+    pytest.mark.launches,
+    pytest.mark.skipif(
+        not Path("/proc/self").is_dir() or not os.access(_finalize_watcher.SHELL, os.X_OK), reason="Linux with /bin/sh"
+    ),
+]
 
 
 def holders_of(token: str) -> list[int]:

@@ -9,11 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import launcher_free_env
+from conftest import MPI_VENDOR, launcher_free_env
 
 from mpidist.info import launcher
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+#: what each MPI's own mpiexec is reported as
+LAUNCHER = {
+    "MPICH": "hydra (MPICH's mpiexec)",
+    "Intel MPI": "hydra (Intel MPI's mpiexec)",
+    "Open MPI": "Open MPI's mpirun",
+}
 
 
 def info(n: int, *args: str) -> subprocess.CompletedProcess:
@@ -42,10 +50,10 @@ def test_under_mpiexec_every_rank_reports_its_host_and_local_rank():
     run = info(3, "--json")
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)  # rank 0 alone prints
-    assert doc["world_size"] == 3 and doc["launcher"] == "hydra (MPICH's mpiexec)"
+    assert doc["world_size"] == 3 and doc["launcher"] == LAUNCHER[MPI_VENDOR]
     assert doc["world"]["all_reduce"] == 3.0 and doc["world"]["nodes"] == 1
     assert [(r["rank"], r["local_rank"]) for r in doc["world"]["ranks"]] == [(0, 0), (1, 1), (2, 2)]
-    assert doc["variables"]["PMI_SIZE"] == "3"
+    assert doc["variables"]["OMPI_COMM_WORLD_SIZE" if MPI_VENDOR == "Open MPI" else "PMI_SIZE"] == "3"
 
 
 def test_text_names_each_rank():
@@ -62,6 +70,7 @@ def test_text_names_each_rank():
     [
         ({"HYDI_CONTROL_FD": "7", "PMI_FD": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}, "hydra (MPICH's mpiexec)"),
         ({"PMI_FD": "9"}, "hydra (MPICH's mpiexec)"),
+        ({"PMI_FD": "9", "I_MPI_HYDRA_UUID": "312e0000-4c27"}, "hydra (Intel MPI's mpiexec)"),
         ({"OMPI_COMM_WORLD_SIZE": "2"}, "Open MPI's mpirun"),
         ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "PMI_FD": "4"}, "Slurm's srun"),
         ({"PMIX_RANK": "0"}, "a PMIx launcher"),

@@ -19,6 +19,8 @@ from mpi4py import MPI
 from mpidist import _initcheck as C, _runtime
 from mpidist.device import binding
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
@@ -243,7 +245,7 @@ def test_one_rank_with_a_wrong_rank_fails_the_whole_job_at_once():
     code = (
         "import os, sys, mpidist\n"
         "try:\n"
-        "    mpidist.init_process_group(rank=5 if os.environ['PMI_RANK'] == '1' else -1)\n"
+        "    mpidist.init_process_group(rank=5 if os.environ['RANK'] == '1' else -1)\n"
         "except ValueError as exc:\n"
         "    sys.stderr.write(f'ValueError: {exc}\\n')\n"
         "    sys.exit(1)\n"
@@ -260,9 +262,7 @@ def test_one_rank_with_a_wrong_rank_fails_the_whole_job_at_once():
 
 def test_a_rank_that_never_calls_init_ends_the_job_after_the_timeout():
     code = (
-        "import os, time, mpidist\n"
-        "if os.environ['PMI_RANK'] == '1':\n    time.sleep(120)\n"
-        "mpidist.init_process_group()\n"
+        "import os, time, mpidist\nif os.environ['RANK'] == '1':\n    time.sleep(120)\nmpidist.init_process_group()\n"
     )
     out, took = job(2, code, MPIDIST_TIMEOUT="2")
     assert out.returncode != 0

@@ -10,13 +10,18 @@ involved (tests/slurm/run.sh covers the script inside an allocation, where it is
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import launcher_free_env
+import pytest
+from conftest import STOP_SIGNAL, launcher_free_env
+from test_train_job import EPOCHS, JOB, RESUME_N, check_stopped, stop_after_epoch
 
 from mpidist.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "jobs" / "train_digits.sbatch"
@@ -68,3 +73,23 @@ def test_outside_an_allocation_srun_can_still_be_forced(tmp_path):
     assert job.returncode == 1 and marker.exists()
     assert "srun: fatal: Could not establish a configuration source" in job.stderr
     assert "not inside a Slurm allocation" not in job.stderr
+
+
+def test_a_stop_signal_to_mpirun_sh_stops_the_main_job_cleanly(tmp_path):
+    """SIGTERM to jobs/mpirun.sh (Ctrl-C, a batch system's stop): every rank checkpoints at the
+    same step and the job exits 0; the script says so and exits 143. hydra passes SIGTERM on to the
+    ranks; Open MPI's mpirun kills the job on SIGTERM, so there the script sends it SIGUSR1."""
+    out = tmp_path / "out"
+    cmd = ["bash", str(ROOT / "jobs" / "mpirun.sh"), "-n", str(RESUME_N), "--"]
+    job = subprocess.Popen(
+        [*cmd, *JOB, "--out", str(out), "--epochs", str(EPOCHS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=launcher_free_env(MPIDIST_VENV=str(VENV), OMP_NUM_THREADS="1"),
+    )
+    stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM), out, STOP_SIGNAL)
+    assert job.returncode == 143, stdout + stderr
+    assert "mpirun.sh: got SIGTERM, stopped the job (its exit code: 0)" in stderr, stderr
+    check_stopped(out, 0, stdout, stderr, n=RESUME_N, signame=STOP_SIGNAL.name)

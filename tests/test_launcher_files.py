@@ -5,6 +5,7 @@ imported with MPI initialized, so neither MPI_Abort nor SIGKILL leaves them."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,16 +17,21 @@ from mpi4py import MPI
 
 from mpidist import _init_watcher, _launcher_files
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
 def entries() -> set[str]:
+    """Every name in the directories an MPI job may leave files in (MPICH's mpich_shm_* and
+    hydra_hwloc_xmlfile_*, Open MPI's sm_segment.* and ompi.*, Intel MPI's Intel_MPI_*, ...),
+    but the flight-recorder dumps a failed job writes on purpose (and prints)."""
     return {
         os.path.join(d, e)
         for d in {"/tmp", tempfile.gettempdir(), "/dev/shm"}
         if os.path.isdir(d)
         for e in os.listdir(d)
-        if e.startswith(("mpich_shm_", "hydra_hwloc_xmlfile_"))
+        if not e.startswith("mpidist-trace-")
     }
 
 
@@ -47,8 +53,7 @@ def test_no_mapped_segment_keeps_its_name_after_import():
 ENDINGS = {
     "MPI_Abort": "import mpidist\nmpidist.init_process_group()\nif mpidist.get_rank() == 1:\n"
     "    raise RuntimeError('fails')\nmpidist.barrier()\n",
-    "SIGKILL": "import os, time, mpidist\nif os.environ['PMI_RANK'] == '1':\n    os.kill(os.getpid(), 9)\n"
-    "time.sleep(30)\n",
+    "SIGKILL": "import os, time, mpidist\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), 9)\ntime.sleep(30)\n",
     "a normal end": "import mpidist\nmpidist.init_process_group()\nmpidist.barrier()\n"
     "mpidist.destroy_process_group()\n",
 }
@@ -68,6 +73,22 @@ def test_a_job_leaves_no_segment_or_topology_file(tmp_path, ending):
     assert (job.returncode == 0) == (ending == "a normal end"), job.stderr
     assert job.returncode != 124, "the job hung"
     assert entries() - before == set()
+
+
+def test_a_singleton_leaves_no_segment(tmp_path):
+    """``python script.py``, no launcher: Open MPI 5's singleton left its 16 MiB
+    /dev/shm/sm_segment.* at every exit, a clean one too (mpidist removes its name)."""
+    script = tmp_path / "job.py"
+    script.write_text(ENDINGS["a normal end"])
+    before = entries()
+    job = subprocess.run(
+        ["timeout", "-k", "5", "60", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=launcher_free_env(),
+    )
+    assert job.returncode == 0, job.stderr
+    assert entries() - before <= {os.path.join(tempfile.gettempdir(), f"ompi.{socket.gethostname()}.{os.getuid()}")}
 
 
 def test_only_regular_files_of_this_user_are_removed(tmp_path):

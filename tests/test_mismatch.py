@@ -31,6 +31,8 @@ from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import ShmMismatch
 from mpidist.work import _NO_RUN
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 

@@ -25,6 +25,8 @@ from mpidist import work
 from mpidist._dispatch import launch
 from mpidist.parallel.comm_hooks import PowerSGDState, powerSGD_hook, then
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 

@@ -16,6 +16,8 @@ from mpi4py import MPI
 from mpidist import _recorder
 from mpidist.tools import trace
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 
 def recent(key: str, n: int) -> list[dict]:
     return [e for e in _recorder.snapshot() if e["group_key"] == key][-n:]

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import launcher_free_env
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 RUN = [sys.executable, "-m", "mpidist"]
 

@@ -12,6 +12,8 @@ from mpi4py import MPI
 
 import mpidist
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 
 @pytest.mark.mpi
 def test_ranks_come_from_mpi(dist):

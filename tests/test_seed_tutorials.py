@@ -134,7 +134,7 @@ def init_process(rank, size, fn, backend='gloo'):
 if sys.argv[2] == "mpi":
     init_process(0, 0, run, backend='mpi')        # the tutorial's MPI recipe (mpirun -n N python myscript.py)
 else:                                             # mp.Process(target=init_process, args=(rank, size, run)):
-    init_process(int(os.environ["PMI_RANK"]), 2, run)  # the launcher numbers the processes
+    init_process(int(os.environ["RANK"]), 2, run)  # the launcher numbers the processes
 dist.barrier()
 dist.destroy_process_group()
 '''

@@ -16,6 +16,8 @@ from mpidist.parallel import DistributedDataParallel
 from mpidist.parallel.comm_hooks import allreduce_hook
 from mpidist.parallel.timeline import ENV_VAR, timeline_path
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 D_IN, HIDDEN, CLASSES = 6, 8, 3
 
 

@@ -20,6 +20,8 @@ from conftest import launcher_free_env
 
 from mpidist import _recorder
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 

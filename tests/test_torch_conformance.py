@@ -37,7 +37,11 @@ from mpidist import _recorder, _runtime  # noqa: E402
 from mpidist.torch import _profile  # noqa: E402
 
 # torch warns when a sparse tensor is made without its invariant checks (the sparse tests)
-pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")]
+pytestmark = [
+    pytest.mark.launches,
+    pytest.mark.mpi,
+    pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -133,7 +137,6 @@ print(f"rank {rank} done", flush=True)
 """
 
 
-@pytest.mark.slow
 def test_a_subgroup_barrier_times_out_at_the_groups_timeout(tmp_path):
     if _runtime.state().world_size > 1:
         pytest.skip("starts its own 2-rank job; runs in the serial pass")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 pytest.importorskip("torch")
 
 from conftest import launcher_free_env  # noqa: E402
@@ -91,7 +93,7 @@ import mpidist.torch
 
 os.environ["MASTER_ADDR"] = "localhost"
 os.environ["MASTER_PORT"] = "12355"
-rank, world = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 dist.init_process_group("mpidist", rank=rank, world_size=world)
 t = torch.tensor([float(rank)])
 dist.all_reduce(t)

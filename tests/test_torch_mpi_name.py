@@ -23,7 +23,7 @@ import mpidist  # noqa: E402
 import mpidist.torch  # noqa: E402,F401
 from mpidist.torch import _mpi_name  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.launches, pytest.mark.mpi]
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,6 @@ def _launch(tmp_path, n: int, *, barrier: bool = False):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("n", [0, 2, 3])
 def test_the_tutorials_mpi_recipe_runs_unchanged(tmp_path, n):
     """The tutorial's ``init_process(0, 0, run, backend='mpi')`` under ``mpirun -n N`` (0:
@@ -134,7 +133,6 @@ def test_the_tutorials_mpi_recipe_runs_unchanged(tmp_path, n):
         assert f"Rank {rank} has data {float(size)} backend mpi size {size}" in proc.stdout, proc.stdout + proc.stderr
 
 
-@pytest.mark.slow
 def test_init_barrier_env(tmp_path):
     proc = _launch(tmp_path, 2, barrier=True)
     assert proc.returncode == 0, proc.stderr

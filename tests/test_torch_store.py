@@ -24,7 +24,7 @@ from torch_helpers import torch_world  # noqa: E402
 
 from mpidist.torch import MPIStore  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.launches, pytest.mark.mpi]
 
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
@@ -208,7 +208,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ['"mpidist"', '"gloo", init_method="mpi://"'])
 def test_torch_dist_init_barrier(tmp_path, backend):
     """TORCH_DIST_INIT_BARRIER=1: torch's store-based barrier after init, on the store over MPI."""

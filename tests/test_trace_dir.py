@@ -19,6 +19,8 @@ from mpi4py import MPI
 
 from mpidist import _private as P, _recorder as R, _runtime
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 

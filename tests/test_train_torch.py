@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +15,12 @@ import pytest
 
 pytest.importorskip("torch", reason="the torch job needs torch (pip install -e '.[torch]')")
 
-from conftest import launcher_free_env  # noqa: E402
+from conftest import STOP_SIGNAL, launcher_free_env  # noqa: E402
 from test_train_job import fake_mnist, same_run, stop_after_epoch  # noqa: E402  (the numpy job's helpers)
 
 from mpidist.checkpoint import load_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 JOB = [sys.executable, "-m", "mpidist", "-m", "mpidist.examples.train_torch", "--no-progress"]
@@ -191,7 +192,7 @@ def test_device_cuda_without_cuda_fails_fast():
     assert "--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False)" in out.stderr
 
 
-# --- SIGTERM -> checkpoint at a step boundary on every rank; --resume -> bitwise the same run ---
+# --- SIGTERM (SIGUSR1 on Open MPI) -> checkpoint at a step boundary on every rank; --resume -> bitwise the same run ---
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +205,8 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory):
-    """The same job, given SIGTERM (mpiexec forwards it to every rank) after epoch 3."""
+    """The same job, given the launcher's stop signal (STOP_SIGNAL: mpiexec passes it on to every
+    rank) after epoch 3."""
     out = tmp_path_factory.mktemp("interrupted")
     job = subprocess.Popen(
         [MPIEXEC, "-n", str(RESUME_N), *JOB, "--out", str(out), "--epochs", str(EPOCHS)],
@@ -213,18 +215,18 @@ def interrupted(tmp_path_factory):
         text=True,
         env=job_env(),
     )
-    stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(signal.SIGTERM), out, signal.SIGTERM)
+    stdout, stderr = stop_after_epoch(job, 3, lambda j: j.send_signal(STOP_SIGNAL), out, STOP_SIGNAL)
     return out, job.returncode, stdout, stderr
 
 
-def test_sigterm_to_mpiexec_checkpoints_at_one_step_and_exits_cleanly(interrupted):
+def test_stop_signal_to_mpiexec_checkpoints_at_one_step_and_exits_cleanly(interrupted):
     out, rc, stdout, stderr = interrupted
     assert rc == 0, stdout + stderr
     assert "Traceback" not in stderr, stderr
     stopped = load_checkpoint(out / "checkpoint.npz")
     epoch, step = int(stopped["epoch"]), int(stopped["step"])
     assert 3 <= epoch < EPOCHS and 0 <= step < STEPS, (epoch, step)
-    assert f"stopped by SIGTERM after {epoch} epochs and {step}/{STEPS} steps" in stdout, stdout
+    assert f"stopped by {STOP_SIGNAL.name} after {epoch} epochs and {step}/{STEPS} steps" in stdout, stdout
     assert stopped["loss_totals"].shape == (RESUME_N, 2)
     assert (stopped["loss_totals"][:, 1] == (16 * step if step else 0)).all(), stopped["loss_totals"]
     assert [h["epoch"] for h in json.loads((out / "metrics.json").read_text())] == list(range(1, epoch + 1))

@@ -58,7 +58,9 @@ def main() -> int:
     base_python = base / "bin" / "python"
     venv.EnvBuilder(clear=True, with_pip=False, symlinks=True).create(target)
     python = target / "bin" / "python"
-    Path(site_packages(python), "_mpidist_base.pth").write_text(site_packages(base_python) + "\n")
+    # addsitedir also reads the .pth files there (mpidist's editable install), as torch_venv.py does
+    base_site = site_packages(base_python)
+    Path(site_packages(python), "_mpidist_base.pth").write_text(f"import site; site.addsitedir({base_site!r})\n")
     print(f"mpi_venv: installing {requirement} into {target}", flush=True)
     pip = [str(base_python), "-m", "pip", "install", "-q", "--prefix", str(target), "--ignore-installed"]
     run = subprocess.run([*pip, requirement, *args.pip_args], timeout=PIP_TIMEOUT, check=False)

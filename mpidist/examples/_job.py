@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -242,14 +243,26 @@ def resume_path(args: argparse.Namespace) -> Optional[Path]:
     return path
 
 
+def terminal_columns() -> int:
+    """The width of the terminal stdout is, or 0 when it is none, or one of no width: Open MPI's
+    mpirun gives each rank's stdout a pseudo-terminal of 0 columns, wherever its own output goes."""
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 0
+    except (OSError, ValueError):  # no descriptor (a replaced sys.stdout), or no size
+        return 0
+
+
 def progress_bar(args: argparse.Namespace, total: int, initial: int) -> Any:
     """Rank 0's tqdm bar on stdout, or None: shown with --progress, or when stdout is a terminal
     and --no-progress is not given (a batch job's log, or mpiexec's pipes, get no bar)."""
-    if args.no_progress or not (args.progress or sys.stdout.isatty()):
+    columns = terminal_columns()
+    if args.no_progress or not (args.progress or columns):
         return None
     from tqdm import tqdm  # noqa: PLC0415
 
-    return tqdm(total=total, initial=initial, unit="step", file=sys.stdout, dynamic_ncols=True)
+    # on no terminal, or one of no size (Open MPI's), tqdm sizes itself to 0 rows and shows nothing
+    size: dict[str, Any] = {"dynamic_ncols": True} if columns else {"ncols": 80, "nrows": 24}
+    return tqdm(total=total, initial=initial, unit="step", file=sys.stdout, **size)
 
 
 class Job:

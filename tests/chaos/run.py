@@ -18,7 +18,8 @@ sigkill               SIGKILL to one rank
 sigstop               SIGSTOP to one rank, never continued (past the job's timeout)
 sigterm-ranks         SIGTERM to every rank, then ``--resume``
 sigusr1               SIGUSR1 to one rank (Slurm's time-limit warning), then ``--resume``
-sigterm-mpiexec       SIGTERM to mpiexec (as ``scancel`` or a batch system does), then ``--resume``
+sigterm-mpiexec       SIGTERM to mpiexec (as ``scancel`` or a batch system does; SIGUSR1 to Open MPI's,
+                      which kills the job on SIGTERM: conftest.STOP_SIGNAL), then ``--resume``
 raise                 an exception on one rank at a random training step (tests/chaos/inject.py)
 unwritable            the checkpoint directory refuses new files at checkpoint time (inject.py)
 full                  the disk fills while the checkpoint is written (inject.py: RLIMIT_FSIZE)
@@ -69,7 +70,7 @@ from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from conftest import launcher_free_env  # noqa: E402  (tests/conftest.py)
+from conftest import STOP_SIGNAL, launcher_free_env  # noqa: E402  (tests/conftest.py)
 
 from mpidist.checkpoint import load_checkpoint  # noqa: E402
 
@@ -80,7 +81,8 @@ JOBS = {
     "torch": (["-m", "mpidist.examples.train_torch", "--channels", "4"], 6),
 }  # (argv, --epochs)
 FAULTS = ("sigkill", "sigstop", "sigterm-ranks", "sigusr1", "sigterm-mpiexec", "raise", "unwritable", "full", "corrupt")
-SIGNALLED = {"sigterm-ranks": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigterm-mpiexec": signal.SIGTERM}
+# "sigterm-mpiexec" sends the launcher's stop signal: SIGUSR1 to Open MPI's mpirun (STOP_SIGNAL)
+SIGNALLED = {"sigterm-ranks": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigterm-mpiexec": STOP_SIGNAL}
 OUTPUTS = {"checkpoint.npz", "metrics.json", "training.png"}
 DUMP = re.compile(r"(/\S*?mpidist-trace-[\w.-]+)")
 
@@ -121,14 +123,16 @@ def alive(pid: int, start: str) -> bool:
 
 
 def rank_of(pid: int) -> Optional[int]:
-    """The MPI rank of process ``pid`` (PMI_RANK in its environment), None if it is no rank."""
+    """The MPI rank of process ``pid`` (its launcher's PMI_RANK, or Open MPI's
+    OMPI_COMM_WORLD_RANK, in its environment), None if it is no rank."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
     for item in env:
-        if item.startswith(b"PMI_RANK="):
-            return int(item[9:])
+        name, _, value = item.partition(b"=")
+        if name in (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK"):
+            return int(value)
     return None
 
 
@@ -449,9 +453,9 @@ class Harness:
             time.sleep(0.01)
         if t.fault == "sigterm-mpiexec":
             ranks = job.ranks()
-            handled = len(ranks) == t.n and all(catches(p, signal.SIGTERM) for p in ranks.values())
+            handled = len(ranks) == t.n and all(catches(p, STOP_SIGNAL) for p in ranks.values())
             with contextlib.suppress(OSError):
-                job.proc.send_signal(signal.SIGTERM)
+                job.proc.send_signal(STOP_SIGNAL)
             return time.monotonic(), handled
         want = range(t.n) if t.fault == "sigterm-ranks" else [t.rank]
         ranks = job.ranks()
