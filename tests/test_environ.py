@@ -162,3 +162,45 @@ def test_user_values_tell_ours_from_the_launchers(monkeypatch):
     monkeypatch.setattr(E, "_exported", {})
     E.export_at_import(0, 1, env)
     assert env == {"RANK": "3", "WORLD_SIZE": "4"} and E.user_values(env) == {"RANK": 3, "WORLD_SIZE": 4}
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"PMI_RANK": "1", "PMI_SIZE": "4"}, (1, 4)),  # hydra: MPICH, Intel MPI
+        ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK": "2"}, (2, 3)),  # Open MPI
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8"}, (5, 8)),  # srun
+        ({"RANK": "0", "WORLD_SIZE": "2"}, (0, 2)),  # torchrun, or an mpidist parent's export
+        ({"PMI_RANK": "4", "PMI_SIZE": "4", "RANK": "1", "WORLD_SIZE": "2"}, (1, 2)),  # inconsistent: the next
+        ({"PMIX_RANK": "0"}, None),  # no size
+        ({}, None),
+    ],
+)
+def test_launcher_rank(env, expected):
+    assert E.launcher_rank(env) == expected
+
+
+def test_without_launcher_keeps_the_users_settings():
+    env = {
+        "PMI_RANK": "0",
+        "PMI_FD": "9",
+        "HYDRA_BSTRAP_PGID": "0",
+        "MPI_LOCALRANKID": "0",
+        "I_MPI_HYDRA_UUID": "312e",
+        "PMIX_RANK": "0",
+        "PRTE_LAUNCHED": "1",
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_MCA_num_procs": "2",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_MCA_osc": "^ucx",
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+        "I_MPI_FABRICS": "shm",
+        "PATH": "/bin",
+    }
+    assert E.without_launcher(env) == {
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_MCA_osc": "^ucx",
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+        "I_MPI_FABRICS": "shm",
+        "PATH": "/bin",
+    }
