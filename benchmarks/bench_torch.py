@@ -40,7 +40,10 @@ Before timing, both run 3 steps from the same start on the same data and their
 parameters are compared (at 2 ranks every sum has two terms, so they must be bitwise
 equal; else the largest difference is shown). Then measurements of ``--ddp-target-ms``
 (calibrated step counts) alternate between the two, ``--ddp-reps`` each;
-``gloo/mpidist`` is the median per-pair ratio.
+``gloo/mpidist`` is the median per-pair ratio. With ``--ddp-compile BACKEND`` (default
+``aot_eager``; ``none``: not) two more DDPs of the same start run under
+``torch.compile(ddp, backend=BACKEND)`` in the same rotation ("mpidist compiled", "gloo
+compiled"; on the CPU torch compiles no graph of a DDP model: docs/torch.md, "torch.compile").
 
 Output (rank 0): tables on stdout and in ``--out``/``torch_np{N}.md``, the all-reduce rows in
 ``torch_np{N}.csv`` (``bench_collectives.py``'s columns), the DDP rows in
@@ -210,6 +213,12 @@ def bench_ddp(env: TorchEnv, args: argparse.Namespace) -> list[DdpResult]:
         model = copy.deepcopy(base)
         ddps[impl] = nn.parallel.DistributedDataParallel(model, process_group=env.groups[impl])
         opts[impl] = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if args.ddp_compile != "none":  # the same DDPs under torch.compile, each from the same start
+        for impl in ("mpidist", "gloo"):
+            model = copy.deepcopy(base)
+            ddp = nn.parallel.DistributedDataParallel(model, process_group=env.groups[impl])
+            ddps[f"{impl} compiled"] = torch.compile(ddp, backend=args.ddp_compile)
+            opts[f"{impl} compiled"] = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step(impl: str) -> None:
         opts[impl].zero_grad(set_to_none=False)
@@ -230,14 +239,17 @@ def bench_ddp(env: TorchEnv, args: argparse.Namespace) -> list[DdpResult]:
         ms[impl] = bc.Measurement(iters=bc.calibrate(env.comm, call, args.ddp_target_s, guess_s=first))
     order = list(ddps)
     for k in range(args.ddp_reps):
-        for impl in order[k % 2 :] + order[: k % 2]:
+        for impl in order[k % len(order) :] + order[: k % len(order)]:
             ms[impl].samples.append(bc.timed(env.comm, partial(step, impl), ms[impl].iters))
     return [DdpResult(impl, ms[impl], n_params, diff) for impl in ddps]
 
 
-def ddp_ratio(res: list[DdpResult]) -> float:
+def ddp_ratio(res: list[DdpResult], mpidist: str = "mpidist") -> float:
+    """gloo's step time over mpidist's (``mpidist``: "mpidist" or "mpidist compiled", against
+    the gloo DDP of the same kind), the median of the alternated measurements' ratios."""
     by = {r.impl: r for r in res}
-    return statistics.median(g / m for g, m in zip(by["gloo"].m.samples, by["mpidist"].m.samples))
+    gloo = by[mpidist.replace("mpidist", "gloo")]
+    return statistics.median(g / m for g, m in zip(gloo.m.samples, by[mpidist].m.samples))
 
 
 # ---------------------------------------------------------------- reporting
@@ -311,11 +323,11 @@ def ddp_table(res: list[DdpResult], args: argparse.Namespace, n: int) -> list[st
         "| backend | step time(ms) | min-max of the measurements (ms) | steps/measurement | gloo/mpidist |",
         "|---|---:|---:|---:|---:|",
     ]
-    ratio = ddp_ratio(res)
     for r in res:
+        ratio = bc.fmt(ddp_ratio(res, r.impl), 3) if r.impl.startswith("mpidist") else ""
         lines.append(
             f"| {r.impl} | {r.time_s * 1e3:.2f} | {min(r.m.samples) * 1e3:.2f}-{max(r.m.samples) * 1e3:.2f} "
-            f"| {r.m.iters} | {bc.fmt(ratio, 3) if r.impl == 'mpidist' else ''} |"
+            f"| {r.m.iters} | {ratio} |"
         )
     equal = "bitwise equal" if res[0].max_diff == 0 else f"largest difference {res[0].max_diff:.3g}"
     lines += [
@@ -450,6 +462,9 @@ def headlines(rows: list[bcoll.Row], ddp: list[DdpResult]) -> list[str]:
             f"target: DDP step over mpidist no slower than over gloo: gloo/mpidist = {r:.3f} -> "
             f"{'MET' if r >= 1 else 'NOT MET'}"
         )
+        if any(d.impl == "mpidist compiled" for d in ddp):
+            r = ddp_ratio(ddp, "mpidist compiled")
+            lines.append(f"compiled DDP step (torch.compile, --ddp-compile): gloo/mpidist = {r:.3f}")
     else:
         lines.append("target: DDP step: not measured (--no-ddp)")
     return lines
@@ -509,6 +524,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--ddp-batch", type=int, default=64, help="samples per rank per step")
     p.add_argument("--ddp-target-ms", type=float, default=None, help="one DDP measurement (default 500; 200 quick)")
     p.add_argument("--ddp-reps", type=int, default=None, help="DDP measurements per backend (default 7; 3 quick)")
+    p.add_argument(
+        "--ddp-compile",
+        default="aot_eager",
+        help="also time both DDPs under torch.compile with this Dynamo backend ('none': not)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--note", default="", help="a line for the report's header (e.g. the machine's state)")
     args = p.parse_args(argv)

@@ -19,13 +19,13 @@ from conftest import launcher_free_env
 from mpidist import _abort
 from mpidist.tools import trace
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 # rank 1 of n fails at its 20th step of a loop of all_reduces; the others wait in the 21st
 FAIL = """
 import os, sys, numpy as np, mpidist
-
-pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 mpidist.init_process_group()
 rank = mpidist.get_rank()
 for step in range(10**9):

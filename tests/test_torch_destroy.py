@@ -15,6 +15,8 @@ from conftest import launcher_free_env
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 SCRIPT = """
@@ -23,8 +25,6 @@ import torch
 import torch.distributed as dist
 import mpidist.torch  # noqa: F401
 from mpi4py import MPI
-
-pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
 MPI.COMM_WORLD.Barrier()  # both ranks have imported torch: init itself stays well within 1 s
 dist.init_process_group("mpidist", timeout=datetime.timedelta(seconds=1))
