@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 
@@ -68,6 +69,11 @@ STOP_SIGNAL = signal.SIGUSR1 if MPI_VENDOR == "Open MPI" else signal.SIGTERM
 #: the exit status of mpiexec for a job whose rank was killed by SIGKILL (docs/hpc.md, "MPIs"):
 #: MPICH's hydra reports the signal, Intel MPI's hydra 255, Open MPI's mpirun 128 + the signal
 KILLED_STATUS = {"MPICH": 9, "Intel MPI": 255, "Open MPI": 128 + 9}.get(MPI_VENDOR)
+
+
+#: what an Open MPI 5 singleton (no launcher) leaves in TMPDIR however it ends: its session
+#: directory (docs/hpc.md, "MPIs"); the other MPIs leave nothing there
+SINGLETON_LEFT = {f"ompi.{socket.gethostname()}.{os.getuid()}"} if MPI_VENDOR == "Open MPI" else set()
 
 
 def only_on(vendor: str, why: str) -> pytest.MarkDecorator:

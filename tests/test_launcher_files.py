@@ -5,14 +5,13 @@ imported with MPI initialized, so neither MPI_Abort nor SIGKILL leaves them."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import launcher_free_env, only_on
+from conftest import SINGLETON_LEFT, launcher_free_env, only_on
 from mpi4py import MPI
 
 from mpidist import _init_watcher, _launcher_files
@@ -88,7 +87,7 @@ def test_a_singleton_leaves_no_segment(tmp_path):
         env=launcher_free_env(),
     )
     assert job.returncode == 0, job.stderr
-    assert entries() - before <= {os.path.join(tempfile.gettempdir(), f"ompi.{socket.gethostname()}.{os.getuid()}")}
+    assert entries() - before <= {os.path.join(tempfile.gettempdir(), name) for name in SINGLETON_LEFT}
 
 
 def test_only_regular_files_of_this_user_are_removed(tmp_path):

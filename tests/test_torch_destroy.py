@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import launcher_free_env
+from conftest import MPI_VENDOR, launcher_free_env
 
 pytest.importorskip("torch")
 
@@ -63,7 +63,10 @@ def test_destroy_after_a_timed_out_barrier_returns(tmp_path):
         )
     except subprocess.TimeoutExpired as e:  # (timeout -k should have ended it first)
         pytest.fail(f"the job hung: {e.stdout!r} {e.stderr!r}")
-    assert out.returncode == 0, out.stdout + out.stderr
+    if MPI_VENDOR == "Open MPI":  # its launcher fails a job whose rank exits without MPI_Finalize
+        assert "exiting\nimproperly" in out.stderr or "exiting improperly" in out.stderr, out.stderr
+    else:
+        assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(out.stdout.splitlines())
     # (rank 1's destroy_process_group first compares the calls: it waits until rank 0's barrier
     # timed out and rank 0 left the group, about 1 s)
