@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import re
 
-from mpidist._init_watcher import ENV, comm_of, enabled, open_files, remove, segments_of
+from mpidist._init_watcher import ENV, comm_of, enabled, is_segment, open_files, remove, segments_of
 
 __all__ = ["remove_names", "ENV"]
 
@@ -67,7 +67,6 @@ def remove_names() -> list[str]:
     after every rank has finished ``MPI_Init``. Never raises."""
     if not enabled():
         return []
-    names = segments_of("self") | _parent_topology_files()
-    if "PMIX_RANK" not in os.environ:  # no Open MPI launcher: a singleton's own segment
-        names |= segments_of("self", _OPEN_MPI_SEGMENT.fullmatch)
-    return [p for p in sorted(names) if remove(p)]
+    singleton = "PMIX_RANK" not in os.environ  # no Open MPI launcher: a singleton's own segment too
+    mapped = segments_of("self", lambda p: is_segment(p) or singleton and _OPEN_MPI_SEGMENT.fullmatch(p))
+    return [p for p in sorted(mapped | _parent_topology_files()) if remove(p)]

@@ -59,7 +59,8 @@ def gloo(world):
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> None:
-    torch.testing.assert_close(got, want, rtol=RTOL, atol=1e-12)
+    """``got`` (a DTensor's whole tensor, if it is one) equals ``want`` to float64 rounding."""
+    torch.testing.assert_close(got.full_tensor() if isinstance(got, DTensor) else got, want, rtol=RTOL, atol=1e-12)
 
 
 # --- functional collectives ------------------------------------------------------------------
@@ -176,7 +177,7 @@ def test_tp_mlp_module_matches_one_process(world, mesh):
     out.sum().backward()
     want.sum().backward()
     for p, q in zip(tp.parameters(), ref.parameters()):
-        close(p.grad.full_tensor(), q.grad)
+        close(p.grad, q.grad)
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
@@ -191,11 +192,11 @@ def test_tp_transformer_matches_one_process(world, mesh, sequence_parallel):
     tp = Transformer.parallelize(model, mesh, sequence_parallel, True)
     tokens = torch.randint(0, args.vocab_size, (2, 4 * n), generator=torch.Generator().manual_seed(3))
     out, want = tp(tokens), ref(tokens)
-    close(out.full_tensor() if isinstance(out, DTensor) else out, want)
+    close(out, want)
     (out.full_tensor() if isinstance(out, DTensor) else out).sum().backward()
     want.sum().backward()
     for p, q in zip(tp.parameters(), ref.parameters()):
-        close(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad, q.grad)
+        close(p.grad, q.grad)
 
 
 @pytest.mark.mpi(min_size=4)
@@ -221,7 +222,7 @@ def test_fsdp2_with_tp_on_a_2d_mesh_trains_as_one_process(world):
         nn.functional.mse_loss(ref(x), y).backward()
         ref_opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
-        close(p.full_tensor(), q)
+        close(p, q)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -293,7 +294,7 @@ def test_compiled_tp_mlp_matches_eager(world, mesh, compile_backend):
     out.sum().backward()
     ref(x).sum().backward()
     for p, q in zip(tp.parameters(), ref.parameters()):
-        close(p.grad.full_tensor(), q.grad)
+        close(p.grad, q.grad)
 
 
 COLLECTIVES = {
