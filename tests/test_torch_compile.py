@@ -1,5 +1,6 @@
 """torch.compile over backend "mpidist" (docs/torch.md, "torch.compile"): a compiled DDP
-model trains to eager DDP's parameters with Dynamo's aot_eager and inductor backends, and
+model trains to eager DDP's parameters with Dynamo's aot_eager and inductor backends, over
+"mpidist" as over a gloo group of the same ranks (and to the same parameters on both), and
 compiled code that calls a c10d collective runs it. torch's C++ calls mpidist's Python (DDP's
 broadcasts, Work.wait, future callbacks) while a compiled frame is active; every mpidist
 function is behind the Dynamo fence (mpidist/torch/_dynamo_fence.py), so Dynamo neither
@@ -26,9 +27,20 @@ def world():
         yield tdist.get_rank()
 
 
+@pytest.fixture(scope="module")
+def gloo(world):
+    """A gloo group of every rank (its store: mpidist's, over MPI)."""
+    return tdist.new_group(backend="gloo")
+
+
 @pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
-def test_compiled_ddp_matches_eager(world, compile_backend):
-    assert_compiled_ddp_matches_eager(world, "cpu", compile_backend)
+def test_compiled_ddp_matches_eager(world, gloo, compile_backend):
+    """On both backends compiled DDP trains to eager DDP's parameters, and mpidist's compiled
+    run to gloo's (float64; the sums' order may differ beyond 2 ranks: rtol 1e-9)."""
+    ours = assert_compiled_ddp_matches_eager(world, "cpu", compile_backend)
+    theirs = assert_compiled_ddp_matches_eager(world, "cpu", compile_backend, group=gloo)
+    for got, want in zip(ours, theirs):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
 
 def test_compiled_broadcast(world):

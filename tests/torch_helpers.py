@@ -59,15 +59,16 @@ def assert_ddp_step_matches_one_process(rank: int, n: int, device: str = "cuda")
         torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-10, atol=0)
 
 
-def train_ddp(rank: int, device: str, compile_backend: str = "", steps: int = 3) -> list:
-    """``steps`` SGD steps of a small float64 MLP under DDP on ``device`` (each rank on its own
-    8 samples), compiled with ``torch.compile(backend=compile_backend)`` unless that is "";
-    the parameters after them, on the CPU. The same seeds give every call the same model and
-    data, so a compiled run and an eager run on the same group must agree to rounding."""
+def train_ddp(rank: int, device: str, compile_backend: str = "", steps: int = 3, group=None) -> list:
+    """``steps`` SGD steps of a small float64 MLP under DDP over ``group`` (default: the default
+    group) on ``device`` (each rank on its own 8 samples), compiled with
+    ``torch.compile(backend=compile_backend)`` unless that is ""; the parameters after them, on
+    the CPU. The same seeds give every call the same model and data, so a compiled run and an
+    eager run must agree to rounding."""
     nn = torch.nn
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)).double().to(device)
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group)
     run = torch.compile(ddp, backend=compile_backend) if compile_backend else ddp
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(100 + rank)
@@ -80,17 +81,19 @@ def train_ddp(rank: int, device: str, compile_backend: str = "", steps: int = 3)
     return [p.detach().cpu() for p in model.parameters()]
 
 
-def assert_compiled_ddp_matches_eager(rank: int, device: str, compile_backend: str) -> None:
-    """DDP compiled with ``compile_backend`` trains to the parameters eager DDP reaches on the
-    same group (float64; rtol 1e-9), and the ranks' parameters stay identical."""
-    eager = train_ddp(rank, device)
-    compiled = train_ddp(rank, device, compile_backend)
+def assert_compiled_ddp_matches_eager(rank: int, device: str, compile_backend: str, group=None) -> list:
+    """DDP over ``group`` (default: the default group) compiled with ``compile_backend`` trains
+    to the parameters eager DDP reaches on the same group (float64; rtol 1e-9), and the ranks'
+    parameters stay identical. Returns the compiled run's parameters."""
+    eager = train_ddp(rank, device, group=group)
+    compiled = train_ddp(rank, device, compile_backend, group=group)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
     flat = torch.cat([p.reshape(-1) for p in compiled]).to(device)
     root = flat.clone()
     tdist.broadcast(root, src=0)
     assert torch.equal(flat, root), "the ranks' compiled DDP parameters differ"
+    return compiled
 
 
 def assert_compiled_broadcast(rank: int, device: str, compile_backend: str = "aot_eager") -> None:
