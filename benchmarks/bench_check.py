@@ -5,14 +5,14 @@
 
 By default every member of a group compares a collective's signature the first time the
 group uses it, then looks it up in a cache; the shared-memory all-reduce also compares a
-header on every call (mpidist._debug, docs/reliability.md). This script measures that,
+header on every call (mpidist._check.mismatch, docs/reliability.md). This script measures that,
 float32 SUM, for each size and ``algorithm`` (``auto`` = None: shared memory from the
 measured crossover up on one node; ``mpi``: MPI_Allreduce), each a blocking call of a
 numpy array, which takes all_reduce's inline path once its members agreed on it; the switch
 below leaves that path's repeated-call test in place (``host work`` below times it).
 
 * ``checked``: ``mpidist.all_reduce(x, algorithm=...)`` as users run it;
-* ``unchecked``: the same with every check switched off (``_debug._set_checks(False)`` and
+* ``unchecked``: the same with every check switched off (``mismatch._set_checks(False)`` and
   ``ShmAllReduce.verify = False``: a benchmark-only switch, not a user setting);
 * ``control``: ``unchecked`` after Python lines of the check's shape that check nothing
   (:func:`lookalike`: a key built, a state looked up, a comparison, a store), run by this
@@ -33,20 +33,20 @@ a bias: compare ratios, and rerun on a quiet machine for the figures that count.
 
 A second measurement, ``host work``, takes the peers out: the call with an empty op in place
 of the reduction, checks on and off, paired in rounds as above. No data moves and the ranks
-meet only at the check's periodic comparison (every ``mpidist._debug.PERIOD`` calls,
+meet only at the check's periodic comparison (every ``mpidist._check.mismatch.PERIOD`` calls,
 amortized), so the difference is the check's own work per call, which runs on the calling
 thread before the op and so adds to the call: what it costs on a machine where the peers'
 timing does not amplify it (on the 2-core VM ``control - unchecked`` shows the host charging
 any lines there ~1-5 us). It does not depend on the array's size (the signature holds the
 count, not the data); reported as a share of the ``unchecked`` call at each size. Two calls:
 
-* ``inline``: ``mpidist._mpi.collectives.all_reduce``'s inline path, which a blocking
+* ``inline``: ``mpidist._backends.mpi.collectives.all_reduce``'s inline path, which a blocking
   all_reduce of a numpy array takes at every size once its members agreed on it (every call
   the paired table times). Its check is two identity tests and one store whatever the size
   and body, and the switch leaves them in place, so it is timed as ``bench_latency.py`` times
   it: its ``bare+check`` loop against ``bare`` (the path's lines with and without the check's,
   inline in one function each, around an 8-byte MPI_Allreduce), paired in rounds here;
-* ``launch``: ``mpidist._dispatch.launch`` as all_reduce calls it where the inline path does
+* ``launch``: ``mpidist._dispatch.dispatch.launch`` as all_reduce calls it where the inline path does
   not run (``async_op=True``, an array that is not a contiguous writable numpy array, an op
   queued on the group), with an empty op in the reduction's place: a key tuple built and
   compared with the group's open run. Its share is also given of the unchecked async call
@@ -74,8 +74,9 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _debug, _runtime  # noqa: E402
-from mpidist._dispatch import launch  # noqa: E402
+from mpidist._check import mismatch  # noqa: E402
+from mpidist._dispatch.dispatch import launch  # noqa: E402
+from mpidist._runtime import world as runtime  # noqa: E402
 from mpidist.algorithms import ShmAllReduce  # noqa: E402
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
@@ -83,7 +84,7 @@ DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
 
 def set_checks(on: bool) -> None:
     """Every check on or off (on every rank at the same point: the caller's barrier)."""
-    _debug._set_checks(on)
+    mismatch._set_checks(on)
     ShmAllReduce.verify = on
 
 
@@ -162,7 +163,7 @@ def host_work(comm: MPI.Comm, x: np.ndarray, path: str, rounds: int, target_s: f
             comm, {"checked": lambda: with_check(_BATCH), "unchecked": lambda: bare(_BATCH)}, rounds, target_s
         )
         return {name: [t / _BATCH for t in ts] for name, ts in times.items()}
-    g, op = _runtime.resolve_group(None), mpidist.ReduceOp.SUM
+    g, op = runtime.resolve_group(None), mpidist.ReduceOp.SUM
 
     def call() -> None:
         launch(

@@ -8,7 +8,7 @@ all variants interleaved in one job so that drift in the machine's state hits th
 
 * float32 SUM (dtypes MPI reduces itself): ``mpidist.all_reduce(x, algorithm=A)`` for
   A = ``"mpi"``, ``"ring"``, ``"shm"``, and ``None`` (``auto``: the choice all_reduce makes
-  by default, with the thresholds then in mpidist._mpi.collectives);
+  by default, with the thresholds then in mpidist._backends.mpi.collectives);
 * float16 SUM (dtypes MPI cannot reduce, which go through the ring unless shared memory
   is chosen): ``"ring"``, ``"shm"`` and ``None``.
 
@@ -23,7 +23,7 @@ variant reduces rank-dependent small integers and must get them exactly (``#wron
 Crossover: the range of sizes ``[lo, hi)`` where shm is faster than the alternative, as the
 run of consecutive measured sizes with the most wins minus losses (so one noisy point moves
 nothing; ``hi`` open when it reaches the largest size). Those are the numbers
-``SHM_OVER_MPI`` / ``SHM_OVER_RING`` in mpidist/_mpi/collectives.py quote.
+``SHM_OVER_MPI`` / ``SHM_OVER_RING`` in mpidist/_backends/mpi/collectives.py quote.
 
 Output (rank 0): ``allreduce_crossover.csv`` in ``--out`` keeps the rows of every rank
 count measured (this run replaces those of N), and ``allreduce_crossover.md`` is rebuilt
@@ -60,7 +60,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidist
-from mpidist._mpi import collectives
+from mpidist._backends.mpi import collectives
 
 # (name, dtype, algorithm)
 VARIANTS = [
@@ -225,7 +225,7 @@ def write(out: Path, new_rows: list[dict], n: int, header: list[str]) -> tuple[P
         "# all_reduce crossover: MPI_Allreduce vs the ring vs shared memory",
         "",
         "Made by `benchmarks/bench_crossover.py` (its docstring: method); the thresholds of "
-        "all_reduce's automatic choice (`SHM_OVER_MPI`, `SHM_OVER_RING` in mpidist/_mpi/collectives.py) "
+        "all_reduce's automatic choice (`SHM_OVER_MPI`, `SHM_OVER_RING` in mpidist/_backends/mpi/collectives.py) "
         "quote this file. Times are per call, the fastest of the measurements (see the script's docstring); `auto` is "
         "`algorithm=None` with the thresholds in effect when it ran; `auto/fastest` near 1 means "
         "the choice was right.",

@@ -2,7 +2,7 @@
 small device collective, with the device work stubbed out.
 
 A null CUDA stand-in replaces CuPy below mpidist's seams: :class:`NullShim` for the NCCL
-path (``mpidist.device._nccl_shim.use``: streams, events and NCCL calls that do nothing)
+path (``mpidist._backends.device.nccl_shim.use``: streams, events and NCCL calls that do nothing)
 and :class:`NullRuntime` for host staging (``mpidist.device.runtime.register``: copies of
 the 8-byte arrays between "device" and host memory). What is left is mpidist's own Python
 per call: the public op, the router, argument checks, the flight recorder, stream and
@@ -84,7 +84,7 @@ class NullComm:
 
 
 class NullShim:
-    """The shim interface of ``mpidist.device._nccl_shim.CupyShim``, doing no device work.
+    """The shim interface of ``mpidist._backends.device.nccl_shim.CupyShim``, doing no device work.
     ``calls`` counts the calls that are CUDA runtime calls on a GPU (device queries and
     switches, stream queries, event creation, records, waits and queries)."""
 
@@ -228,10 +228,11 @@ def per_call_us(fn: Callable[[], Any], calls: int, shim: NullShim, counts: dict,
 def measure(calls: int) -> dict:
     """One round: the mean host time per call of each path, in microseconds."""
     import mpidist as dist
-    from mpidist.device import _nccl_shim, runtime
+    from mpidist._backends.device import nccl_shim
+    from mpidist.device import runtime
 
     shim = NullShim()
-    _nccl_shim.use(shim)
+    nccl_shim.use(shim)
     runtime.register(NullRuntime())
     x = NullArray()
     comm = NullComm()

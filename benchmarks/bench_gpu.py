@@ -3,7 +3,7 @@ path, against a device-to-device copy of the same size measured in the same run.
 
 Paths (each through the public API, one init_process_group per path):
 
-* ``nccl``: ``init_process_group(backend="cpu:mpi,cuda:nccl")`` (mpidist.device.nccl).
+* ``nccl``: ``init_process_group(backend="cpu:mpi,cuda:nccl")`` (mpidist._backends.device.nccl).
 * ``cuda-aware-mpi``: ``backend="mpi"`` with ``MPIDIST_CUDA_AWARE=1``, only where mpidist's
   own detection (``mpidist.device.detect``: MPIDIST_CUDA_AWARE from the caller,
   ``MPIX_Query_cuda_support`` on the loaded MPI library, the MPI-4.1 info key) says the MPI
@@ -98,8 +98,8 @@ def cuda_aware_mpi() -> tuple[bool, str]:
 
 def nccl_ok(cupy: Any, n_local: int) -> str:
     """'' if NCCL can run here, else why not (ranks sharing a GPU:
-    :func:`mpidist.device._nccl_core.shared_gpu_refused`)."""
-    from mpidist.device._nccl_core import shared_gpu_refused  # noqa: PLC0415
+    :func:`mpidist._backends.device.nccl_core.shared_gpu_refused`)."""
+    from mpidist._backends.device.nccl_core import shared_gpu_refused  # noqa: PLC0415
 
     try:
         from cupy.cuda import nccl  # noqa: PLC0415

@@ -12,7 +12,7 @@ passes and the median per-pass ratio to raw:
 * ``mpidist``: ``mpidist.all_reduce(x)`` (its inline latency path: every check, the
   flight-recorder entry, the test that the members agreed on this call before);
 * ``bare``: what is left of that path without mpidist's argument and group checks: the
-  flight-recorder entry (as :func:`mpidist._recorder.begin` / ``end`` make it) and the
+  flight-recorder entry (as :func:`mpidist._core.recorder.begin` / ``end`` make it) and the
   same MPI call, inline in one Python function. The gap between ``bare`` and ``mpidist``
   is the cost of the checks; between ``raw`` and ``bare``, of a Python function call plus
   the recorder;
@@ -20,7 +20,7 @@ passes and the median per-pass ratio to raw:
   path (the test that the group's open run of calls is this call's: the note on its engine,
   tested by identity against the call's plan and by its byte count, read by the path anyway;
   the note of how far this rank has decided; every PERIOD calls the exchange that compares the
-  running hashes, and the run's record in them, amortized; see mpidist._debug.check,
+  running hashes, and the run's record in them, amortized; see mpidist._check.mismatch.check,
   "Runs"). ``bare+check`` - ``bare`` is the
   check's cost at 8 B (target <= 0.3 us, issue 27;
   benchmarks/bench_check.py measures the larger sizes). The three ``bare`` loops read
@@ -55,13 +55,14 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _debug, _recorder as R  # noqa: E402
-from mpidist._mpi import collectives as C  # noqa: E402
-from mpidist._reduce_op import ReduceOp  # noqa: E402
+from mpidist._arrays.reduce_op import ReduceOp  # noqa: E402
+from mpidist._backends.mpi import collectives as C  # noqa: E402
+from mpidist._check import mismatch  # noqa: E402
+from mpidist._core import recorder as R  # noqa: E402
 
 
 def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
-    g = mpidist._runtime.state().world
+    g = mpidist._runtime.world.state().world
     comm = g.comm.Dup()
     F, S, IP = MPI.FLOAT, MPI.SUM, MPI.IN_PLACE
     now = time.monotonic
@@ -113,7 +114,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         if going and seq & pmask:  # the group's open run goes on
             eng.decided = seq
         else:  # every PERIOD calls: the exchange (and the run's record), as the latency path does it
-            _debug.check(g, rec, ok[3])
+            mismatch.check(g, rec, ok[3])
             if ok[2].lkey is ok[3]:
                 C._note_run(eng, ok)
         g.comm.Allreduce(IP, [t, F], S)
@@ -156,7 +157,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
 
         return run
 
-    pmask = _debug.PERIOD_MASK
+    pmask = mismatch.PERIOD_MASK
     op = ReduceOp.SUM
     mpidist.all_reduce(x)  # the members agree on this call (the check's first exchange); its plan
     plan = C._PLANS[(x.dtype, op._value_, None)]

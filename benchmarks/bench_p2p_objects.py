@@ -45,7 +45,7 @@ import mpidist  # noqa: E402
 
 
 def p2p_cases(rank: int) -> dict[str, Callable[[int], None]]:
-    comm = mpidist._runtime.state().world.comm.Dup()
+    comm = mpidist._runtime.world.state().world.comm.Dup()
     peer = 1 - rank
     small, got = np.zeros(1), np.empty(1)
     cases: dict[str, Callable[[int], None]] = {}

@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist._reduce_op import ReduceOp  # noqa: E402
+from mpidist._arrays.reduce_op import ReduceOp  # noqa: E402
 from mpidist.algorithms import ShmAllReduce, ring_all_reduce  # noqa: E402
 from mpidist.algorithms.shm import DEFAULT_SLOT_BYTES  # noqa: E402
 

@@ -63,8 +63,8 @@ def skip_reason(torch: Any) -> str:
 
 def nccl_reason(torch: Any, n_local: int) -> str:
     """'' if torch's NCCL can run these ranks, else why not (ranks sharing a GPU:
-    :func:`mpidist.device._nccl_core.shared_gpu_refused`)."""
-    from mpidist.device._nccl_core import shared_gpu_refused  # noqa: PLC0415
+    :func:`mpidist._backends.device.nccl_core.shared_gpu_refused`)."""
+    from mpidist._backends.device.nccl_core import shared_gpu_refused  # noqa: PLC0415
 
     if not torch.distributed.is_nccl_available():
         return "this torch has no NCCL"

@@ -4,12 +4,20 @@ Launch with ``mpiexec -n N python script.py`` (or ``srun``); call
 :func:`init_process_group` and use the same functions as ``torch.distributed``.
 """
 
-from mpidist import _backends, _deprecated, gather_scatter, objects, reductions
-from mpidist._backends import *  # noqa: F403  (exactly _backends.__all__)
-from mpidist._debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
-from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp, reduce_op
-from mpidist._runtime import (
+# MPI_Init first, bounded in time (mpidist._launch.mpi_init): every other module imports mpi4py.MPI,
+# whose import is an unbounded MPI_Init. Hence E402 below (pyproject.toml).
+from mpidist._launch import mpi_init as _mpi_init
+
+_mpi_init.import_mpi()
+
+# isort: split
+from mpidist import _deprecated, gather_scatter, objects, reductions
+from mpidist._arrays.reduce_op import ReduceOp, reduce_op
+from mpidist._check.mismatch import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
+from mpidist._core.group import ProcessGroup
+from mpidist._runtime import backend_queries as _backend_queries
+from mpidist._runtime.backend_queries import *  # noqa: F403  (exactly _backend_queries.__all__)
+from mpidist._runtime.world import (
     DEFAULT_TIMEOUT as default_pg_timeout,
     Backend,
     check_collectives,
@@ -105,5 +113,7 @@ __all__ = [
     "set_debug_level_from_env",
     "split_group",
 ]
-__all__ += _backends.__all__ + _deprecated.__all__ + gather_scatter.__all__ + objects.__all__ + reductions.__all__
+__all__ += (
+    _backend_queries.__all__ + _deprecated.__all__ + gather_scatter.__all__ + objects.__all__ + reductions.__all__
+)
 __all__ = sorted(set(__all__))  # (torch 2.13's deprecated names are in two of them)

@@ -3,8 +3,8 @@ arrays in one collective (one MPI collective and one Work per call). torch 2.13 
 "will be deprecated" (FutureWarning): the public ``mpidist.all_reduce_coalesced`` /
 ``mpidist.all_gather_coalesced`` warn as torch's do (:mod:`mpidist._deprecated`); these do
 not. A call on host arrays goes to the MPI backend's body of the same name
-(:mod:`mpidist._mpi.coalesced`); one on device arrays to the router
-(:mod:`mpidist.device.route`).
+(:mod:`mpidist._backends.mpi.coalesced`); one on device arrays to the router
+(:mod:`mpidist._backends.device.route`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpidist._group import ProcessGroup
-from mpidist._mpi import coalesced as H
-from mpidist._mpi.collectives import Op
+from mpidist._arrays.reduce_op import ReduceOp
+from mpidist._backends.mpi import coalesced as H
+from mpidist._backends.mpi.collectives import Op
+from mpidist._core.group import ProcessGroup
 from mpidist._public_op import public_op
-from mpidist._reduce_op import ReduceOp
 from mpidist.work import Work
 
 __all__ = ["all_reduce_coalesced", "all_gather_coalesced"]

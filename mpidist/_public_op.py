@@ -7,15 +7,15 @@ A public op is declared as a stub, its signature and docstring (what a user read
 1. the group: ``group`` resolved (None: the default group); on a rank that is not a member
    the op returns None and touches nothing;
 2. the device detour: when the op's primary argument (the first of
-   :data:`mpidist.device.arrays.SIGNATURES`; for a list, its first entry) is a device
-   array, the router (:func:`mpidist.device.route.device_call`) takes the call with the
+   :data:`mpidist.device.op_args.SIGNATURES`; for a list, its first entry) is a device
+   array, the router (:func:`mpidist._backends.device.route.device_call`) takes the call with the
    resolved group and the other arguments by name;
-3. else the MPI backend's body of the same name (:mod:`mpidist._mpi`), with the arguments
+3. else the MPI backend's body of the same name (:mod:`mpidist._backends.mpi`), with the arguments
    by position and the resolved group as its parameter ``g``.
 
 A point-to-point body takes ``group`` instead of ``g``: these ops validate their array and
 tag before they look at membership, as torch's isend does, so the body resolves the group
-itself (:func:`mpidist._mpi.p2p._prepare`) and the router gets the group if the caller is a
+itself (:func:`mpidist._backends.mpi.p2p._prepare`) and the router gets the group if the caller is a
 member, else None.
 
 The function is compiled from the stub's signature, as :mod:`dataclasses` compiles
@@ -31,10 +31,10 @@ from typing import Any, Callable, TypeVar, cast
 
 import numpy as np
 
-from mpidist import _current
-from mpidist._dispatch import member
-from mpidist.device.arrays import LIST, SIGNATURES
-from mpidist.device.route import device_call, first_takes, takes
+from mpidist._backends.device.route import device_call, first_takes, takes
+from mpidist._core import current
+from mpidist._dispatch.dispatch import member
+from mpidist.device.op_args import LIST, SIGNATURES
 
 __all__ = ["public_op"]
 
@@ -92,7 +92,7 @@ def public_op(body: Callable[..., Any]) -> Callable[[F], F]:
             ]
         lines.append(f"    return _body({', '.join(expected)})")
         scope: dict[str, Any] = {
-            "_current": _current,
+            "_current": current,
             "_member": member,
             "_ndarray": np.ndarray,
             "_takes": first_takes if primary[2] == LIST else takes,

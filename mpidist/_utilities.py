@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import Optional
 
-from mpidist import _runtime
+from mpidist._runtime import world as runtime
 from mpidist.collectives import barrier
 from mpidist.errors import prefix
 
@@ -55,7 +55,7 @@ def breakpoint(rank: int = 0, skip: int = 0, timeout_s: Optional[float] = 3600) 
             ``skip`` negative, ``timeout_s`` not positive (on the waiting ranks), or
             before init_process_group.
     """
-    st = _runtime.state()
+    st = runtime.state()
     for arg, value in (("rank", rank), ("skip", skip)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{prefix('breakpoint')} {arg} must be an int, got {type(value).__name__}")

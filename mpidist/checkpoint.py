@@ -35,7 +35,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from mpidist._array import is_device_array
+from mpidist._arrays.namespace import is_device_array
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 

@@ -2,8 +2,8 @@
 arguments and semantics, on numpy (host) and cupy (device) arrays.
 
 A call on host arrays goes to the MPI backend's body of the same name
-(:mod:`mpidist._mpi.collectives`: validation, the group, the algorithm, the launch); one on
-device arrays to the router (:mod:`mpidist.device.route`), which picks the device backend.
+(:mod:`mpidist._backends.mpi.collectives`: validation, the group, the algorithm, the launch); one on
+device arrays to the router (:mod:`mpidist._backends.device.route`), which picks the device backend.
 A rank that is not a member of ``group`` returns None and leaves its buffers alone.
 src/dst are global ranks, as in torch.
 """
@@ -15,11 +15,11 @@ from typing import Optional, Union
 
 import numpy as np
 
-from mpidist._group import ProcessGroup
-from mpidist._mpi import collectives as H
-from mpidist._mpi.collectives import ALGORITHMS
+from mpidist._arrays.reduce_op import ReduceOp
+from mpidist._backends.mpi import collectives as H
+from mpidist._backends.mpi.collectives import ALGORITHMS
+from mpidist._core.group import ProcessGroup
 from mpidist._public_op import public_op
-from mpidist._reduce_op import ReduceOp
 from mpidist.work import Work
 
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]

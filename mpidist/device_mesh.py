@@ -31,8 +31,8 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from mpidist import _runtime
-from mpidist._group import ProcessGroup
+from mpidist._core.group import ProcessGroup
+from mpidist._runtime import world as runtime
 from mpidist.errors import prefix
 from mpidist.groups import GroupMember, _check_backend, _counted, agree, get_process_group_ranks, split
 
@@ -141,7 +141,7 @@ class DeviceMesh:
         backend_override: Optional[Sequence[Any]] = None,
     ) -> None:
         op = "DeviceMesh"
-        st = _runtime.state()
+        st = runtime.state()
         device_type = _check_device_type(device_type, op)
         arr = _check_mesh(mesh, st.world_size, op)
         names = _check_names(mesh_dim_names, arr.ndim, op)
@@ -165,7 +165,7 @@ class DeviceMesh:
 
     @staticmethod
     def _make_groups(
-        st: _runtime.RuntimeState,
+        st: runtime.RuntimeState,
         arr: np.ndarray,
         dim: int,
         names: Optional[tuple[str, ...]],
@@ -234,7 +234,7 @@ class DeviceMesh:
                 ``NON_GROUP_MEMBER`` as the one group.
         """
         op = "DeviceMesh.from_group"
-        st = _runtime.state()
+        st = runtime.state()
         device_type = _check_device_type(device_type, op)
         if isinstance(group, ProcessGroup):
             ranks = get_process_group_ranks(group)
@@ -273,7 +273,7 @@ class DeviceMesh:
         """
         if not self._whole:
             raise ValueError(
-                f"{prefix('DeviceMesh.mesh')} rank {_runtime.get_rank()} is not in this mesh, which "
+                f"{prefix('DeviceMesh.mesh')} rank {runtime.get_rank()} is not in this mesh, which "
                 f"is one of several slices of a larger mesh; ask on a rank that is in it"
             )
         return self._mesh
@@ -345,11 +345,11 @@ class DeviceMesh:
         """This rank's rank in its group along ``mesh_dim`` (torch: ``get_rank(get_group(dim))``;
         on a mesh made by init_device_mesh, the coordinate along that dimension); -1 on a
         rank outside the mesh. Errors as :meth:`get_group`."""
-        return _runtime.get_rank(self._groups[self._one_dim(mesh_dim, "DeviceMesh.get_local_rank")])
+        return runtime.get_rank(self._groups[self._one_dim(mesh_dim, "DeviceMesh.get_local_rank")])
 
     def get_rank(self) -> int:
         """This process's global rank."""
-        return _runtime.get_rank()
+        return runtime.get_rank()
 
     def get_coordinate(self) -> Optional[tuple[int, ...]]:
         """This rank's index in the mesh, one int per dimension; None outside the mesh."""
@@ -450,9 +450,9 @@ def init_device_mesh(
     """
     op = "init_device_mesh"
     _check_device_type(device_type, op)
-    if not _runtime.is_initialized():
-        _runtime.init_process_group()
-    st = _runtime.state()
+    if not runtime.is_initialized():
+        runtime.init_process_group()
+    st = runtime.state()
     if (
         isinstance(mesh_shape, (int, np.integer))
         or not isinstance(mesh_shape, Sequence)

@@ -7,7 +7,7 @@ communication raise :class:`DistError`. Every message starts with
 
 from __future__ import annotations
 
-from mpidist import _current
+from mpidist._core import current
 
 __all__ = ["DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "prefix", "from_mpi"]
 
@@ -45,7 +45,7 @@ def _network_classes() -> frozenset[int]:
 
 def prefix(op: str) -> str:
     """``"[rank r/n] op:"`` for the calling process, usable before init."""
-    state = _current.state
+    state = current.state
     if state is None:
         return f"[rank ?/?] {op}:"
     return f"[rank {state.rank}/{state.world_size}] {op}:"

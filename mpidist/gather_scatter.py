@@ -8,8 +8,8 @@ on other ranks (rank i's slot must match rank i's input) cannot be checked local
 as in torch they are the caller's contract: a receive slot too small for what
 arrives raises ValueError (MPI_ERR_TRUNCATE), one too large is left partly unwritten.
 A call on host arrays goes to the MPI backend's body of the same name
-(:mod:`mpidist._mpi.gather_scatter`, which says how lists travel in one vector collective);
-one on device arrays to the router (:mod:`mpidist.device.route`).
+(:mod:`mpidist._backends.mpi.gather_scatter`, which says how lists travel in one vector collective);
+one on device arrays to the router (:mod:`mpidist._backends.device.route`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from mpidist._group import ProcessGroup
-from mpidist._mpi import gather_scatter as H
+from mpidist._backends.mpi import gather_scatter as H
+from mpidist._core.group import ProcessGroup
 from mpidist._public_op import public_op
 from mpidist.work import Work
 

@@ -19,10 +19,11 @@ from typing import Any, Optional, cast, overload
 import numpy as np
 from mpi4py import MPI
 
-from mpidist import _debug, _runtime
-from mpidist._backends import BackendConfig
-from mpidist._group import ProcessGroup
-from mpidist._tags import CREATE_GROUP_TAG
+from mpidist._check import mismatch
+from mpidist._core.group import ProcessGroup
+from mpidist._core.tags import CREATE_GROUP_TAG
+from mpidist._runtime import world as runtime
+from mpidist._runtime.backend_queries import BackendConfig
 from mpidist.errors import prefix
 
 __all__ = [
@@ -43,7 +44,7 @@ class _WorldAttr(type):
     @property
     def WORLD(cls) -> Optional[ProcessGroup]:  # noqa: N802  (torch's name)
         """The default group, or None before init_process_group."""
-        st = _runtime.state_or_none()
+        st = runtime.state_or_none()
         return st.world if st is not None else None
 
 
@@ -90,7 +91,7 @@ def _check_backend(backend: str, op: str) -> str: ...
 def _check_backend(backend: Optional[str], op: str) -> Optional[str]: ...
 def _check_backend(backend: Optional[str], op: str) -> Optional[str]:
     """The canonical form of a group's ``backend`` (None: inherit the default group's)."""
-    return None if backend is None else _runtime.canonical_backend(backend, prefix(op))
+    return None if backend is None else runtime.canonical_backend(backend, prefix(op))
 
 
 # global ranks -> how many groups this process has made with them (flight recorder keys)
@@ -113,7 +114,7 @@ def _register(comm: MPI.Comm, members: Sequence[int], name: str, backend: str, k
     """A new group on ``comm`` (the caller is a member), kept for destroy_process_group."""
     pg = ProcessGroup(comm, members, name, backend)
     pg.engine.key = key
-    _runtime.state().groups.append(pg)
+    runtime.state().groups.append(pg)
     return pg
 
 
@@ -135,7 +136,7 @@ def get_pg_count() -> int:
     from new_group). As in torch, groups made by ``split_group`` or by
     ``new_group(use_local_synchronization=True)`` are not counted (torch names those by
     a hash of their ranks instead of this count). 0 before init_process_group."""
-    st = _runtime.state_or_none()
+    st = runtime.state_or_none()
     if st is None:
         return 0
     if _count[0] is not st:  # a new runtime: only its default group so far
@@ -180,7 +181,7 @@ def new_group(
             unsupported backend; ``timeout`` not a timedelta, or not positive.
     """
     op = "new_group"
-    st = _runtime.state()
+    st = runtime.state()
     backend = _check_backend(backend, op) or st.backend
     timeout_s = _timeout_seconds(timeout, op)
     members = (
@@ -209,7 +210,7 @@ def new_group(
         return GroupMember.NON_GROUP_MEMBER
     pg = _register(comm, members, name, backend, key)
     pg.timeout_s = timeout_s
-    world.engine.run_sync(_debug.prepare, pg)  # (its members only: collective over pg)
+    world.engine.run_sync(mismatch.prepare, pg)  # (its members only: collective over pg)
     return pg
 
 
@@ -222,7 +223,7 @@ def _timeout_seconds(timeout: Any, op: str) -> Optional[float]:
         raise TypeError(f"{prefix(op)} timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if timeout.total_seconds() <= 0:
         raise ValueError(f"{prefix(op)} timeout must be positive, got {timeout}")
-    return None if _runtime.env_timeout(prefix(op)) is not None else timeout.total_seconds()
+    return None if runtime.env_timeout(prefix(op)) is not None else timeout.total_seconds()
 
 
 def _digest(obj: Any) -> int:
@@ -264,7 +265,7 @@ def split(
     Not public (not in ``__all__``): split_group, new_subgroups_by_enumeration and
     DeviceMesh make their groups with it.
     """
-    st = _runtime.state()
+    st = runtime.state()
     color, mine = MPI.UNDEFINED, None
     for i, members in enumerate(subgroups):
         if st.rank in members:
@@ -282,7 +283,7 @@ def split(
         return None
     mine = cast("list[int]", mine)  # (set: a rank in none of the subgroups got no communicator)
     pg = _register(comm, mine, _name(st, group_desc, mine), backend, _key(mine))
-    parent.engine.run_sync(_debug.prepare, pg)  # (collective over pg: every member is here)
+    parent.engine.run_sync(mismatch.prepare, pg)  # (collective over pg: every member is here)
     return pg
 
 
@@ -318,8 +319,8 @@ def split_group(
         TypeError: ranks that are not ints.
     """
     op = "split_group"
-    st = _runtime.state()
-    parent = _runtime.resolve_group(parent_pg)
+    st = runtime.state()
+    parent = runtime.resolve_group(parent_pg)
     if parent.comm is None:
         raise ValueError(
             f"{prefix(op)} global rank {st.rank} is not part of the parent group; only its members call split_group"
@@ -393,7 +394,7 @@ def new_subgroups_by_enumeration(
         TypeError: ranks that are not ints.
     """
     op = "new_subgroups_by_enumeration"
-    st = _runtime.state()
+    st = runtime.state()
     lists = _check_lists(ranks_per_subgroup_list, st.world_size, op, "ranks_per_subgroup_list", "world size")
     mine = split(st.world, lists, op, _check_backend(backend, op) or st.backend, group_desc)
     _counted(len(lists))
@@ -419,7 +420,7 @@ def new_subgroups(
             ``group`` other than None (not supported).
     """
     op = "new_subgroups"
-    st = _runtime.state()
+    st = runtime.state()
     if group is not None:
         raise ValueError(f"{prefix(op)} group must be None (subgroups of the world only)")
     size = st.local_world_size if group_size is None else group_size
@@ -441,7 +442,7 @@ def new_subgroups(
 
 
 def _known(g: Optional[ProcessGroup], op: str) -> ProcessGroup:
-    pg = _runtime.resolve_group(g)
+    pg = runtime.resolve_group(g)
     if pg is GroupMember.NON_GROUP_MEMBER:
         raise ValueError(f"{prefix(op)} group is NON_GROUP_MEMBER: this rank does not know its members")
     return pg

@@ -39,8 +39,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpidist
+from mpidist._backends.device.nccl_core import version_text
 from mpidist.device import detect
-from mpidist.device._nccl_core import version_text
 
 __all__ = ["collect", "launcher", "main"]
 

@@ -39,7 +39,7 @@ Which messages can meet which:
   gather, scatter and allgather travel on a private duplicate that mpi4py attaches to
   that communicator (created collectively on first use, freed with it).
 * ``send_object_list``/``recv_object_list`` use the group's communicator with the
-  reserved tag MPI_TAG_UB (:data:`mpidist._tags.OBJECT_TAG`); array p2p accepts tags
+  reserved tag MPI_TAG_UB (:data:`mpidist._core.tags.OBJECT_TAG`); array p2p accepts tags
   0 .. MPI_TAG_UB - 1 only, so object and array messages never match each other. A
   private duplicate communicator is not an option here: MPI_Comm_dup is collective,
   and a point-to-point call cannot make its peers join one.
@@ -54,9 +54,9 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._dispatch import launch, member, p2p_call, peer_rank, root_rank, unusable
-from mpidist._group import ProcessGroup
-from mpidist._tags import OBJECT_TAG
+from mpidist._core.group import ProcessGroup
+from mpidist._core.tags import OBJECT_TAG
+from mpidist._dispatch.dispatch import launch, member, p2p_call, peer_rank, root_rank, unusable
 from mpidist.errors import prefix
 
 __all__ = [

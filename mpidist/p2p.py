@@ -2,12 +2,12 @@
 
 ``dst``/``src``/``peer`` are global ranks even when ``group`` is given; torch 2.4+'s
 ``group_dst``/``group_src``/``group_peer`` name the same rank by its rank in ``group``
-instead (one of the two, :func:`mpidist._dispatch.root_rank`). Messages travel
+instead (one of the two, :func:`mpidist._dispatch.dispatch.root_rank`). Messages travel
 on the group's private communicator, so they never match a user's own MPI traffic.
-Tags: 0 .. ``mpidist._tags.USER_TAG_MAX`` (:mod:`mpidist._tags`). A call on host arrays
-goes to the MPI backend's body of the same name (:mod:`mpidist._mpi.p2p`, which says how a
+Tags: 0 .. ``mpidist._core.tags.USER_TAG_MAX`` (:mod:`mpidist._core.tags`). A call on host arrays
+goes to the MPI backend's body of the same name (:mod:`mpidist._backends.mpi.p2p`, which says how a
 message of another size is refused); one on device arrays to the router
-(:mod:`mpidist.device.route`).
+(:mod:`mpidist._backends.device.route`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Optional, cast
 
 import numpy as np
 
-from mpidist._group import ProcessGroup
-from mpidist._mpi import p2p as H
-from mpidist._p2p_op import P2POp
+from mpidist._backends.device.route import batch_takes, device_call
+from mpidist._backends.mpi import p2p as H
+from mpidist._core.group import ProcessGroup
+from mpidist._dispatch.p2p_op import P2POp
 from mpidist._public_op import public_op
-from mpidist.device.route import batch_takes, device_call
 from mpidist.errors import prefix
 from mpidist.work import Work
 
@@ -72,7 +72,7 @@ def isend(
     """Start sending ``tensor`` to global rank ``dst`` (MPI_Isend); returns a Work.
 
     ``tensor`` (C-contiguous numpy array, any numeric dtype) must stay unmodified until
-    the Work completes. Returns None on a non-member. ``tag``: 0 .. ``mpidist._tags.USER_TAG_MAX``.
+    the Work completes. Returns None on a non-member. ``tag``: 0 .. ``mpidist._core.tags.USER_TAG_MAX``.
     ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
     exactly one of ``dst`` and ``group_dst``.
 

@@ -5,8 +5,8 @@ reduce_multigpu, make_premul_sum and supports_complex.
 Same names, arguments and semantics as torch.distributed. ``dst`` is a global rank. A rank
 outside ``group`` returns None and touches nothing; sync calls return None,
 ``async_op=True`` a :class:`~mpidist.Work`. A call on host arrays goes to the MPI backend's
-body of the same name (:mod:`mpidist._mpi.reductions`, where the dtypes and AVG are
-described); one on device arrays to the router (:mod:`mpidist.device.route`).
+body of the same name (:mod:`mpidist._backends.mpi.reductions`, where the dtypes and AVG are
+described); one on device arrays to the router (:mod:`mpidist._backends.device.route`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Optional
 
 import numpy as np
 
-from mpidist._group import ProcessGroup
-from mpidist._mpi import reductions as H
-from mpidist._mpi.collectives import Op
+from mpidist._arrays.reduce_op import ReduceOp, check_op_dtype, make_premul_sum
+from mpidist._backends.mpi import reductions as H
+from mpidist._backends.mpi.collectives import Op
+from mpidist._core.group import ProcessGroup
 from mpidist._public_op import public_op
-from mpidist._reduce_op import ReduceOp, check_op_dtype, make_premul_sum
 from mpidist.errors import prefix
 from mpidist.work import Work
 

@@ -7,11 +7,11 @@ Usage (as ``python -m mpi4py``)::
     mpiexec -n 4 python -m mpidist -c "code" [args...]
 
 ``init_process_group`` already makes an unhandled exception abort the job (its
-``sys.excepthook``, :mod:`mpidist._abort`); the runner adds what a hook cannot see: an
+``sys.excepthook``, :mod:`mpidist._launch.abort`); the runner adds what a hook cannot see: an
 exception raised before ``init_process_group`` (or without it), and ``sys.exit(code)``
 with a non-zero code. Under ``python -m mpidist`` the exception's traceback is printed
 with every line prefixed ``[rank r]`` (the runner's own frames cut), every rank's flight
-recorder is written (:func:`mpidist._runtime.dump_all`, at most 2 s) if mpidist is
+recorder is written (:func:`mpidist._runtime.world.dump_all`, at most 2 s) if mpidist is
 initialized, and the job is aborted with MPI_Abort (exit code 1; 130 for
 KeyboardInterrupt). ``sys.exit(code)`` with a non-zero code on a rank of a multi-rank job
 aborts it with that code; exit code 0 (or None) ends the rank normally. In a one-rank run
@@ -34,8 +34,8 @@ import types
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-from mpidist import _abort as A
-from mpidist._environ import launcher_rank
+from mpidist._launch import abort as A
+from mpidist._launch.environment import launcher_rank
 
 __all__ = ["main", "USAGE"]
 
@@ -81,9 +81,9 @@ def _user_traceback(exc: BaseException) -> str:
 def _abort(code: int, reason: str) -> NoReturn:
     """Write every rank's flight recorder, then abort the job (or exit, in a one-rank run)."""
     rank, size = _rank_and_size()
-    from mpidist import _runtime  # noqa: PLC0415
+    from mpidist._runtime import world as runtime  # noqa: PLC0415
 
-    A.end_job(rank, size, code, reason, _runtime.dump_all_report if _runtime.is_initialized() else None)
+    A.end_job(rank, size, code, reason, runtime.dump_all_report if runtime.is_initialized() else None)
     sys.exit(code)
 
 

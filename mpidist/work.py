@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from mpi4py import MPI
 
-from mpidist import _recorder as R
+from mpidist._core import recorder as R
 from mpidist.errors import DistError, from_mpi, prefix
 
 __all__ = ["Work", "WorkResult", "RequestWork", "FutureWork", "CompletedWork", "Engine"]
@@ -630,7 +630,7 @@ class Engine:
     It also carries the group's reliability state: ``seq`` (collectives issued on the
     group: the flight recorder's sequence number), ``p2p_seq``, ``current`` (the
     recorder entry of the op running now, which the timeout watchdog watches), ``key``
-    (:func:`mpidist._recorder.group_key`) and ``broken`` (why the group is unusable
+    (:func:`mpidist._core.recorder.group_key`) and ``broken`` (why the group is unusable
     after a timeout with MPIDIST_ABORT_ON_TIMEOUT=0 or after :meth:`abort`, else None).
     """
 
@@ -654,7 +654,7 @@ class Engine:
         #: mismatch check's ``GroupCheck.decided``: here, where the ops' latency paths have it)
         self.decided = -1
         #: the 8-byte all_reduce path's note of the group's open run of calls, when it is that
-        #: path's call: ``(plan, nbytes, check state, key, group)`` (mpidist._mpi.collectives)
+        #: path's call: ``(plan, nbytes, check state, key, group)`` (mpidist._backends.mpi.collectives)
         self.lat: tuple[Any, ...] = _NO_RUN
         self.key: Optional[str] = None
         self.broken: Optional[str] = None
@@ -760,7 +760,7 @@ class Engine:
         queued at this moment: it takes the sequence number of the first of them and theirs
         move one on, so that sequence numbers follow the order the ops run in, which is the
         same on every rank (a rank whose callback ran on the attaching thread instead, its
-        op done already, issued and numbered them in that order; mpidist._debug compares
+        op done already, issued and numbered them in that order; mpidist._check.mismatch compares
         sequence numbers)."""
         with self._cond:
             queued = [item[3] for item in self._items if item[3] is not None]

@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import mpidist
-from mpidist._environ import without_launcher
+from mpidist._launch.environment import without_launcher
 
 #: The test session's temporary directory (TMPDIR of the tests and of every job they start),
 #: removed at the session's end: the jobs the tests fail on purpose leave their flight-recorder

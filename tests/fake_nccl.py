@@ -1,6 +1,6 @@
-"""A fake of CuPy's NCCL bindings and CUDA streams, for testing mpidist.device.nccl without a GPU.
+"""A fake of CuPy's NCCL bindings and CUDA streams, for testing mpidist._backends.device.nccl without a GPU.
 
-:class:`FakeShim` has the methods of :class:`mpidist.device._nccl_shim.CupyShim`. Its
+:class:`FakeShim` has the methods of :class:`mpidist._backends.device.nccl_shim.CupyShim`. Its
 :class:`FakeComm` behaves like ``cupy.cuda.nccl.NcclCommunicator`` (same methods, same
 arguments: raw pointers, counts, ncclDataType_t / ncclRedOp_t codes, a stream pointer)
 but runs over MPI on a duplicate of the members' communicator, on host memory: the
@@ -213,7 +213,7 @@ class FakeComm:
 
 
 class FakeShim:
-    """The shim interface (see mpidist.device._nccl_shim.CupyShim) over host memory and MPI."""
+    """The shim interface (see mpidist._backends.device.nccl_shim.CupyShim) over host memory and MPI."""
 
     xp = np
     error = FakeNcclError

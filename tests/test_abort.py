@@ -15,7 +15,8 @@ import pytest
 from conftest import launcher_free_env
 from mpi4py import MPI
 
-from mpidist import _recorder as R, _runtime
+from mpidist._core import recorder as R
+from mpidist._runtime import world as runtime
 from mpidist.work import WorkResult
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
@@ -66,7 +67,7 @@ def test_abort_refuses_every_later_op_and_destroy_forgets_the_group(dist, world)
     abort (nothing collective), and the other groups go on."""
     rank, size = world
     group = dist.new_group()
-    g = _runtime.resolve_group(group)
+    g = runtime.resolve_group(group)
     x = np.ones(3)
     dist.all_reduce(x, group=group)
     assert g.abort() is None and g.abort() is None  # idempotent
@@ -93,7 +94,7 @@ def test_abort_ends_pending_ops_with_an_error(dist, world):
     first goes on inside MPI until the peers join it), and later ops are refused."""
     rank, size = world
     group = dist.new_group()
-    g = _runtime.resolve_group(group)
+    g = runtime.resolve_group(group)
     name = g.group_name
     if rank == 0:
         xs = [np.full(4, 1.0 + i) for i in range(3)]
@@ -142,7 +143,7 @@ def test_abort_fails_a_sync_op_waiting_behind_a_stuck_one(dist, world):
     the waiting caller raise DistError."""
     rank, size = world
     group = dist.new_group()
-    g = _runtime.resolve_group(group)
+    g = runtime.resolve_group(group)
     if rank == 0:
         first = dist.all_reduce(np.ones(2), group=group, async_op=True)
         wait_started(first._rec)
@@ -165,7 +166,7 @@ def test_abort_fails_a_sync_op_waiting_behind_a_stuck_one(dist, world):
 def test_shutdown_finishes_pending_ops_then_frees_the_group(dist, world):
     rank, size = world
     group = dist.new_group()
-    g = _runtime.resolve_group(group)
+    g = runtime.resolve_group(group)
     xs = [np.full(1000, float(rank + i)) for i in range(4)]
     works = [dist.all_reduce(x, group=group, async_op=True) for x in xs]
     g.shutdown()
@@ -182,7 +183,7 @@ def test_shutdown_finishes_pending_ops_then_frees_the_group(dist, world):
 def test_abort_then_shutdown_frees_nothing(dist, world):
     rank, size = world
     group = dist.new_group()
-    g = _runtime.resolve_group(group)
+    g = runtime.resolve_group(group)
     dist.all_reduce(np.ones(4), group=group, algorithm="ring")  # a ring communicator to leave alone
     comms = (g.comm, g._ring_comm)
     g.abort()
@@ -195,7 +196,7 @@ def test_abort_then_shutdown_frees_nothing(dist, world):
 JOB = """
 import sys, time, numpy as np, mpidist
 from mpi4py import MPI
-from mpidist import _recorder as R
+from mpidist._core import recorder as R
 mpidist.init_process_group()
 rank = mpidist.get_rank()
 if rank == 0:

@@ -16,7 +16,8 @@ from mpi4py import MPI
 from test_timeout import job
 
 import mpidist
-from mpidist import _recorder, errors
+from mpidist import errors
+from mpidist._core import recorder
 from mpidist.gather_scatter import all_gather_into_tensor
 from mpidist.reductions import reduce_scatter_tensor
 
@@ -184,11 +185,11 @@ def test_supports_complex():
 @pytest.mark.mpi
 def test_barrier_timeout_is_the_ops_limit(dist):
     dist.barrier(timeout=datetime.timedelta(seconds=7))
-    assert _recorder.snapshot()[-1]["timeout_s"] == 7.0
+    assert recorder.snapshot()[-1]["timeout_s"] == 7.0
     dist.barrier(timeout=2.5, async_op=True).wait()
-    assert _recorder.snapshot()[-1]["timeout_s"] == 2.5
+    assert recorder.snapshot()[-1]["timeout_s"] == 2.5
     dist.barrier()
-    assert _recorder.snapshot()[-1]["timeout_s"] == _recorder.timeout
+    assert recorder.snapshot()[-1]["timeout_s"] == recorder.timeout
     with pytest.raises(ValueError, match=r"barrier: timeout must be positive, got -1.0 s"):
         dist.barrier(timeout=datetime.timedelta(seconds=-1))
     with pytest.raises(TypeError, match=r"barrier: timeout must be a datetime.timedelta, seconds, or None, got str"):

@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from mpidist import ReduceOp
-from mpidist._mpi import collectives
+from mpidist._backends.mpi import collectives
 from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import DEFAULT_SLOT_BYTES
 
@@ -150,7 +150,7 @@ def shm_min(monkeypatch):
 
 
 def group_shm(dist, group) -> collectives._GroupShm:
-    return dist._runtime.resolve_group(group)._resources["shm"]
+    return dist._runtime.world.resolve_group(group)._resources["shm"]
 
 
 def test_default_thresholds_are_the_measured_ones(dist, world):
@@ -161,7 +161,7 @@ def test_default_thresholds_are_the_measured_ones(dist, world):
     dist.all_reduce(x, group=g, algorithm="shm")  # makes the group's resource
     assert np.all(x == size)
     if size == 1:  # a one-rank group never needs shared memory: it makes no window
-        assert "shm" not in dist._runtime.resolve_group(g)._resources
+        assert "shm" not in dist._runtime.world.resolve_group(g)._resources
     else:
         shm = group_shm(dist, g)
         over = size > (os.cpu_count() or 1)
@@ -240,7 +240,7 @@ def test_shm_min_bytes_off_disables_shm(dist, world, shm_min, counted, value):
     dist.all_reduce(x, group=g)
     np.testing.assert_array_equal(x, np.full(1 << 18, size * (size + 1) / 2))
     assert "shm" not in counted
-    assert "shm" not in dist._runtime.resolve_group(g)._resources  # no window was even made
+    assert "shm" not in dist._runtime.world.resolve_group(g)._resources  # no window was even made
     dist.all_reduce(x, group=g, algorithm="shm")  # the explicit choice still works
     assert counted["shm"] == 1
     dist.destroy_process_group(g)

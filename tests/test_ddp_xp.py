@@ -39,12 +39,12 @@ from fake_device import FakeDeviceArray
 from mpi4py import MPI
 
 import mpidist
-import mpidist._array
+import mpidist._arrays.namespace
 import mpidist.nn._util
 import mpidist.parallel.comm_hooks
 import mpidist.parallel.reducer
-from mpidist._buffers import mpi_reducible
-from mpidist._reduce_op import ReduceOp
+from mpidist._arrays.buffers import mpi_reducible
+from mpidist._arrays.reduce_op import ReduceOp
 from mpidist.algorithms import ring_all_reduce
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.device import detect
@@ -250,7 +250,7 @@ class FakeCupy(types.ModuleType):
 def fakecp(monkeypatch):
     """Patch every loaded mpidist module to see XArrays as arrays of ``fakecp``."""
     fake = FakeCupy()
-    real_module, real_cupy = mpidist._array.array_module, mpidist.nn._util.cupy_module
+    real_module, real_cupy = mpidist._arrays.namespace.array_module, mpidist.nn._util.cupy_module
 
     def array_module(x):
         return fake if isinstance(x, XArray) else real_module(x)

@@ -10,7 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from mpidist import DebugLevel, _debug, _recorder
+from mpidist import DebugLevel
+from mpidist._check import mismatch
+from mpidist._core import recorder
 from mpidist.work import Engine
 
 
@@ -23,7 +25,7 @@ def detail(dist):
 
 
 def world_seq(dist) -> int:
-    return dist._runtime.state().world.engine.seq
+    return dist._runtime.world.state().world.engine.seq
 
 
 def calls(parts: list[tuple[list, str]]) -> str:
@@ -51,18 +53,18 @@ def still_usable(dist, size: int) -> None:
 
 
 def test_off_by_default_and_levels(dist):
-    assert dist.get_debug_level() is DebugLevel.OFF and not _debug.DETAIL and Engine.inline
+    assert dist.get_debug_level() is DebugLevel.OFF and not mismatch.DETAIL and Engine.inline
     dist.set_debug_level(DebugLevel.INFO)
-    assert dist.get_debug_level() is DebugLevel.INFO and not _debug.DETAIL and Engine.inline
+    assert dist.get_debug_level() is DebugLevel.INFO and not mismatch.DETAIL and Engine.inline
     dist.set_debug_level(DebugLevel.DETAIL)
-    assert _debug.DETAIL and not Engine.inline
+    assert mismatch.DETAIL and not Engine.inline
     dist.set_debug_level(DebugLevel.OFF)
-    assert dist.get_debug_level() is DebugLevel.OFF and not _debug.DETAIL and Engine.inline
+    assert dist.get_debug_level() is DebugLevel.OFF and not mismatch.DETAIL and Engine.inline
 
 
 @pytest.mark.mpi
 def test_detail_turns_the_inline_latency_path_off(detail):
-    assert not Engine.inline and not detail._runtime.state().world.engine.idle()
+    assert not Engine.inline and not detail._runtime.world.state().world.engine.idle()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -82,7 +84,7 @@ def test_count_mismatch(detail, world):
             (odd, f"all_reduce(seq={seq}, count=5, dtype=float64, op=SUM)"),
         ],
     )
-    assert _recorder.snapshot()[-1]["state"] == "failed"
+    assert recorder.snapshot()[-1]["state"] == "failed"
     still_usable(detail, size)
 
 

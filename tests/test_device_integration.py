@@ -14,8 +14,9 @@ from fake_device import FakeDeviceArray, FakeRuntime
 from fake_nccl import FakeShim
 
 import mpidist
-from mpidist.device import _nccl_shim, detect, runtime
-from mpidist.device._nccl_core import REAPER
+from mpidist._backends.device import nccl_shim
+from mpidist._backends.device.nccl_core import REAPER
+from mpidist.device import detect, runtime
 
 pytestmark = pytest.mark.mpi
 
@@ -28,14 +29,14 @@ def nccl_group(dist, monkeypatch):
     monkeypatch.setenv("MPIDIST_CUDA_AWARE", "0")
     monkeypatch.setattr(detect, "_detected", detect.detect())
     shim = FakeShim()
-    previous = _nccl_shim.use(shim)
+    previous = nccl_shim.use(shim)
     g = dist.new_group(list(range(dist.get_world_size())), backend="cpu:mpi,cuda:nccl")
     yield g, shim, rt
     shim.release()
     assert REAPER.drain(), "NCCL ops still in flight after the test"
     if not g.destroyed:
         dist.destroy_process_group(g)
-    _nccl_shim.use(previous)
+    nccl_shim.use(previous)
     runtime.unregister(rt)
 
 

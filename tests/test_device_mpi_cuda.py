@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from fake_device import FakeDeviceArray, FakeRuntime, assert_same, op_cases, to_device
 
-from mpidist._buffers import host_array
-from mpidist.device import detect, route, runtime, staging
+from mpidist._arrays.buffers import host_array
+from mpidist._backends.device import route, staging
+from mpidist.device import detect, runtime
 
 pytestmark = pytest.mark.mpi
 

@@ -1,4 +1,4 @@
-"""mpidist.device.nccl on a fake NCCL (tests/fake_nccl.py): every op through ``nccl.run``,
+"""mpidist._backends.device.nccl on a fake NCCL (tests/fake_nccl.py): every op through ``nccl.run``,
 sync and async, every ReduceOp and dtype mapping, the stream protocol, Work semantics,
 communicator lifetime, the flight recorder, and bad input with exact messages.
 
@@ -23,13 +23,11 @@ from fake_device import FakeDeviceArray  # noqa: E402
 from fake_nccl import DLPackOnly, FakeShim, ReadOnlyFake, StridedFake  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import ReduceOp, _recorder as R, _runtime, make_premul_sum  # noqa: E402
-from mpidist.device import _nccl_shim, nccl  # noqa: E402
-from mpidist.device._nccl_core import (
-    REAPER,  # noqa: E402
-    reduction,
-    state,
-)
+from mpidist import ReduceOp, make_premul_sum  # noqa: E402
+from mpidist._backends.device import nccl, nccl_shim  # noqa: E402
+from mpidist._backends.device.nccl_core import REAPER, reduction, state  # noqa: E402
+from mpidist._core import recorder as R  # noqa: E402
+from mpidist._runtime import world as runtime  # noqa: E402
 from mpidist.errors import DistBackendError, DistError  # noqa: E402
 from mpidist.p2p import P2POp  # noqa: E402
 from mpidist.work import WorkResult  # noqa: E402
@@ -100,12 +98,12 @@ def shim(dist):
     """A fresh FakeShim installed for the test; the default group's NCCL state is dropped
     afterwards, so every test makes its own communicators with its own shim."""
     fake = FakeShim()
-    previous = _nccl_shim.use(fake)
+    previous = nccl_shim.use(fake)
     yield fake
     fake.release()
     assert REAPER.drain(), "ops still in flight after the test"
-    _drop_nccl(_runtime.state().world)
-    _nccl_shim.use(previous)
+    _drop_nccl(runtime.state().world)
+    nccl_shim.use(previous)
 
 
 def resolved(dist, any_group):
@@ -113,11 +111,11 @@ def resolved(dist, any_group):
     g, members = any_group
     if dist.get_rank() not in members:
         return None
-    return _runtime.resolve_group(g), members, members.index(dist.get_rank())
+    return runtime.resolve_group(g), members, members.index(dist.get_rank())
 
 
 def world(dist):
-    return _runtime.state().world, list(range(dist.get_world_size())), dist.get_rank()
+    return runtime.state().world, list(range(dist.get_world_size())), dist.get_rank()
 
 
 def data(dtype, shape, *key: int) -> np.ndarray:
@@ -182,7 +180,7 @@ def run(op: str, g, args: dict):
     The fake's sends and receives stay pending on their stream until then."""
     out = nccl.run(op, g, args)
     if not args.get("async_op") and op not in ("isend", "irecv", "batch_isend_irecv"):
-        shim = _nccl_shim.get()
+        shim = nccl_shim.get()
         shim.synchronize(shim.current_stream())
     return out
 
@@ -193,7 +191,7 @@ def finish(work, async_op: bool):
     Work and wait on it."""
     if not async_op:
         assert work is None
-        shim = _nccl_shim.get()
+        shim = nccl_shim.get()
         shim.synchronize(shim.current_stream())
         return
     assert isinstance(work, nccl.NcclWork)
@@ -275,17 +273,17 @@ def test_reduction_plans_match_nccl_codes():
 
 def test_avg_without_nccl_avg_sums_then_divides(dist):
     fake = FakeShim(version=20907)  # NCCL 2.9.7: no ncclAvg
-    previous = _nccl_shim.use(fake)
+    previous = nccl_shim.use(fake)
     try:
         g = dist.new_group()
-        pg, members, me = _runtime.resolve_group(g), list(range(dist.get_world_size())), dist.get_rank()
+        pg, members, me = runtime.resolve_group(g), list(range(dist.get_world_size())), dist.get_rank()
         x = dev(data(np.float64, 7, 2, me))
         run("all_reduce", pg, {"tensor": x, "op": ReduceOp.AVG})
         np.testing.assert_array_equal(x.host, expected_reduction("AVG", np.float64, 7, len(members), 2))
         assert ("kernel", fake.current_stream().ptr) in fake.log  # the division, on a sync op's stream: the caller's
         dist.destroy_process_group(g)
     finally:
-        _nccl_shim.use(previous)
+        nccl_shim.use(previous)
 
 
 @pytest.mark.parametrize(
@@ -543,7 +541,7 @@ def test_ring_exchange(dist, shim, any_group, mode):
         return
     right, left = members[(me + 1) % n], members[(me - 1) % n]
     out, got = dev(data(np.float32, 100, 16, me)), dev(np.zeros(100, np.float32))
-    group = None if g is _runtime.state().world else g
+    group = None if g is runtime.state().world else g
     if mode == "batch":
         works = run(
             "batch_isend_irecv",
@@ -796,7 +794,7 @@ def test_flight_recorder_names_the_ops(dist, shim):
 def test_communicators_made_once_and_destroyed_with_the_group(dist, shim):
     members = list(range(dist.get_world_size()))
     group = dist.new_group()
-    g = _runtime.resolve_group(group)
+    g = runtime.resolve_group(group)
     for _ in range(3):
         run("all_reduce", g, {"tensor": dev(np.ones(2))})
         run(
@@ -810,17 +808,17 @@ def test_communicators_made_once_and_destroyed_with_the_group(dist, shim):
 
 def test_cupy13_tuple_unique_ids(dist):
     fake = FakeShim(tuple_ids=True)
-    previous = _nccl_shim.use(fake)
+    previous = nccl_shim.use(fake)
     try:
         g = dist.new_group()
         x = dev(np.full(2, dist.get_rank() + 1.0))
-        run("all_reduce", _runtime.resolve_group(g), {"tensor": x})
+        run("all_reduce", runtime.resolve_group(g), {"tensor": x})
         n = dist.get_world_size()
         np.testing.assert_array_equal(x.host, np.full(2, n * (n + 1) / 2))
         assert isinstance(fake.comms[0].uid, tuple)
         dist.destroy_process_group(g)
     finally:
-        _nccl_shim.use(previous)
+        nccl_shim.use(previous)
 
 
 @pytest.mark.parametrize("version,env,refused", [(22809, "1", True), (23000, None, True), (23000, "1", False)])
@@ -834,10 +832,10 @@ def test_ranks_sharing_a_gpu(dist, monkeypatch, version, env, refused):
         monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", env)
     fake = FakeShim(version=version)
     fake.shared_gpu = True
-    previous = _nccl_shim.use(fake)
+    previous = nccl_shim.use(fake)
     try:
         g = dist.new_group()
-        pg, n = _runtime.resolve_group(g), dist.get_world_size()
+        pg, n = runtime.resolve_group(g), dist.get_world_size()
         x = dev(np.full(2, dist.get_rank() + 1.0))
         if refused and n > 1:
             with pytest.raises(
@@ -858,7 +856,7 @@ def test_ranks_sharing_a_gpu(dist, monkeypatch, version, env, refused):
             np.testing.assert_array_equal(x.host, np.full(2, n * (n + 1) / 2))
         dist.destroy_process_group(g)
     finally:
-        _nccl_shim.use(previous)
+        nccl_shim.use(previous)
 
 
 # -- bad input ----------------------------------------------------------------------------------------
@@ -1092,7 +1090,7 @@ def test_cupy_shim_hands_the_unique_id_over_in_the_form_the_constructor_takes(ac
                 raise TypeError(f"commId must be {accepts.__name__}")
             made.append((size, uid, rank))
 
-    shim = _nccl_shim.CupyShim.__new__(_nccl_shim.CupyShim)  # no cupy here: only the nccl module is used
+    shim = nccl_shim.CupyShim.__new__(nccl_shim.CupyShim)  # no cupy here: only the nccl module is used
     shim.nccl = type("StubNccl", (), {"NcclCommunicator": Communicator})
     for uid in (raw, signed):
         shim.communicator(2, uid, 1, None)

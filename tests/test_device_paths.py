@@ -17,10 +17,11 @@ from mpi4py import MPI
 
 import mpidist
 from mpidist import ReduceOp, make_premul_sum
-from mpidist._array import is_device_array
-from mpidist._runtime import canonical_backend
-from mpidist.device import binding, detect, paths, runtime
-from mpidist.device.paths import HOST, MPI_CUDA, NCCL, STAGING
+from mpidist._arrays.namespace import is_device_array
+from mpidist._backends.device import paths
+from mpidist._backends.device.paths import HOST, MPI_CUDA, NCCL, STAGING
+from mpidist._runtime.world import canonical_backend
+from mpidist.device import binding, detect, runtime
 
 pytestmark = pytest.mark.mpi
 
@@ -384,16 +385,16 @@ def test_init_with_nccl_backend_string(dist, world):
 
 @pytest.fixture
 def nccl_calls(dist, monkeypatch):
-    """A stand-in mpidist.device.nccl that records its calls."""
+    """A stand-in mpidist._backends.device.nccl that records its calls."""
     calls = []
-    fake = types.ModuleType("mpidist.device.nccl")
+    fake = types.ModuleType("mpidist._backends.device.nccl")
 
     def run(op, g, args):
         calls.append((op, g, args))
         return ("nccl", op)
 
     fake.run = run
-    monkeypatch.setitem(sys.modules, "mpidist.device.nccl", fake)
+    monkeypatch.setitem(sys.modules, "mpidist._backends.device.nccl", fake)
     import mpidist.device as pkg
 
     monkeypatch.setattr(pkg, "nccl", fake, raising=False)

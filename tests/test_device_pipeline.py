@@ -1,4 +1,4 @@
-"""Pipelined host staging (mpidist.device.pipeline): all_reduce, broadcast,
+"""Pipelined host staging (mpidist._backends.device.pipeline): all_reduce, broadcast,
 all_gather_into_tensor and reduce_scatter_tensor of device arrays of at least two chunks
 move through host memory chunk by chunk. With FakeRuntime's copy streams (copies run only
 when an event recorded after them is waited on) a step that read a chunk before its copy
@@ -17,8 +17,9 @@ import pytest
 from fake_device import FakeDeviceArray, FakeRuntime
 
 import mpidist
-from mpidist import _recorder as R
-from mpidist.device import detect, pipeline, runtime, staging
+from mpidist._backends.device import pipeline, staging
+from mpidist._core import recorder as R
+from mpidist.device import detect, runtime
 
 pytestmark = pytest.mark.mpi
 

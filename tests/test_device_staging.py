@@ -11,7 +11,8 @@ import pytest
 from fake_device import FakeDeviceArray, FakeRuntime, assert_same, op_cases, to_device
 
 import mpidist
-from mpidist.device import detect, runtime, staging
+from mpidist._backends.device import staging
+from mpidist.device import detect, runtime
 
 pytestmark = pytest.mark.mpi
 

@@ -11,8 +11,8 @@ import pytest
 from mpi4py import MPI
 
 from mpidist import ReduceOp, make_premul_sum
-from mpidist._buffers import mpi_reducible, saturating_sums
-from mpidist._reduce_op import to_mpi_op
+from mpidist._arrays.buffers import mpi_reducible, saturating_sums
+from mpidist._arrays.reduce_op import to_mpi_op
 
 pytestmark = pytest.mark.mpi
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import launcher_free_env
 
-from mpidist import _environ as E
+from mpidist._launch import environment as E
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import SINGLETON_LEFT, launcher_free_env
 
-from mpidist import _abort
+from mpidist._launch import abort
 from mpidist.tools import trace
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
@@ -138,9 +138,9 @@ def test_init_installs_the_hook_and_destroy_removes_it(dist):
     try:
         before = sys.excepthook
         dist.init_process_group()
-        assert _abort.excepthook_installed() and sys.excepthook is not before
+        assert abort.excepthook_installed() and sys.excepthook is not before
         dist.destroy_process_group()
-        assert sys.excepthook is before and not _abort.excepthook_installed()
+        assert sys.excepthook is before and not abort.excepthook_installed()
     finally:
         if not dist.is_initialized():
             dist.init_process_group()
@@ -154,7 +154,7 @@ def test_a_hook_installed_before_formats_the_traceback(dist, monkeypatch, capsys
         sys.stderr.write(f"custom: {exc_type.__name__}: {exc}\n")
 
     monkeypatch.setattr(sys, "excepthook", previous)
-    hook = _abort._Hook(3, 1, lambda reason: "")  # one rank: prints, then returns
+    hook = abort._Hook(3, 1, lambda reason: "")  # one rank: prints, then returns
     try:
         raise ValueError("x")
     except ValueError as e:
@@ -172,7 +172,7 @@ def test_a_hook_that_wraps_ours_and_captures_stderr_does_not_swallow_the_traceba
     import io
 
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)  # not the one init installed in this process
-    hook = _abort._Hook(0, 1, lambda reason: "")
+    hook = abort._Hook(0, 1, lambda reason: "")
 
     def torch_like(*args):
         saved, sys.stderr = sys.stderr, io.StringIO()

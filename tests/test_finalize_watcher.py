@@ -1,4 +1,4 @@
-"""The exit watcher (mpidist._finalize_watcher): past its bound it says why and ends the
+"""The exit watcher (mpidist._launch.finalize_watcher): past its bound it says why and ends the
 process with SIGALRM; a process that exits in time leaves no line and no process; it never
 signals a process that is not the one that started it. Issue 27: a chaos trial's job ended by
 the bound on MPI_Finalize said nothing of a timeout (the job-level cases are in
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from mpidist import _finalize_watcher
+from mpidist._launch import finalize_watcher
 
 pytestmark = [
     pytest.mark.launches,
     pytest.mark.skipif(
-        not Path("/proc/self").is_dir() or not os.access(_finalize_watcher.SHELL, os.X_OK), reason="Linux with /bin/sh"
+        not Path("/proc/self").is_dir() or not os.access(finalize_watcher.SHELL, os.X_OK), reason="Linux with /bin/sh"
     ),
 ]
 
@@ -48,9 +48,9 @@ def run(code: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
 
 STARTS = """
 import os, signal, sys, time
-from mpidist import _finalize_watcher
+from mpidist._launch import finalize_watcher
 signal.signal(signal.SIGALRM, signal.SIG_DFL)
-held = _finalize_watcher.start({seconds}, {message!r})
+held = finalize_watcher.start({seconds}, {message!r})
 assert held is not None
 """
 
@@ -93,12 +93,12 @@ def test_it_never_signals_a_process_other_than_its_parent():
 
 DESCRIPTORS = """
 import json, os, sys, time
-from mpidist import _finalize_watcher
+from mpidist._launch import finalize_watcher
 token, kept_path = sys.argv[1:3]
-first = _finalize_watcher.start(5, "first " + token)
+first = finalize_watcher.start(5, "first " + token)
 kept = os.open(kept_path, os.O_WRONLY | os.O_CREAT, 0o600)
 os.set_inheritable(kept, True)  # a child would inherit it
-second = _finalize_watcher.start(5, "second " + token)
+second = finalize_watcher.start(5, "second " + token)
 
 def target(pid, fd):
     try:
@@ -131,5 +131,5 @@ def test_it_holds_no_descriptor_of_the_process_but_its_pipe_and_standard_error(t
 
 
 def test_without_a_shell_none_is_started(monkeypatch):
-    monkeypatch.setattr(_finalize_watcher, "SHELL", "/nonexistent/sh")
-    assert _finalize_watcher.start(1, "never") is None
+    monkeypatch.setattr(finalize_watcher, "SHELL", "/nonexistent/sh")
+    assert finalize_watcher.start(1, "never") is None

@@ -1,6 +1,6 @@
 """torch 2.4+'s group_src / group_dst / group_peer: the root or peer named by its rank in
 the group instead of its global rank, on every op that takes src/dst/peer (one rule,
-mpidist._dispatch.root_rank, as torch's _canonicalize_group_rank)."""
+mpidist._dispatch.dispatch.root_rank, as torch's _canonicalize_group_rank)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import pytest
 from conftest import launcher_free_env
 from mpi4py import MPI
 
-from mpidist import _initcheck as C, _runtime
+from mpidist._check import init_args as C
+from mpidist._runtime import world as runtime
 from mpidist.device import binding
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
@@ -200,7 +201,7 @@ def test_mpi_backend_names_warn_and_go_on(fresh):
 def test_gloo_names_run_over_mpi_with_one_warning(fresh, monkeypatch):
     dist = fresh
     size = MPI.COMM_WORLD.Get_size()
-    monkeypatch.setattr(_runtime, "_gloo_warned", False)
+    monkeypatch.setattr(runtime, "_gloo_warned", False)
     with pytest.warns(
         UserWarning,
         match=r"init_process_group: mpidist runs the 'gloo' backend over MPI: 'gloo' is "

@@ -1,4 +1,4 @@
-"""The watcher of MPI_Init (mpidist._init_watcher): a job that ends while its ranks are still in
+"""The watcher of MPI_Init (mpidist._launch.init_watcher): a job that ends while its ranks are still in
 MPI_Init leaves no MPICH segment in /dev/shm, and the watcher removes nothing else and outlives
 nothing. Issue 27: the chaos tests (SIGKILL at start-up) and this package's own test of a rank
 stopped before MPI_Init (tests/test_mpi_init.py) each left a segment."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import MPI_VENDOR, launcher_free_env
 
-from mpidist import _init_watcher as W
+from mpidist._launch import init_watcher as W
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 SHM = Path("/dev/shm")

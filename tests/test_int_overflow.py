@@ -2,7 +2,7 @@
 and every algorithm: Open MPI's predefined MPI_SUM saturates 8- and 16-bit integers instead
 (its AVX op component, from 1024 int8 and 8 int16 elements: open-mpi/ompi#8045), so where
 the MPI saturates mpidist reduces those types with its own arithmetic
-(``mpidist._buffers.saturating_sums``, measured once with MPI_Reduce_local). The forced case
+(``mpidist._arrays.buffers.saturating_sums``, measured once with MPI_Reduce_local). The forced case
 checks that path on any MPI. Runs serially and under mpiexec -n 2, 3, 4.
 """
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist import _buffers
-from mpidist._mpi import collectives as C
-from mpidist._reduce_op import ReduceOp, to_mpi_op
+from mpidist._arrays import buffers
+from mpidist._arrays.reduce_op import ReduceOp, to_mpi_op
+from mpidist._backends.mpi import collectives as C
 
 pytestmark = pytest.mark.mpi
 
@@ -59,18 +59,18 @@ def test_reduce_product_and_reduce_scatter_wrap(dist, dtype):
 @pytest.fixture
 def saturating(monkeypatch):
     """This MPI's small-integer sums taken as saturating: mpidist's own op for int8 and uint16."""
-    monkeypatch.setattr(_buffers, "_saturating", frozenset({("i", 1), ("u", 2)}))
-    _buffers.mpi_reducible.cache_clear()
+    monkeypatch.setattr(buffers, "_saturating", frozenset({("i", 1), ("u", 2)}))
+    buffers.mpi_reducible.cache_clear()
     monkeypatch.setattr(C, "_PLANS", {})
     monkeypatch.setattr(C, "_last", (None, None, None, None))
     yield
-    _buffers.mpi_reducible.cache_clear()
+    buffers.mpi_reducible.cache_clear()
 
 
 def test_saturating_types_take_mpidists_own_reduction(dist, saturating):
     r, size = dist.get_rank(), dist.get_world_size()
     int8, uint16, int16 = np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16)
-    assert not _buffers.mpi_reducible(int8) and not _buffers.mpi_reducible(uint16) and _buffers.mpi_reducible(int16)
+    assert not buffers.mpi_reducible(int8) and not buffers.mpi_reducible(uint16) and buffers.mpi_reducible(int16)
     assert to_mpi_op(ReduceOp.SUM, int8) is not to_mpi_op(ReduceOp.SUM, int16)  # a user-defined op
     for dtype in (np.int8, np.uint16):
         for algorithm in (None, "mpi"):
@@ -88,5 +88,5 @@ def test_saturating_types_take_mpidists_own_reduction(dist, saturating):
 
 
 def test_the_measurement_is_cached_and_sane(dist):
-    found = _buffers.saturating_sums()
-    assert found is _buffers.saturating_sums() and found <= {("i", 1), ("u", 1), ("i", 2), ("u", 2)}
+    found = buffers.saturating_sums()
+    assert found is buffers.saturating_sums() and found <= {("i", 1), ("u", 1), ("i", 2), ("u", 2)}

@@ -1,4 +1,4 @@
-"""A failed job leaves nothing behind in /tmp or /dev/shm (mpidist._launcher_files): MPICH's
+"""A failed job leaves nothing behind in /tmp or /dev/shm (mpidist._launch.launcher_files): MPICH's
 shared-memory segment and hydra's topology file lose their names as soon as mpidist is
 imported with MPI initialized, so neither MPI_Abort nor SIGKILL leaves them."""
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import SINGLETON_LEFT, launcher_free_env, only_on
 from mpi4py import MPI
 
-from mpidist import _init_watcher, _launcher_files
+from mpidist._launch import init_watcher, launcher_files
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
@@ -95,12 +95,12 @@ def test_only_regular_files_of_this_user_are_removed(tmp_path):
     mine.write_text("x")
     link = tmp_path / "l"
     link.symlink_to(mine)
-    assert not _init_watcher.remove(str(link)) and link.is_symlink() and mine.exists()
-    assert not _init_watcher.remove(str(tmp_path))  # a directory
-    assert _init_watcher.remove(str(mine)) and not mine.exists()
-    assert not _init_watcher.remove(str(mine))  # gone already: no error
+    assert not init_watcher.remove(str(link)) and link.is_symlink() and mine.exists()
+    assert not init_watcher.remove(str(tmp_path))  # a directory
+    assert init_watcher.remove(str(mine)) and not mine.exists()
+    assert not init_watcher.remove(str(mine))  # gone already: no error
 
 
 def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(_launcher_files.ENV, "0")
-    assert _launcher_files.remove_names() == []
+    monkeypatch.setenv(launcher_files.ENV, "0")
+    assert launcher_files.remove_names() == []

@@ -44,13 +44,26 @@ def test_checker_reports_an_upward_import_and_a_cycle(layers, tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "errors.py").write_text("def prefix():\n    from mpidist import collectives  # a lazy import counts\n")
     (pkg / "collectives.py").write_text("from mpidist.errors import prefix\n")
-    (pkg / "_buffers.py").write_text("import mpidist._runtime\n")
-    (pkg / "_runtime.py").write_text("")
+    for folder in ("_arrays", "_runtime"):
+        (pkg / folder).mkdir()
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "_arrays" / "buffers.py").write_text("import mpidist._runtime.world\n")
+    (pkg / "_runtime" / "world.py").write_text("")
     found = layers.violations(pkg)
-    assert any(line.startswith("mpidist.errors (layer 0, core) imports mpidist.collectives") for line in found), found
-    assert any(line.startswith("mpidist._buffers (layer 1, arrays) imports mpidist._runtime") for line in found), found
+    assert any(line.startswith("mpidist.errors (layer 1, core) imports mpidist.collectives") for line in found), found
+    assert any(
+        line.startswith("mpidist._arrays.buffers (layer 3, arrays) imports mpidist._runtime.world") for line in found
+    ), found
     assert any(line.startswith("import cycle of 2 modules") for line in found), found
     assert len(found) == 3, found
+
+
+def test_a_folder_decides_the_layer(layers):
+    """A module is in its folder's layer, at any depth; a package's __init__ in its own folder's."""
+    assert layers.layer_of("mpidist._launch.mpi_init") == 0
+    assert layers.layer_of("mpidist._backends.device.route") == layers.layer_of("mpidist._backends")
+    assert layers.layer_of("mpidist._backends.mpi.collectives") == layers.layer_of("mpidist._backends.mpi")
+    assert layers.layer_of("mpidist._backends.mpi") < layers.layer_of("mpidist._backends.device")
 
 
 def test_checker_refuses_a_module_in_no_layer(layers, tmp_path):

@@ -1,7 +1,7 @@
 """Mismatched collectives never give wrong data silently, by default (issue 14, item 1).
 
 Every member compares a call's signature (op, count, dtype, root, reduction, sizes) the
-first time its group uses it (mpidist._debug): disagreeing members all raise one clear
+first time its group uses it (mpidist._check.mismatch): disagreeing members all raise one clear
 ValueError naming the op and each rank's call, and the group stays usable. A member whose
 call was agreed on before runs it at once; if another member's call is new there, the
 latter asks the former's watchdog, raises, and the former's op ends as a timeout does
@@ -26,7 +26,8 @@ from conftest import launcher_free_env
 from mpi4py import MPI
 
 import mpidist
-from mpidist import DebugLevel, ReduceOp, _debug
+from mpidist import DebugLevel, ReduceOp
+from mpidist._check import mismatch
 from mpidist.algorithms import ShmAllReduce
 from mpidist.algorithms.shm import ShmMismatch
 from mpidist.work import _NO_RUN
@@ -396,7 +397,7 @@ def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
     for n in (1, 2, 1000, 65536):
         x = np.ones(n)
         dist.all_reduce(x, group=fresh)
-        state = fresh.resource("check", _debug.GroupCheck) if size > 1 else None
+        state = fresh.resource("check", mismatch.GroupCheck) if size > 1 else None
         before = list(state.exchanged) if state is not None else []
         for _ in range(20):
             x = np.ones(n)
@@ -404,7 +405,7 @@ def test_agreed_calls_are_not_exchanged_again(dist, world, fresh):
             np.testing.assert_array_equal(x, float(size))
         if state is not None:
             new = [s for s in state.exchanged if s not in before]
-            assert new and all(s % _debug.PERIOD == 0 for s in new) or not new, (before, list(state.exchanged))
+            assert new and all(s % mismatch.PERIOD == 0 for s in new) or not new, (before, list(state.exchanged))
             assert state.decided == fresh.engine.seq - 1  # decided up to the last call
 
 
@@ -425,7 +426,7 @@ def test_runs_record_what_recording_each_call_would(dist, world, fresh):
     for label in "AAAAABBBACCAABBB":
         made.append((fresh.engine.seq, label))
         calls[label]()
-    chk = fresh.resource("check", _debug.GroupCheck)
+    chk = fresh.resource("check", mismatch.GroupCheck)
     keys = {
         "A": ("all_reduce", 2, np.dtype(np.float32), -1, "sum", None),
         "B": ("all_reduce", 5000, np.dtype(float), -1, "sum", None),
@@ -434,13 +435,13 @@ def test_runs_record_what_recording_each_call_would(dist, world, fresh):
     assert chk.run is not None and chk.run[1] == keys["B"] and chk.lkey == keys["B"]  # open: B's run
     assert chk.decided == made[-1][0]
     for seq, label in made:  # what a peer's question is answered with, the open run included
-        assert _debug._recent(chk, chk.decided, seq) == keys[label], (seq, label)
-    _debug._close(chk)
+        assert mismatch._recent(chk, chk.decided, seq) == keys[label], (seq, label)
+    mismatch._close(chk)
     assert chk.run is None and chk.lkey is None
     for seq, label in made:
-        assert chk.keys[seq & _debug.KEYS_MASK] == keys[label], (seq, label)
-    assert made[-1][0] < _debug.PERIOD  # (below it, the hash is the plain sum: no reduction)
-    assert chk.h == sum(chk.agreed[keys[label]] * (seq % _debug.PERIOD) for seq, label in made)
+        assert chk.keys[seq & mismatch.KEYS_MASK] == keys[label], (seq, label)
+    assert made[-1][0] < mismatch.PERIOD  # (below it, the hash is the plain sum: no reduction)
+    assert chk.h == sum(chk.agreed[keys[label]] * (seq % mismatch.PERIOD) for seq, label in made)
     calls["A"]()  # the group goes on: the next call opens a run again, the members agree
     assert chk.run is not None and chk.run[1] == keys["A"]
     dist.check_collectives(group=fresh)  # the final comparison: equal on every member
@@ -452,7 +453,7 @@ def test_runs_record_what_recording_each_call_would(dist, world, fresh):
     calls["A"]()
     calls["A"]()
     assert fresh.engine.lat[2] is chk and chk.decided == fresh.engine.seq - 1
-    _debug._forget()  # (a level change, a broken group, a freed one): every note is dropped
+    mismatch._forget()  # (a level change, a broken group, a freed one): every note is dropped
     assert fresh.engine.lat is _NO_RUN and chk.lkey is None
     calls["A"]()
     assert fresh.engine.lat[2] is chk
@@ -460,7 +461,7 @@ def test_runs_record_what_recording_each_call_would(dist, world, fresh):
 
 @pytest.mark.mpi(min_size=2)
 def test_calls_made_with_checks_off_never_join_a_run(dist, world, fresh):
-    """The benchmarks' switch (_debug._set_checks) between repeated calls: the calls made with
+    """The benchmarks' switch (mismatch._set_checks) between repeated calls: the calls made with
     checks off are in neither the running hash nor the kept keys (the 8-byte path still notes
     how far the rank got on the group's engine meanwhile)."""
     x = np.zeros(2, np.float32)
@@ -469,41 +470,41 @@ def test_calls_made_with_checks_off_never_join_a_run(dist, world, fresh):
     for _ in range(4):
         checked.append(fresh.engine.seq)
         dist.all_reduce(x, group=fresh)
-    chk = fresh.resource("check", _debug.GroupCheck)
+    chk = fresh.resource("check", mismatch.GroupCheck)
     try:
-        _debug._set_checks(False)
+        mismatch._set_checks(False)
         unchecked = []
         for _ in range(5):
             unchecked.append(fresh.engine.seq)
             dist.all_reduce(x, group=fresh)
     finally:
-        _debug._set_checks(True)
+        mismatch._set_checks(True)
     for _ in range(3):
         checked.append(fresh.engine.seq)
         dist.all_reduce(x, group=fresh)
-    _debug._close(chk)
+    mismatch._close(chk)
     kh = chk.agreed[key]
-    assert chk.h == sum(kh * (s % _debug.PERIOD) for s in checked)
-    assert all(chk.keys[s & _debug.KEYS_MASK] == key for s in checked)
-    assert all(chk.keys[s & _debug.KEYS_MASK] is None for s in unchecked)
+    assert chk.h == sum(kh * (s % mismatch.PERIOD) for s in checked)
+    assert all(chk.keys[s & mismatch.KEYS_MASK] == key for s in checked)
+    assert all(chk.keys[s & mismatch.KEYS_MASK] is None for s in unchecked)
     dist.check_collectives(group=fresh)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_full_cache_is_cleared_on_every_member_alike(dist, world, fresh, monkeypatch):
     rank, size = world
-    monkeypatch.setattr(_debug, "_MAX_AGREED", 3)
+    monkeypatch.setattr(mismatch, "_MAX_AGREED", 3)
     for _round in range(3):
         for n in range(1, 8):
             x = np.ones(n)
             dist.all_reduce(x, group=fresh)
             np.testing.assert_array_equal(x, float(size))
-    chk = fresh.resource("check", _debug.GroupCheck)
+    chk = fresh.resource("check", mismatch.GroupCheck)
     assert len(chk.agreed) <= 3 and chk.lkey in chk.agreed  # the repeated-call shortcut: a key agreed on
     # A key agreed on before the clear, and the last one found, is compared again after it.
     for n in (1, 2, 1, 3):  # 1 and 2 agreed (1 found last), then 3 fills the cache and clears it
         dist.all_reduce(np.ones(n), group=fresh)
-    monkeypatch.setattr(_debug, "_MAX_AGREED", 1)
+    monkeypatch.setattr(mismatch, "_MAX_AGREED", 1)
     dist.all_reduce(np.ones(4), group=fresh)  # cleared: only 4 agreed
     assert list(chk.agreed) == [("all_reduce", 4, np.dtype(float), -1, "sum", None)]
     seq = fresh.engine.seq
@@ -628,10 +629,10 @@ def test_debug_level_api(monkeypatch):
         assert mpidist.get_debug_level() is DebugLevel.OFF
         monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "detail")
         mpidist.set_debug_level_from_env()
-        assert mpidist.get_debug_level() is DebugLevel.DETAIL and _debug.DETAIL
+        assert mpidist.get_debug_level() is DebugLevel.DETAIL and mismatch.DETAIL
         monkeypatch.setenv("MPIDIST_DEBUG", " Info ")  # MPIDIST_DEBUG takes precedence
         mpidist.set_debug_level_from_env()
-        assert mpidist.get_debug_level() is DebugLevel.INFO and not _debug.DETAIL
+        assert mpidist.get_debug_level() is DebugLevel.INFO and not mismatch.DETAIL
         monkeypatch.setenv("MPIDIST_DEBUG", "")  # empty: unset
         mpidist.set_debug_level_from_env()
         assert mpidist.get_debug_level() is DebugLevel.DETAIL
@@ -840,7 +841,11 @@ print(f"rank {{rank}} loop done", flush=True)
 
 @pytest.mark.parametrize(
     "calls,end",
-    [(2 * _debug.PERIOD + 50, "mpidist.destroy_process_group()"), (6, "mpidist.destroy_process_group()"), (6, "pass")],
+    [
+        (2 * mismatch.PERIOD + 50, "mpidist.destroy_process_group()"),
+        (6, "mpidist.destroy_process_group()"),
+        (6, "pass"),
+    ],
 )
 def test_agreed_calls_made_out_of_step_are_caught(tmp_path, calls, end):
     """The blind spot of the cache: every call agreed on before, so none is exchanged. The
@@ -855,9 +860,9 @@ def test_agreed_calls_made_out_of_step_are_caught(tmp_path, calls, end):
         "all_reduce(seq=2, count=4, dtype=float64, op=MAX)"
     )
     assert err.count(first) >= 2, err
-    if calls > _debug.PERIOD:
+    if calls > mismatch.PERIOD:
         assert "loop done" not in out
-        assert f"all_reduce(seq={_debug.PERIOD}, count=4" in err
+        assert f"all_reduce(seq={mismatch.PERIOD}, count=4" in err
     else:
         where = "destroy_process_group" if "destroy" in end else "exit"
         assert f"[rank 0/2] {where}: the members of group 'default_pg' called mismatched collectives: " in err, err
@@ -897,11 +902,11 @@ def test_out_of_step_calls_caught_within_period_in_process(dist, world, fresh):
     for op in (ReduceOp.SUM, ReduceOp.MAX):
         dist.all_reduce(x, op, group=fresh)
     with pytest.raises(ValueError) as info:
-        for i in range(3 * _debug.PERIOD):
+        for i in range(3 * mismatch.PERIOD):
             ops = (ReduceOp.SUM, ReduceOp.MAX) if rank in good else (ReduceOp.MAX, ReduceOp.SUM)
             dist.all_reduce(x, ops[i % 2], group=fresh)
     # posted at seq PERIOD, verified (and raised) at 2 PERIOD
-    assert fresh.engine.seq == 2 * _debug.PERIOD + 1
+    assert fresh.engine.seq == 2 * mismatch.PERIOD + 1
     text = str(info.value)
     assert "first at sequence number 2: " in text and "op=MAX" in text and "op=SUM" in text, text
     with pytest.raises(mpidist.DistError, match="unusable"):
@@ -935,22 +940,22 @@ def test_groups_not_checked_never_exchange(dist, world, fresh):
     rank, size = world
     x = np.ones(1)
     if size == 1:
-        for _ in range(3 * _debug.PERIOD):
+        for _ in range(3 * mismatch.PERIOD):
             dist.all_reduce(x)
         assert "check" not in _runtime_state().world._resources
         return
     dist.all_reduce(x, group=fresh)  # agreed; then every call on the latency path
-    before = list(fresh.resource("check", _debug.GroupCheck).exchanged)
-    _debug._set_checks(False)
+    before = list(fresh.resource("check", mismatch.GroupCheck).exchanged)
+    mismatch._set_checks(False)
     try:
-        for _ in range(3 * _debug.PERIOD):
+        for _ in range(3 * mismatch.PERIOD):
             dist.all_reduce(x, group=fresh)
     finally:
-        _debug._set_checks(True)
-    assert list(fresh.resource("check", _debug.GroupCheck).exchanged) == before
+        mismatch._set_checks(True)
+    assert list(fresh.resource("check", mismatch.GroupCheck).exchanged) == before
 
 
 def _runtime_state():
-    from mpidist import _runtime  # noqa: PLC0415
+    from mpidist._runtime import world as runtime  # noqa: PLC0415
 
-    return _runtime.state()
+    return runtime.state()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mpidist import DistError
-from mpidist._mpi.collectives import _mb_drain
+from mpidist._backends.mpi.collectives import _mb_drain
 from mpidist.collectives import monitored_barrier
 
 pytestmark = pytest.mark.mpi

@@ -1,4 +1,4 @@
-"""MPI_Init and MPI_Finalize are bounded by MPIDIST_TIMEOUT (mpidist._mpi_init): a rank
+"""MPI_Init and MPI_Finalize are bounded by MPIDIST_TIMEOUT (mpidist._launch.mpi_init): a rank
 stopped before either must not leave the others waiting there for ever (the chaos tests
 found both: SIGSTOP at start-up, or just before exit, hung the job)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import KILLED_STATUS, launcher_free_env
 
-from mpidist import _mpi_init
+from mpidist._launch import mpi_init
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
@@ -83,7 +83,7 @@ def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path
     job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, **BOUND)
     assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
     assert took < 15
-    # rank 0's exit watcher says why (mpidist._finalize_watcher): hydra's own report names the
+    # rank 0's exit watcher says why (mpidist._launch.finalize_watcher): hydra's own report names the
     # first bad end it saw, rank 0's alarm ("Alarm clock") or, seen under load (a chaos trial,
     # where nothing else said a rank had timed out), the SIGTERM it then sends the stopped rank 1
     assert (
@@ -150,7 +150,7 @@ def test_switched_off_the_job_waits(tmp_path):
 def test_the_bound_is_mpidist_timeout_or_30_minutes_plus_the_grace(monkeypatch, value, expected):
     monkeypatch.setenv("MPIDIST_TIMEOUT", value)
     monkeypatch.delenv("MPIDIST_INIT_FINALIZE_GRACE", raising=False)
-    assert _mpi_init.bound_seconds() == expected + _mpi_init.GRACE
+    assert mpi_init.bound_seconds() == expected + mpi_init.GRACE
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_the_bound_is_mpidist_timeout_or_30_minutes_plus_the_grace(monkeypatch, 
 def test_the_grace_is_mpidist_init_finalize_grace_or_10_s(monkeypatch, value, expected):
     monkeypatch.setenv("MPIDIST_TIMEOUT", "8")
     monkeypatch.setenv("MPIDIST_INIT_FINALIZE_GRACE", value)
-    assert _mpi_init.bound_seconds() == 8 + expected
+    assert mpi_init.bound_seconds() == 8 + expected
 
 
 EARLY_SIGUSR1 = """

@@ -22,7 +22,7 @@ from conftest import launcher_free_env
 from test_comm_hooks import grads_after_step, same_on_every_rank
 
 from mpidist import work
-from mpidist._dispatch import launch
+from mpidist._dispatch.dispatch import launch
 from mpidist.parallel.comm_hooks import PowerSGDState, powerSGD_hook, then
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
@@ -137,8 +137,8 @@ def test_a_callbacks_op_takes_its_place_in_the_sequence_numbers(dist, world):
     chained.result(timeout=60)
     later.wait()
     assert np.array_equal(y, np.full(2, size * (size - 1) / 2))
-    key = dist._recorder.group_key(g)  # (unique, where names of earlier groups may repeat)
-    seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._recorder.snapshot() if e["group_key"] == key}
+    key = dist._core.recorder.group_key(g)  # (unique, where names of earlier groups may repeat)
+    seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._core.recorder.snapshot() if e["group_key"] == key}
     assert seqs == {"all_reduce[4]": 0, "all_reduce[2]": 1, "all_reduce[3]": 2}, seqs
     dist.destroy_process_group(g)
 
@@ -154,7 +154,9 @@ def test_an_op_numbered_while_a_callbacks_op_runs_is_numbered_after_it(dist, wor
     rank, size = world
     g = dist.new_group()
     gate, ran = threading.Event(), threading.Event()
-    first = launch(dist._runtime.resolve_group(g), "barrier", gate.wait, (10,), True, checked=False)  # on the engine
+    first = launch(
+        dist._runtime.world.resolve_group(g), "barrier", gate.wait, (10,), True, checked=False
+    )  # on the engine
 
     def callback(f: concurrent.futures.Future) -> None:
         dist.all_reduce(np.ones(2), group=g)  # issued on the engine thread
@@ -174,7 +176,7 @@ def test_an_op_numbered_while_a_callbacks_op_runs_is_numbered_after_it(dist, wor
     monkeypatch.setattr(work.Engine, "submit", submit)
     chained.result(timeout=60)
     later.wait()
-    key = dist._recorder.group_key(g)
-    seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._recorder.snapshot() if e["group_key"] == key}
+    key = dist._core.recorder.group_key(g)
+    seqs = {e["op"] + str(e["shapes"]): e["seq"] for e in dist._core.recorder.snapshot() if e["group_key"] == key}
     assert seqs == {"barrierNone": 0, "all_reduce[2]": 1, "all_reduce[3]": 2}, seqs
     dist.destroy_process_group(g)

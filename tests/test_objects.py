@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from mpidist._tags import OBJECT_TAG, USER_TAG_MAX
+from mpidist._core.tags import OBJECT_TAG, USER_TAG_MAX
 
 pytestmark = pytest.mark.mpi
 
@@ -82,7 +82,7 @@ def test_broadcast_object_list_of_plain_values(dist, any_group):
 
 
 def test_broadcast_object_list_length_mismatch_raises_on_every_rank(dist, world):
-    """The members compare their calls first (mpidist._debug): on a fresh group, where the
+    """The members compare their calls first (mpidist._check.mismatch): on a fresh group, where the
     call is new, every rank raises and nothing is sent."""
     rank, size = world
     g = dist.new_group()

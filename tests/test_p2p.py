@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from mpidist._tags import USER_TAG_MAX
+from mpidist._core.tags import USER_TAG_MAX
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -116,7 +116,7 @@ def test_irecv_of_another_size_raises_before_writing(dist, world):
     first (received in place, as MPI_Irecv: the error says the contents are undefined);
     either way the message is consumed and the next receive gets the next message."""
     rank, size = world
-    comm = dist._runtime.state().world.comm
+    comm = dist._runtime.world.state().world.comm
     token = np.zeros(1)
     if rank == 0:
         for i, (x, _) in enumerate(BAD):

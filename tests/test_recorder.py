@@ -13,29 +13,29 @@ import pytest
 from conftest import launcher_free_env
 from mpi4py import MPI
 
-from mpidist import _recorder
+from mpidist._core import recorder
 from mpidist.tools import trace
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
 
 def recent(key: str, n: int) -> list[dict]:
-    return [e for e in _recorder.snapshot() if e["group_key"] == key][-n:]
+    return [e for e in recorder.snapshot() if e["group_key"] == key][-n:]
 
 
 @pytest.mark.mpi
 def test_collectives_are_recorded_and_numbered_alike_on_every_member(dist, any_group):
     g, members = any_group
     rank = dist.get_rank()
-    last = _recorder._ring[-1] if _recorder._ring else None
+    last = recorder._ring[-1] if recorder._ring else None
     x, out = np.arange(4.0), np.zeros(4 * len(members))
     if rank not in members:  # non-members: every op is a no-op, nothing is recorded
         assert dist.all_reduce(x, group=g) is None and dist.barrier(group=g) is None
-        assert (_recorder._ring[-1] if _recorder._ring else None) is last
+        assert (recorder._ring[-1] if recorder._ring else None) is last
         MPI.COMM_WORLD.allgather(None)
         return
-    pg = dist._runtime.resolve_group(g)
-    key, first = _recorder.group_key(pg), pg.engine.seq
+    pg = dist._runtime.world.resolve_group(g)
+    key, first = recorder.group_key(pg), pg.engine.seq
     dist.all_reduce(x, group=g)
     dist.broadcast(x, src=members[-1], group=g)
     dist.barrier(group=g)
@@ -67,7 +67,7 @@ def test_collectives_are_recorded_and_numbered_alike_on_every_member(dist, any_g
 @pytest.mark.mpi(min_size=2)
 def test_point_to_point_is_recorded_with_its_peer(dist, world):
     rank, _ = world
-    g = dist._runtime.state().world
+    g = dist._runtime.world.state().world
     if rank == 0:
         dist.send(np.ones(3), 1)
         dist.isend(np.ones(2, np.int32), 1, tag=5).wait()
@@ -90,13 +90,13 @@ def test_point_to_point_is_recorded_with_its_peer(dist, world):
 def test_dump_writes_every_rank_and_trace_lines_them_up(dist, world, monkeypatch):
     rank, size = world
     directory = MPI.COMM_WORLD.bcast(tempfile.mkdtemp(prefix="mpidist-rec-") if rank == 0 else None, 0)
-    monkeypatch.setattr(_recorder, "_dir", directory)
+    monkeypatch.setattr(recorder, "_dir", directory)
     g = dist.new_group()
-    key = _recorder.group_key(g)
+    key = recorder.group_key(g)
     for i in range(3):
         dist.all_reduce(np.full(2, float(i)), group=g)
     dist.broadcast(np.zeros(5, np.int64), src=size - 1, group=g)
-    path = _recorder.dump("test")
+    path = recorder.dump("test")
     assert path == f"{directory}/rank{rank}.json"
     doc = json.loads(open(path).read())
     assert (doc["rank"], doc["world_size"], doc["reason"]) == (rank, size, "test")
@@ -249,10 +249,10 @@ def test_the_all_reduce_latency_path_records_what_launch_records(dist, world, mo
     """A blocking all_reduce of a numpy array its members agreed on runs on the inline path at
     every size (MPI_Allreduce below the shared-memory sizes, the plan's body above: no
     launch) and builds its recorder entry there (no function call): it must hold what
-    _recorder.begin/end make for the same op through _dispatch.launch."""
-    from mpidist._mpi import collectives
+    recorder.begin/end make for the same op through _dispatch.launch."""
+    from mpidist._backends.mpi import collectives
 
-    g = dist._runtime.resolve_group(None)
+    g = dist._runtime.world.resolve_group(None)
     x = np.ones(count, dtype=np.float32)
     dist.all_reduce(x, algorithm=algorithm)  # makes the plan and agrees on the call: the next is inline
     assert (collectives._PLANS[(x.dtype, dist.ReduceOp.SUM._value_, algorithm)][3] > x.nbytes) == (count == 2)
@@ -260,22 +260,22 @@ def test_the_all_reduce_latency_path_records_what_launch_records(dist, world, mo
     with monkeypatch.context() as m:
         m.setattr(collectives, "launch", None)  # (a call through launch raises TypeError)
         dist.all_reduce(x, algorithm=algorithm)  # the inline path
-    inline = list(_recorder._ring[-1])
+    inline = list(recorder._ring[-1])
     dist.all_reduce(x, async_op=True, algorithm=algorithm).wait()  # through launch: R.begin / R.end
-    launched = list(_recorder._ring[-1])
-    assert g.engine.seq == before + 2 and (inline[_recorder.SEQ], launched[_recorder.SEQ]) == (before, before + 1)
-    times = {_recorder.T_ISSUE, _recorder.T_START, _recorder.T_END, _recorder.SEQ}
+    launched = list(recorder._ring[-1])
+    assert g.engine.seq == before + 2 and (inline[recorder.SEQ], launched[recorder.SEQ]) == (before, before + 1)
+    times = {recorder.T_ISSUE, recorder.T_START, recorder.T_END, recorder.SEQ}
     assert len(inline) == len(launched)
     assert [v for i, v in enumerate(inline) if i not in times] == [v for i, v in enumerate(launched) if i not in times]
-    assert inline[_recorder.STATE] == _recorder.COMPLETED and inline[_recorder.OP] == "all_reduce"
-    assert inline[_recorder.T_ISSUE] <= inline[_recorder.T_END] <= launched[_recorder.T_ISSUE]
+    assert inline[recorder.STATE] == recorder.COMPLETED and inline[recorder.OP] == "all_reduce"
+    assert inline[recorder.T_ISSUE] <= inline[recorder.T_END] <= launched[recorder.T_ISSUE]
     assert x.tolist() == [world[1] ** 3] * count
 
 
 def test_zero_length_buffer_keeps_no_history():
     code = (
         "import numpy as np, mpidist\nmpidist.init_process_group()\nmpidist.all_reduce(np.ones(2))\n"
-        "print(len(mpidist._recorder.snapshot()), mpidist._runtime.state().world.engine.seq)"
+        "print(len(mpidist._core.recorder.snapshot()), mpidist._runtime.world.state().world.engine.seq)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

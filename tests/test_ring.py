@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist._reduce_op import ReduceOp, to_mpi_op
+from mpidist._arrays.reduce_op import ReduceOp, to_mpi_op
 from mpidist.algorithms import ring_all_reduce, ring_chunk_bounds
 
 DTYPES = ["float32", "float64", "int32", "int64", "uint8", "bool"]
 OPS = [op for op in ReduceOp if op is not ReduceOp.PREMUL_SUM]
-# element-wise references, written out independently of mpidist._reduce_op
+# element-wise references, written out independently of mpidist._arrays.reduce_op
 REF = {
     ReduceOp.SUM: np.add,
     ReduceOp.AVG: np.add,

@@ -39,7 +39,7 @@ def test_local_rank_and_env_export(dist):
 
 @pytest.mark.mpi
 def test_default_group_is_a_duplicate_of_world(dist):
-    comm = mpidist._runtime.state().world.comm
+    comm = mpidist._runtime.world.state().world.comm
     assert comm != MPI.COMM_WORLD
     assert MPI.Comm.Compare(comm, MPI.COMM_WORLD) == MPI.CONGRUENT
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mpidist._buffers import group_blocks
+from mpidist._arrays.buffers import group_blocks
 
 
 @pytest.mark.parametrize("gather", [True, False])

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist import _runtime
-from mpidist._buffers import mpi_reducible
-from mpidist._reduce_op import ReduceOp, make_premul_sum, to_mpi_op
+from mpidist._arrays.buffers import mpi_reducible
+from mpidist._arrays.reduce_op import ReduceOp, make_premul_sum, to_mpi_op
+from mpidist._runtime import world as runtime
 from mpidist.algorithms import ShmAllReduce, shm as shm_module, shm_all_reduce, shm_applicable, shm_release
 
 try:
@@ -30,7 +30,7 @@ DTYPES = ["float32", "float64", "float16", "complex64", "int8", "int32", "int64"
     ["bfloat16"] if ml_dtypes is not None else []
 )
 OPS = [op for op in ReduceOp if op is not ReduceOp.PREMUL_SUM]
-# element-wise references, written out independently of mpidist._reduce_op
+# element-wise references, written out independently of mpidist._arrays.reduce_op
 REF = {
     ReduceOp.SUM: np.add,
     ReduceOp.AVG: np.add,
@@ -257,7 +257,7 @@ def test_groups(any_group):
     group, members = any_group
     if group is not None and group.comm is None:  # not a member: nothing to do
         return
-    comm = _runtime.resolve_group(group).comm
+    comm = runtime.resolve_group(group).comm
     assert shm_applicable(comm)
     with ShmAllReduce(comm, SMALL_SLOT) as s:
         g = comm.Get_rank()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import launcher_free_env
 
-from mpidist import _recorder
+from mpidist._core import recorder
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
@@ -39,8 +39,8 @@ def job(n: int, script: Path, *args: str, timeout: float = 60, **env: str) -> su
 def test_default_timeout_is_30_minutes(dist):
     if "MPIDIST_TIMEOUT" in os.environ:
         pytest.skip("MPIDIST_TIMEOUT is set in this environment")
-    assert dist._runtime.state().timeout == datetime.timedelta(minutes=30)
-    assert _recorder.timeout == 1800.0
+    assert dist._runtime.world.state().timeout == datetime.timedelta(minutes=30)
+    assert recorder.timeout == 1800.0
 
 
 @pytest.mark.mpi
@@ -49,9 +49,9 @@ def test_ops_carry_the_timeout_and_complete(dist, world):
     dist.all_reduce(x)
     w = dist.all_reduce(x, async_op=True)
     assert w.wait() is True
-    recent = _recorder.snapshot()[-2:]
+    recent = recorder.snapshot()[-2:]
     assert [(e["op"], e["state"], e["timeout_s"]) for e in recent] == [
-        ("all_reduce", "completed", _recorder.timeout)
+        ("all_reduce", "completed", recorder.timeout)
     ] * 2
 
 
@@ -64,7 +64,7 @@ def run_code(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_env_overrides_the_argument():
     code = (
         "import datetime, mpidist\nmpidist.init_process_group(timeout=datetime.timedelta(minutes=5))\n"
-        "print(mpidist._runtime.state().timeout.total_seconds(), mpidist._recorder.timeout)"
+        "print(mpidist._runtime.world.state().timeout.total_seconds(), mpidist._core.recorder.timeout)"
     )
     out = run_code(code, MPIDIST_TIMEOUT="2.5")
     assert out.stdout == "2.5 2.5\n", out.stderr
@@ -130,7 +130,7 @@ else:
     mpidist.new_group([0, 1])
     MPI.COMM_WORLD.Barrier()   # rank 0 is done with its timeouts
     mpidist.all_reduce(x)      # joins the two collectives rank 0 gave up on
-    mpidist.all_reduce(x, group=mpidist._runtime.state().groups[0])
+    mpidist.all_reduce(x, group=mpidist._runtime.world.state().groups[0])
     mpidist.send(np.ones(2), 0)
     mpidist.send(np.ones(2), 0)
     MPI.COMM_WORLD.Barrier()

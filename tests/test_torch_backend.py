@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions  # noq
 from torch_helpers import TORCH, torch_world  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _recorder  # noqa: E402
+from mpidist._core import recorder  # noqa: E402
 from mpidist.torch import ProcessGroupMpidist  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -410,7 +410,7 @@ def test_flight_recorder_sees_torch_calls(world):
     t = torch.ones(4, dtype=torch.float16)
     tdist.all_reduce(t)
     tdist.broadcast(t, src=0)
-    last = _recorder.snapshot()[-2:]
+    last = recorder.snapshot()[-2:]
     assert [e["op"] for e in last] == ["all_reduce", "broadcast"]
     assert last[0]["dtype"] == "float16" and last[0]["state"] == "completed"
 

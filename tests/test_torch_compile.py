@@ -50,7 +50,7 @@ def test_compiled_broadcast(world):
 def test_every_entry_point_is_fenced():
     """What torch's C++ calls (the group's ops, the Work's methods, the store's) and what
     those call (the op, the check, the recorder) are behind the fence."""
-    import mpidist._debug
+    import mpidist._check.mismatch
     import mpidist.work
 
     for fn in (
@@ -64,4 +64,4 @@ def test_every_entry_point_is_fenced():
     ):
         assert _dynamo_fence.fenced(fn), fn
         assert getattr(fn, "_torchdynamo_disable", False), fn
-    assert any(_dynamo_fence.fenced(f) for f in vars(mpidist._debug).values() if callable(f))
+    assert any(_dynamo_fence.fenced(f) for f in vars(mpidist._check.mismatch).values() if callable(f))

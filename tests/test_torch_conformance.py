@@ -33,7 +33,8 @@ tdist = pytest.importorskip("torch.distributed")
 from torch_helpers import TORCH, all_gather_single, reduce_scatter_single, torch_world  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist import _recorder, _runtime  # noqa: E402
+from mpidist._core import recorder  # noqa: E402
+from mpidist._runtime import world as runtime  # noqa: E402
 from mpidist.torch import _profile  # noqa: E402
 
 # torch warns when a sparse tensor is made without its invariant checks (the sparse tests)
@@ -98,7 +99,7 @@ def test_new_group_timeout_is_the_groups_own(world):
     mine = group.mpidist_group
     assert mine.timeout_s == 7.0 and other.mpidist_group.timeout_s == 1800.0
     if n > 1:
-        entries = {e["group"]: e for e in _recorder.snapshot() if e["op"] == "all_reduce"}
+        entries = {e["group"]: e for e in recorder.snapshot() if e["op"] == "all_reduce"}
         assert entries[mine.group_name]["timeout_s"] == 7.0
         assert entries[other.mpidist_group.group_name]["timeout_s"] == 1800.0
     tdist.destroy_process_group(group)
@@ -138,7 +139,7 @@ print(f"rank {rank} done", flush=True)
 
 
 def test_a_subgroup_barrier_times_out_at_the_groups_timeout(tmp_path):
-    if _runtime.state().world_size > 1:
+    if runtime.state().world_size > 1:
         pytest.skip("starts its own 2-rank job; runs in the serial pass")
     script = tmp_path / "job.py"
     script.write_text(SUBGROUP_TIMEOUT)
@@ -336,7 +337,7 @@ def test_profiler_records_each_collective(world, async_op):
         events = _events(prof, name)
         assert len(events) == 1, [e.name for e in prof.function_events]
         assert events[0].count == 1 and events[0].input_shapes == shapes and events[0].cpu_time >= 0
-        if n > 1 and _runtime.state().thread_multiple and _profile.OFF_THREAD:  # ended off the caller's thread
+        if n > 1 and runtime.state().thread_multiple and _profile.OFF_THREAD:  # ended off the caller's thread
             assert events[0].is_async
 
 

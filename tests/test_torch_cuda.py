@@ -26,8 +26,9 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from torch_helpers import torch_world  # noqa: E402
 
 import mpidist  # noqa: E402
-from mpidist._array import is_device_array  # noqa: E402
-from mpidist.device import detect, staging  # noqa: E402
+from mpidist._arrays.namespace import is_device_array  # noqa: E402
+from mpidist._backends.device import staging  # noqa: E402
+from mpidist.device import detect  # noqa: E402
 from mpidist.torch import _backend, _cuda  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -148,7 +149,7 @@ def test_host_and_cuda_tensors_mixed_are_refused(world, fake_cuda):
 def test_runtime_backend_for_cuda_tensors(monkeypatch, gpus, version, env, want):
     from fake_nccl import FakeShim  # noqa: PLC0415
 
-    from mpidist.device import _nccl_shim  # noqa: PLC0415
+    from mpidist._backends.device import nccl_shim  # noqa: PLC0415
 
     monkeypatch.setattr(mpidist, "is_nccl_available", lambda: False)
     assert _backend._device_backend() == "mpi"
@@ -159,11 +160,11 @@ def test_runtime_backend_for_cuda_tensors(monkeypatch, gpus, version, env, want)
         monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
     else:
         monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", env)
-    previous = _nccl_shim.use(FakeShim(version=version))
+    previous = nccl_shim.use(FakeShim(version=version))
     try:
         assert _backend._device_backend() == want
     finally:
-        _nccl_shim.use(previous)
+        nccl_shim.use(previous)
 
 
 def test_cuda_dtypes_map_to_numpy_and_ml_dtypes():

@@ -1,6 +1,6 @@
 """CUDA tensors on backend "mpidist" over an NCCL group, without a GPU: a dense contiguous
 CUDA tensor goes straight to mpidist's NCCL path (``ProcessGroupMpidist.allreduce`` ->
-``mpidist.torch._cuda.nccl_dev`` -> ``mpidist.device.nccl.all_reduce`` in torch's current
+``mpidist.torch._cuda.nccl_dev`` -> ``mpidist._backends.device.nccl.all_reduce`` in torch's current
 stream), skipping the generic array layers; what that path does not take (integer AVG, a
 non-contiguous tensor) takes the general one. Stand-ins: tests/fake_nccl.py's FakeShim (NCCL
 over MPI on host memory) and a CPU tensor that says it is a CUDA tensor. Runs serially and
@@ -19,7 +19,7 @@ from fake_nccl import FakeShim  # noqa: E402
 
 import mpidist  # noqa: E402
 import mpidist.torch  # noqa: E402, F401
-from mpidist.device import _nccl_shim  # noqa: E402
+from mpidist._backends.device import nccl_shim  # noqa: E402
 from mpidist.torch import _cuda  # noqa: E402
 from mpidist.torch._process_group import _ASYNC_IN_OPTS  # noqa: E402
 
@@ -73,13 +73,13 @@ def world():
     if mpidist.is_initialized():
         mpidist.destroy_process_group()
     fake = FakeShim()
-    previous = _nccl_shim.use(fake)
+    previous = nccl_shim.use(fake)
     mpidist.init_process_group(backend="cpu:mpi,cuda:nccl")
     tdist.init_process_group("mpidist")
     yield tdist.get_rank(), tdist.get_world_size(), fake
     tdist.destroy_process_group()
     mpidist.destroy_process_group()
-    _nccl_shim.use(previous)
+    nccl_shim.use(previous)
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_straight_to_nccl(world, stream, dtype):
     t = fake_cuda(torch.full((5,), r + 1, dtype=dtype))
     mark = len(fake.log)
     tdist.all_reduce(t)
-    _nccl_shim.get().synchronize(_nccl_shim.get().current_stream())  # the host reads after its stream
+    nccl_shim.get().synchronize(nccl_shim.get().current_stream())  # the host reads after its stream
     ran = [e for e in fake.log[mark:] if e[:2] == ("nccl", "allReduce")]
     assert calls and len(ran) == 1
     if _ASYNC_IN_OPTS:  # torch >= 2.8 says the call is sync: it runs on torch's current stream

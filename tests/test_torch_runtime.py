@@ -20,7 +20,7 @@ tdist = pytest.importorskip("torch.distributed")
 
 import mpidist  # noqa: E402
 import mpidist.torch  # noqa: E402, F401
-from mpidist import _recorder  # noqa: E402
+from mpidist._core import recorder  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -57,7 +57,7 @@ def test_torch_starts_and_stops_mpidist_and_init_again():
         mpidist.destroy_process_group()
     for seconds in (123, 77):
         tdist.init_process_group("mpidist", timeout=datetime.timedelta(seconds=seconds))
-        assert mpidist.is_initialized() and _recorder.timeout == seconds
+        assert mpidist.is_initialized() and recorder.timeout == seconds
         assert mpidist.group.WORLD.group_name == "default_pg"
         x = torch.ones(2).numpy()
         mpidist.all_reduce(x)  # mpidist's API on the runtime torch started

@@ -17,7 +17,8 @@ import pytest
 from conftest import launcher_free_env
 from mpi4py import MPI
 
-from mpidist import _private as P, _recorder as R, _runtime
+from mpidist._core import private_files as P, recorder as R
+from mpidist._runtime import world as runtime
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
 
@@ -102,7 +103,7 @@ def test_the_job_directory_is_named_by_rank_0_and_not_created(dist, world, monke
     import tempfile
 
     monkeypatch.delenv("MPIDIST_TRACE_DIR", raising=False)
-    path = _runtime._trace_dir(_runtime.state().world.comm)
+    path = runtime._trace_dir(runtime.state().world.comm)
     assert MPI.COMM_WORLD.allgather(os.path.basename(path)) == [os.path.basename(path)] * world[1]
     assert os.path.dirname(path) == tempfile.gettempdir()
     assert re.fullmatch(r"mpidist-trace-\d{8}-\d{6}-[0-9a-f]{16}", os.path.basename(path))

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist import _dispatch, work as work_module
+from mpidist import work as work_module
+from mpidist._dispatch import dispatch
 from mpidist.work import CompletedWork, FutureWork, RequestWork, WorkResult
 
 pytestmark = pytest.mark.mpi
@@ -195,9 +196,9 @@ def test_error_of_async_op_propagates(dist, world):
     pattern = rf"^\[rank {rank}/{size}\] boom: MPI error: "
     if size == 1:  # a one-rank group runs async ops eagerly: the error comes out of the call
         with pytest.raises(dist.DistBackendError, match=pattern):
-            _dispatch.launch(g, "boom", _boom, (), True)
+            dispatch.launch(g, "boom", _boom, (), True)
         return
-    w = _dispatch.launch(g, "boom", _boom, (), True)
+    w = dispatch.launch(g, "boom", _boom, (), True)
     assert isinstance(w, FutureWork)
     fut = w.get_future()
     with pytest.raises(dist.DistBackendError, match=pattern):

@@ -8,7 +8,7 @@ import concurrent.futures
 
 import pytest
 
-from mpidist import _recorder as R
+from mpidist._core import recorder as R
 from mpidist.errors import DistError
 from mpidist.work import Work, poll_until
 

@@ -3,8 +3,9 @@
 
 Usage: python tools/layers.py [PACKAGE_DIR]   (default: mpidist)
 
-Every module belongs to one layer of :data:`LAYERS` (lowest first): the layer that names
-it, else the one naming the package it is in. A module
+The layers are the package's folders: every module belongs to the layer of :data:`LAYERS`
+(lowest first) that names its folder (the deepest one named), or, at the top level, names the
+module itself. A module
 may import modules of its own layer and of the layers below it, never of a layer above;
 and no group of modules may import each other in a cycle (tools/import_cycles.py's graph:
 imports at any depth of a function body count). docs/architecture.md describes the layers.
@@ -19,57 +20,34 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from import_cycles import package_graph, package_root, strongly_connected  # noqa: E402
 
-#: (layer, modules), lowest first: a module's name, or a package's name ending in "." for
-#: the modules under it that no layer names.
+#: (layer, folders and modules), lowest first. A layer is a folder of the package (a name
+#: ending in "."): every module under it, at any depth, is in that layer, the deepest named
+#: folder deciding. The top-level modules are named one by one (``mpidist.errors`` and
+#: ``mpidist.work`` are core's public face; the public API's modules; the front ends').
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "core: errors, settings, process state, Work and engine, flight recorder, mismatch check",
-        (
-            "mpidist._current",
-            "mpidist._tags",
-            "mpidist._private",
-            "mpidist._environ",
-            "mpidist._abort",
-            "mpidist._helper_process",
-            "mpidist._init_watcher",
-            "mpidist._finalize_watcher",
-            "mpidist._launcher_files",
-            "mpidist._mpi_init",
-            "mpidist._array",
-            "mpidist._signature",
-            "mpidist._initcheck",
-            "mpidist.errors",
-            "mpidist._recorder",
-            "mpidist.work",
-            "mpidist._debug",
-            "mpidist._group",
-            "mpidist._watchdog",
-        ),
+        "launch: MPI_Init/Finalize under a bound, watchers, launcher files, abort, rank environment",
+        ("mpidist._launch.",),
     ),
     (
-        "arrays: buffer and dtype adapters, reduce ops, device runtimes and detection",
-        (
-            "mpidist._buffers",
-            "mpidist._reduce_op",
-            "mpidist.device.runtime",
-            "mpidist.device.arrays",
-            "mpidist.device.detect",
-            "mpidist.device.binding",
-            "mpidist.device._nccl_shim",
-            "mpidist.device._streams",
-            "mpidist.device",
-        ),
+        "core: process state, tags, private files, flight recorder, Work and engine, process group, errors",
+        ("mpidist._core.", "mpidist.errors", "mpidist.work"),
     ),
-    ("runtime: init, groups, backends per group", ("mpidist._runtime", "mpidist._backends")),
+    ("check: call signatures, the mismatch check, init's argument check", ("mpidist._check.",)),
+    (
+        "arrays: numpy/cupy, buffer and dtype adapters, reduce ops, device runtime and detection",
+        ("mpidist._arrays.", "mpidist.device."),
+    ),
+    ("runtime: init and destroy, world state, backend queries, the watchdog", ("mpidist._runtime.",)),
     (
         "dispatch: group and rank resolution, recording, checking, launching; the backend interface",
-        ("mpidist._dispatch", "mpidist._p2p_op", "mpidist._comm_backend"),
+        ("mpidist._dispatch.",),
     ),
     (
         "MPI backend: the ops' bodies on host arrays, the collective algorithms",
-        ("mpidist._mpi", "mpidist._mpi.", "mpidist.algorithms", "mpidist.algorithms."),
+        ("mpidist._backends.mpi.", "mpidist.algorithms."),
     ),
-    ("device backends: MPI on device memory, host staging, NCCL, and the router that picks one", ("mpidist.device.",)),
+    ("device backends: NCCL, CUDA-aware MPI, host staging, and the router that picks one", ("mpidist._backends.",)),
     (
         "public API: the torch.distributed functions on arrays",
         (
@@ -90,22 +68,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "front ends and tools: torch backend, DDP, model toolkit, data, checkpoint, launcher, examples",
         (
-            "mpidist.torch",
             "mpidist.torch.",
-            "mpidist.parallel",
             "mpidist.parallel.",
-            "mpidist.nn",
             "mpidist.nn.",
-            "mpidist.optim",
-            "mpidist.data",
             "mpidist.data.",
+            "mpidist.tools.",
+            "mpidist.examples.",
+            "mpidist.optim",
             "mpidist.checkpoint",
             "mpidist.run",
             "mpidist.__main__",
-            "mpidist.tools",
-            "mpidist.tools.",
-            "mpidist.examples",
-            "mpidist.examples.",
             "mpidist.info",
         ),
     ),
@@ -114,13 +86,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 def layer_of(module: str) -> int:
     """Index in :data:`LAYERS` of ``module``'s layer: the layer that names it, else the one
-    with the longest matching ``"package."`` prefix; ValueError for a module in none."""
+    naming the deepest folder it is in (a package's ``__init__`` is in its own folder);
+    ValueError for a module in none."""
     best: tuple[int, int] | None = None
     for i, (_, names) in enumerate(LAYERS):
         for p in names:
             if p == module:
                 return i
-            if p.endswith(".") and module.startswith(p) and (best is None or len(p) > best[0]):
+            if p.endswith(".") and (module + ".").startswith(p) and (best is None or len(p) > best[0]):
                 best = (len(p), i)
     if best is None:
         raise ValueError(f"{module}: in no layer of tools/layers.py's LAYERS; add it to one")

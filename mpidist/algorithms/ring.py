@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from mpidist._array import array_module, is_device_array
-from mpidist._buffers import mpi_datatype
-from mpidist._reduce_op import ReduceOp, check_op_dtype, local_reduce
+from mpidist._arrays.buffers import mpi_datatype
+from mpidist._arrays.namespace import array_module, is_device_array
+from mpidist._arrays.reduce_op import ReduceOp, check_op_dtype, local_reduce
 from mpidist.device import detect
 
 __all__ = ["ring_all_reduce", "ring_chunk_bounds"]

@@ -46,9 +46,9 @@ from typing import Any, Optional, cast
 import numpy as np
 from mpi4py import MPI
 
-from mpidist._buffers import host_array
-from mpidist._reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
-from mpidist._signature import dtype_text
+from mpidist._arrays.buffers import host_array
+from mpidist._arrays.reduce_op import _BOOL_OPS, _UFUNCS, ReduceOp, check_op_dtype
+from mpidist._check.signature import dtype_text
 from mpidist.errors import prefix
 
 __all__ = ["ShmAllReduce", "ShmMismatch", "shm_all_reduce", "shm_applicable", "shm_release", "DEFAULT_SLOT_BYTES"]

@@ -8,7 +8,7 @@ scikit-learn version, seed and split. So the result is written once to
 ``~/.cache/mpidist/data``) and read back in milliseconds; ``MPIDIST_DATA_CACHE=off`` (or
 ``0``) turns the cache off.
 
-Files are written as :mod:`mpidist._private` writes them: in a directory that is a real
+Files are written as :mod:`mpidist._core.private_files` writes them: in a directory that is a real
 directory owned by this user and writable by nobody else (created 0700), each file created
 ``O_EXCL|O_NOFOLLOW`` with mode 0600 and renamed into place, so ranks that fill the cache at
 the same moment each replace the file whole. A file is read through the directory's
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from mpidist import _private
+from mpidist._core import private_files
 
 __all__ = ["ENV", "cache_dir", "cached"]
 
@@ -63,7 +63,7 @@ def cached(key: str, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, 
         named: dict[str, Any] = {**arrays, _KEY: np.array(key)}
         np.savez(buf, **named)
         try:
-            _private.write_private_file(directory, name, buf.getvalue())
+            private_files.write_private_file(directory, name, buf.getvalue())
         except OSError:  # (UnsafeDirectory included) read-only, full, or not private: go on uncached
             pass
     return arrays
@@ -72,7 +72,7 @@ def cached(key: str, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, 
 def _read(directory: str, name: str, key: str) -> Optional[dict[str, np.ndarray]]:
     """The arrays of ``<directory>/<name>`` if it is there, readable and holds ``key``."""
     try:
-        dir_fd = _private.open_private_dir(directory)
+        dir_fd = private_files.open_private_dir(directory)
     except OSError:
         return None
     try:

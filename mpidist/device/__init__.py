@@ -1,6 +1,5 @@
-"""Device (GPU) arrays: which path a call takes and the machinery of each path.
+"""Device (GPU) support every layer may use: the device runtime (CuPy, or the tests' host-backed
+stand-in), CUDA-awareness detection, device binding at init, each op's array arguments.
 
-Internal package. The public ops in :mod:`mpidist.collectives`, :mod:`mpidist.reductions`,
-:mod:`mpidist.gather_scatter` and :mod:`mpidist.p2p` hand a call whose arrays live on a
-GPU to :mod:`mpidist.device`, which sends it through CUDA-aware MPI, NCCL or host staging.
+The device backends that move device arrays are in :mod:`mpidist._runtime.backend_queries.device`.
 """

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpidist._array import DEVICE_TYPES
+from mpidist._arrays.namespace import DEVICE_TYPES
 from mpidist.device import _streams
 from mpidist.errors import prefix
 
@@ -70,7 +70,7 @@ class DeviceRuntime:
         """Copy host ``src`` into ``x``; done on return (``src`` may be reused at once)."""
         raise NotImplementedError
 
-    # -- asynchronous copies, for pipelined staging (mpidist.device.pipeline) ---------------
+    # -- asynchronous copies, for pipelined staging (mpidist._backends.device.pipeline) ---------------
     # ``offset`` counts bytes into ``x``'s memory; host arrays are pinned uint8 buffers.
     # Called inside ``on_device(device)``, maybe from another thread than the caller's.
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 import numpy as np
 
-from mpidist._mpi_init import early_signals
+from mpidist._launch.mpi_init import early_signals
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import load_digits_split, load_mnist
 

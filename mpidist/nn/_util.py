@@ -1,7 +1,7 @@
 """Private helpers shared by :mod:`mpidist.nn`, :mod:`mpidist.optim` and :mod:`mpidist.parallel`.
 
 Devices are named as torch names them: ``"cpu"`` (numpy arrays), ``"cuda"`` (cupy's current
-device) and ``"cuda:N"``. Array code asks :func:`mpidist._array.array_module` for the module of
+device) and ``"cuda:N"``. Array code asks :func:`mpidist._arrays.namespace.array_module` for the module of
 the arrays it works on; cupy is imported only when a device array or a ``"cuda"`` device is
 actually met, so CPU-only installs never load it.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from mpidist._array import array_module, is_device_array
+from mpidist._arrays.namespace import array_module, is_device_array
 from mpidist.errors import prefix
 from mpidist.nn._data import DataArray
 

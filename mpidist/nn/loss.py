@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpidist._array import array_module
+from mpidist._arrays.namespace import array_module
 from mpidist.nn._util import check_array, like, prefix
 from mpidist.nn.modules import Module
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from mpidist._array import array_module
+from mpidist._arrays.namespace import array_module
 from mpidist.nn._random import generator
 from mpidist.nn._util import (
     check_array,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable
 
-from mpidist._array import array_module
+from mpidist._arrays.namespace import array_module
 from mpidist.nn._data import as_data_array
 from mpidist.nn._util import check_array, check_device, prefix
 

@@ -44,10 +44,10 @@ from typing import Any, Callable, Optional, cast
 
 import numpy as np
 
-from mpidist._array import array_module
-from mpidist._dispatch import member
-from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp
+from mpidist._arrays.namespace import array_module
+from mpidist._arrays.reduce_op import ReduceOp
+from mpidist._core.group import ProcessGroup
+from mpidist._dispatch.dispatch import member
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist.nn._util import check_bool, check_int, copy_into, on_device

@@ -22,9 +22,9 @@ from typing import Any, Callable, Optional, Union, cast
 
 import numpy as np
 
-from mpidist import _runtime
-from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp
+from mpidist._arrays.reduce_op import ReduceOp
+from mpidist._core.group import ProcessGroup
+from mpidist._runtime import world as runtime
 from mpidist.collectives import ALGORITHMS, all_reduce, broadcast
 from mpidist.errors import prefix
 from mpidist.gather_scatter import all_gather_into_tensor
@@ -314,7 +314,7 @@ class DistributedDataParallel:
         self.device_ids, self.output_device = self._check_placement(device_ids, output_device, dim)
         self.dim = 0
         self.device_mesh = device_mesh
-        self.process_group = _runtime.resolve_group(_mesh_group(process_group, device_mesh))
+        self.process_group = runtime.resolve_group(_mesh_group(process_group, device_mesh))
         if not self.process_group.is_member():
             raise ValueError(f"{where} this rank is not a member of process_group")
         self.find_unused_parameters = find_unused_parameters
@@ -337,7 +337,7 @@ class DistributedDataParallel:
         if init_sync:
             self._verify_same_model(where)
             self._sync_module_states(self._src, init_sync_buffers)
-        self._timeline: Optional[Timeline] = timeline_from_env(_runtime.state().rank)
+        self._timeline: Optional[Timeline] = timeline_from_env(runtime.state().rank)
         self.reducer = Reducer(
             self._params,
             self.process_group,
@@ -647,7 +647,7 @@ class DistributedDataParallel:
                 break
             if config.throw_on_early_termination:
                 raise RuntimeError(
-                    f"{prefix(_OP)} rank {_runtime.state().rank} exhausted all inputs (throw_on_early_termination=True)"
+                    f"{prefix(_OP)} rank {runtime.state().rank} exhausted all inputs (throw_on_early_termination=True)"
                 )
             is_last = False
             if info.buffers:

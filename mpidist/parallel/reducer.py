@@ -23,10 +23,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from mpidist._array import array_module
-from mpidist._buffers import mpi_reducible
-from mpidist._group import ProcessGroup
-from mpidist._reduce_op import ReduceOp
+from mpidist._arrays.buffers import mpi_reducible
+from mpidist._arrays.namespace import array_module
+from mpidist._arrays.reduce_op import ReduceOp
+from mpidist._core.group import ProcessGroup
 from mpidist.collectives import all_reduce
 from mpidist.errors import prefix
 from mpidist.nn._data import as_data_array

@@ -1,6 +1,6 @@
 """``python -m mpidist.tools.trace DIR``: line up the ranks' flight recorders and say who diverged.
 
-Reads every ``rank<r>.json`` that :func:`mpidist._recorder.dump` wrote in DIR (on a
+Reads every ``rank<r>.json`` that :func:`mpidist._core.recorder.dump` wrote in DIR (on a
 timeout, an abort, SIGTERM, or a peer's request). For each group, the collectives
 are lined up by sequence number (every member numbers its collectives on a group
 the same way); the first sequence number where the members disagree is the

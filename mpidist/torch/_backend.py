@@ -25,8 +25,8 @@ from typing import Any, Optional
 import torch.distributed.distributed_c10d as c10d
 
 import mpidist
-from mpidist import _runtime
-from mpidist._group import ProcessGroup
+from mpidist._core.group import ProcessGroup
+from mpidist._runtime import world as runtime
 from mpidist.torch._process_group import BACKEND_NAME, ProcessGroupMpidist
 
 __all__ = ["create", "make", "start_runtime"]
@@ -38,7 +38,7 @@ _started: Optional[ProcessGroup] = None
 
 def declare_self_recording(name: str) -> None:
     """Tell torch that backend ``name`` records its own ops (mpidist's flight recorder,
-    :mod:`mpidist._recorder`), so that torch does not attach its own to the group.
+    :mod:`mpidist._core.recorder`), so that torch does not attach its own to the group.
 
     torch 2.15 attaches a flight-recorder hook to every group whose backend is not in
     ``distributed_c10d._FR_SELF_RECORDING_BACKENDS`` and reports device types
@@ -68,14 +68,14 @@ def _device_backend() -> str:
     import torch  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
 
-    from mpidist.device import _nccl_core, _nccl_shim  # noqa: PLC0415
+    from mpidist._backends.device import nccl_core, nccl_shim  # noqa: PLC0415
 
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         ranks_on_node = node.Get_size()
     finally:
         node.Free()
-    if ranks_on_node > torch.cuda.device_count() and _nccl_core.shared_gpu_refused(_nccl_shim.get().version()):
+    if ranks_on_node > torch.cuda.device_count() and nccl_core.shared_gpu_refused(nccl_shim.get().version()):
         return "mpi"
     return "cpu:mpi,cuda:nccl"
 
@@ -91,7 +91,7 @@ def start_runtime(timeout: Any, rank: int = -1, world_size: int = -1) -> None:
     """
     global _started
     mpidist.init_process_group(_device_backend(), timeout=timeout, rank=rank, world_size=world_size)
-    _started = _runtime.state().world
+    _started = runtime.state().world
 
 
 def create(options: Any, backend_options: Any = None) -> ProcessGroupMpidist:
@@ -127,7 +127,7 @@ def make(
     if not ranks:  # the default group
         if not mpidist.is_initialized():  # "mpi", or a store was given: torch skipped the rendezvous
             start_runtime(timeout)
-        st = _runtime.state()
+        st = runtime.state()
         owns, _started = _started is st.world, None
         if given is not None and given != (st.rank, st.world_size):
             if owns:

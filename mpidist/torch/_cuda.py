@@ -4,7 +4,7 @@ A CUDA tensor reaches an mpidist op as a :class:`CudaTensor`: its memory (a
 ``__cuda_array_interface__`` version 3 whose ``"stream"`` is the torch stream that was
 current when the op was issued, so every path waits for the kernels that produced the
 data), its dtype as numpy / ml_dtypes spell it (bfloat16 included), and its DLPack
-device. mpidist's router (:mod:`mpidist.device.route`) then picks the path it picks
+device. mpidist's router (:mod:`mpidist._backends.device.route`) then picks the path it picks
 for any device array: NCCL on a group whose backend names it, a CUDA-aware MPI where
 one was detected (with CuPy), else host staging through pinned buffers. A device
 pointer never reaches an MPI that is not CUDA-aware.
@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from mpidist._array import DEVICE_TYPES
+from mpidist._arrays.namespace import DEVICE_TYPES
+from mpidist._backends.device.nccl_core import Dev
 from mpidist.device import _streams, runtime as device_runtime
-from mpidist.device._nccl_core import Dev
 from mpidist.errors import prefix
 from mpidist.torch._dtypes import REINTERPRET
 

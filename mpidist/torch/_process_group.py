@@ -43,8 +43,9 @@ from torch._C._distributed_c10d import (
 )
 
 import mpidist
-from mpidist import _coalesced, _runtime, gather_scatter, reductions
-from mpidist.device import paths
+from mpidist import _coalesced, gather_scatter, reductions
+from mpidist._backends.device import paths
+from mpidist._runtime import world as runtime
 from mpidist.errors import DistError, prefix
 from mpidist.torch._profile import profiled, record, recording
 from mpidist.torch._views import SparseTensor, Staged, array
@@ -90,10 +91,10 @@ def _cuda() -> Any:
 
 
 def _nccl() -> Any:
-    """:mod:`mpidist.device.nccl` (loads CuPy's NCCL: imported on the first CUDA tensor of an NCCL group)."""
-    found = sys.modules.get("mpidist.device.nccl")
+    """:mod:`mpidist._backends.device.nccl` (loads CuPy's NCCL: imported on the first CUDA tensor of an NCCL group)."""
+    found = sys.modules.get("mpidist._backends.device.nccl")
     if found is None:
-        from mpidist.device import nccl as found  # noqa: PLC0415
+        from mpidist._backends.device import nccl as found  # noqa: PLC0415
     return found
 
 
@@ -172,7 +173,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # torch's (rank, size) overload: missing from its stub
         self._backend_name = backend_name
         self._mg = group
-        st = _runtime.state_or_none()
+        st = runtime.state_or_none()
         #: what mpidist's ops get as ``group``: None for the world (their fastest path)
         self._arg = None if st is not None and group is st.world else group
         self._ranks = tuple(group.ranks)
@@ -205,7 +206,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     def _may_rename(self) -> bool:
         """False for mpidist's default group when mpidist was initialized before torch (its name is the user's)."""
-        st = _runtime.state_or_none()
+        st = runtime.state_or_none()
         return self._owns or st is None or self._mg is not st.world
 
     @property
@@ -248,7 +249,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if self._released:
             return
         self._released = True
-        st = _runtime.state_or_none()
+        st = runtime.state_or_none()
         if st is None or st is not self._state:
             return
         # A group whose op timed out (MPIDIST_ABORT_ON_TIMEOUT=0) or mismatched is unusable and may
@@ -271,7 +272,7 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if self._released:
             return
         self._released = True
-        st = _runtime.state_or_none()
+        st = runtime.state_or_none()
         if st is not None and st is self._state and not self._mg.destroyed:
             self._mg.abort()
 

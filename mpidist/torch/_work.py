@@ -164,7 +164,7 @@ class TorchWork(dist._Work):
         device and that has nothing to copy back; None otherwise (the host-completed future)."""
         if not self._works or self._finish is not None or not torch.cuda.is_available():
             return None
-        from mpidist.device._nccl_core import NcclWork  # noqa: PLC0415  (CUDA tensors only)
+        from mpidist._backends.device.nccl_core import NcclWork  # noqa: PLC0415  (CUDA tensors only)
 
         if not all(type(w) is NcclWork for w in self._works) or len({w._device for w in self._works}) != 1:
             return None

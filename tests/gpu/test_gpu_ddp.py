@@ -20,7 +20,7 @@ from mpi4py import MPI
 cupy = pytest.importorskip("cupy", reason="cupy is not installed")
 
 import mpidist  # noqa: E402
-from mpidist._reduce_op import ReduceOp  # noqa: E402
+from mpidist._arrays.reduce_op import ReduceOp  # noqa: E402
 from mpidist.algorithms import ring_all_reduce  # noqa: E402
 from mpidist.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from mpidist.nn import CrossEntropyLoss, Linear, ReLU, Sequential  # noqa: E402

@@ -1,4 +1,4 @@
-"""mpidist.device.nccl on real GPUs with CuPy arrays, at world sizes 1 and 2.
+"""mpidist._backends.device.nccl on real GPUs with CuPy arrays, at world sizes 1 and 2.
 
 Skipped (with the reason) where there is no CuPy, no GPU, or, at 2 ranks sharing one
 GPU, where NCCL is older than 2.30 or NCCL_MULTI_RANK_GPU_ENABLE=1 is not set (NCCL
@@ -18,9 +18,10 @@ from mpi4py import MPI
 cupy = pytest.importorskip("cupy", reason="no CuPy: the NCCL path needs cupy (pip install mpidist[gpu])")
 
 import mpidist  # noqa: E402
-from mpidist import ReduceOp, _runtime, make_premul_sum  # noqa: E402
-from mpidist.device import _nccl_shim, nccl  # noqa: E402
-from mpidist.device._nccl_core import shared_gpu_refused, state  # noqa: E402
+from mpidist import ReduceOp, make_premul_sum  # noqa: E402
+from mpidist._backends.device import nccl, nccl_shim  # noqa: E402
+from mpidist._backends.device.nccl_core import shared_gpu_refused, state  # noqa: E402
+from mpidist._runtime import world as _runtime  # noqa: E402
 from mpidist.p2p import P2POp  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -54,7 +55,7 @@ if _REASON:
 @pytest.fixture
 def gpu(dist):
     """Bind this rank to its GPU and use the real CuPy shim."""
-    _nccl_shim.use(None)
+    nccl_shim.use(None)
     cupy.cuda.Device(_runtime.state().local_rank % cupy.cuda.runtime.getDeviceCount()).use()
     yield _runtime.state().world
 

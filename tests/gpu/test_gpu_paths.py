@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from fake_device import op_cases
 
-from mpidist.device import binding, detect, runtime, staging
+from mpidist._backends.device import staging
+from mpidist.device import binding, detect, runtime
 
 try:
     import cupy as cp

@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: E402
 from torch_helpers import assert_compiled_broadcast, assert_compiled_ddp_matches_eager  # noqa: E402
 
 import mpidist.torch  # noqa: E402, F401
-from mpidist.device import _nccl_core  # noqa: E402
+from mpidist._backends.device import nccl_core  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -34,7 +34,7 @@ def world(request):
     local, local_size = node.Get_rank(), node.Get_size()
     node.Free()
     if request.param == "nccl" and local_size > torch.cuda.device_count():
-        why = _nccl_core.shared_gpu_refused(torch.cuda.nccl.version())
+        why = nccl_core.shared_gpu_refused(torch.cuda.nccl.version())
         if why:
             pytest.skip(f"torch's NCCL cannot run {local_size} ranks on {torch.cuda.device_count()} GPU(s): {why}")
     if tdist.is_initialized():  # an earlier module's world

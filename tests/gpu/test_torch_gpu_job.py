@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
 from conftest import launcher_free_env  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+from mpidist._backends.device import nccl_core  # noqa: E402
 from mpidist.checkpoint import load_checkpoint  # noqa: E402
-from mpidist.device import _nccl_core  # noqa: E402
 
 if MPI.COMM_WORLD.Get_size() > 1:
     pytest.skip("starts its own jobs: runs in the serial pass", allow_module_level=True)
@@ -60,7 +60,7 @@ def run(n: int, out: Path, *args: str) -> dict:
 
 def nccl_refuses(n: int) -> str:
     """'' when torch's NCCL can run ``n`` ranks on this node's GPUs, else why not."""
-    return "" if n <= torch.cuda.device_count() else _nccl_core.shared_gpu_refused(torch.cuda.nccl.version())
+    return "" if n <= torch.cuda.device_count() else nccl_core.shared_gpu_refused(torch.cuda.nccl.version())
 
 
 @pytest.mark.parametrize("n", [1, 2])

@@ -23,7 +23,7 @@ from mpi4py import MPI  # noqa: E402
 from torch_helpers import assert_ddp_step_matches_one_process  # noqa: E402
 
 import mpidist.torch  # noqa: E402, F401  (registers mpi://)
-from mpidist.device._nccl_core import shared_gpu_refused  # noqa: E402
+from mpidist._backends.device.nccl_core import shared_gpu_refused  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

@@ -1,0 +1,304 @@
+"""The flight recorder: per rank, a ring buffer of the last N ops, dumped as JSON on failure.
+
+Every op that goes through :func:`mpidist._dispatch.dispatch.launch` (all collectives), the
+all_reduce latency path and every point-to-point op appends one *entry* to a
+``collections.deque(maxlen=N)``: a preallocated-size ring that drops its oldest entry
+in C, so recording costs one list literal, one clock read at issue and one at
+completion (about 0.3 us per op on the 2-core test VM, measured in
+docs/reliability.md). It is therefore always on; ``MPIDIST_TRACE_BUFFER=0`` keeps no
+history (the timeout watchdog still works: it watches the entries in flight, not the
+ring).
+
+An entry is a list (indices below): the group's collective sequence number (every
+member numbers its collectives on a group the same way; point-to-point ops have
+their own per-group counter), op name, group, shapes, dtype, root or peer (global
+rank, -1 if none), issue / start / end times (``time.monotonic``), state, timeout
+(seconds) and extra text (the timeout message). States go scheduled (queued on the
+group's engine) -> started -> completed | failed | timed out.
+
+:func:`dump` writes the ring to ``<dir>/rank<r>.json`` on a timeout, an abort (an
+unhandled exception, ``python -m mpidist``), SIGTERM, or when a peer that timed out asks
+for it; ``python -m mpidist.tools.trace DIR`` lines the ranks up. The directory is
+``MPIDIST_TRACE_DIR``, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` with a
+name rank 0 chose at init_process_group (so every rank of a job writes to the same
+directory on a shared file system). It is created only when a dump happens, so a job
+that does not fail leaves nothing behind. Dumps are written safely
+(:mod:`mpidist._core.private_files`): the directory must be a real directory owned by this user and
+writable by nobody else (created with mode 0700), the file is created through the
+directory's descriptor with ``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place; an
+unsafe directory is refused (nothing is written, :data:`last_error` says why).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from typing import Any, Optional
+
+from mpidist._core import current as _current
+from mpidist._core.private_files import UnsafeDirectory, fresh_name, write_private_file
+from mpidist._launch.environment import launcher_rank
+
+__all__ = [
+    "SEQ",
+    "OP",
+    "GROUP",
+    "SHAPES",
+    "DTYPE",
+    "ROOT",
+    "T_ISSUE",
+    "T_START",
+    "T_END",
+    "STATE",
+    "LIMIT",
+    "INFO",
+    "SCHEDULED",
+    "STARTED",
+    "COMPLETED",
+    "FAILED",
+    "TIMED_OUT",
+    "P2P_OPS",
+    "begin",
+    "begin_p2p",
+    "end",
+    "fail",
+    "watched",
+    "unbounded",
+    "configure",
+    "snapshot",
+    "dump",
+    "trace_dir",
+    "group_key",
+    "describe",
+    "report",
+    "last_error",
+    "TRACE_PREFIX",
+]
+
+# Entry layout: indices into the list begin() returns.
+SEQ, OP, GROUP, SHAPES, DTYPE, ROOT, T_ISSUE, T_START, T_END, STATE, LIMIT, INFO = range(12)
+SCHEDULED, STARTED, COMPLETED, FAILED, TIMED_OUT = "scheduled", "started", "completed", "failed", "timed out"
+#: Ops numbered by the per-group point-to-point counter (not lined up across ranks).
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+
+DEFAULT_BUFFER = 2048
+_ring: collections.deque = collections.deque(maxlen=DEFAULT_BUFFER)
+_append = _ring.append
+_now = time.monotonic
+#: Seconds an op may take before the watchdog trips (init_process_group sets it).
+timeout: float = 1800.0
+#: Entries a thread is blocked on outside any group engine (blocking p2p, Work.wait on a
+#: request), by id; the watchdog checks them as it checks each engine's current op.
+watched: dict = {}
+#: Ids of entries running on a thread no caller can give up on (an op issued from a
+#: callback, run on its group's runner thread): past the timeout the watchdog aborts the
+#: job even with MPIDIST_ABORT_ON_TIMEOUT=0, since there is no waiter to raise in.
+unbounded: set = set()
+_dir: Optional[str] = None
+#: Why the last dump failed ("" after a dump that worked).
+last_error: str = ""
+#: The default directory's name starts so (then the time and 16 random hex digits).
+TRACE_PREFIX = "mpidist-trace-"
+_dump_lock = threading.RLock()  # a SIGTERM handler may dump while its thread is dumping
+
+
+def configure(seconds: float, buffer: int, directory: Optional[str]) -> None:
+    """Set the timeout, the ring's length and the dump directory (init_process_group)."""
+    global timeout, _ring, _append, _dir
+    timeout = seconds
+    if buffer != _ring.maxlen:
+        _ring = collections.deque(_ring, maxlen=buffer)
+        _append = _ring.append
+    _dir = directory
+
+
+def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED, number: bool = True) -> list:
+    """Record a collective issued on group ``g`` and return its entry.
+
+    ``state=STARTED`` (it runs now, on this thread) also makes it the group's op in
+    flight (``g.engine.current``), which the watchdog watches; an op queued on the
+    engine is SCHEDULED and becomes current when the engine starts it.
+    ``number=False``: its sequence number (-1 until then) is given under the engine's
+    lock, where it is queued or where a callback's op is put before the queued ones
+    (:meth:`mpidist.work.Engine.number`).
+    """
+    eng = g.engine
+    if number:
+        seq = eng.seq
+        eng.seq = seq + 1
+    else:
+        seq = -1
+    t = _now()
+    rec = [seq, op, g, shapes, dtype, root, t, t, 0.0, state, g.timeout_s or timeout, None]
+    _append(rec)
+    if state is STARTED:
+        eng.current = rec
+    return rec
+
+
+def begin_p2p(g: Any, op: str, shapes: Any, dtype: Any, peer: int) -> list:
+    """Record a point-to-point op with ``peer`` (global rank, -1 for any source)."""
+    eng = g.engine
+    seq = eng.p2p_seq
+    eng.p2p_seq = seq + 1
+    t = _now()
+    rec = [seq, op, g, shapes, dtype, peer, t, t, 0.0, STARTED, g.timeout_s or timeout, None]
+    _append(rec)
+    return rec
+
+
+def end(rec: list) -> None:
+    """Mark ``rec`` completed now."""
+    rec[T_END] = _now()
+    rec[STATE] = COMPLETED
+
+
+def fail(rec: list) -> None:
+    """Mark ``rec`` failed now (it raised)."""
+    rec[T_END] = _now()
+    rec[STATE] = FAILED
+
+
+def group_key(g: Any) -> str:
+    """A name for ``g`` that is the same on every member: ``"world"``, or its global ranks
+    and how many groups with those ranks this process made before it (``"[0, 1]#0"``,
+    set by new_group, destroyed groups counted, so a key is never reused).
+
+    Groups are made in the same order on every rank, so the key matches across ranks
+    even where ``group_name`` does not. Cached on the group's engine.
+    """
+    key = g.engine.key
+    if key is None:
+        st = _current.state
+        if st is None or g is st.world:
+            key = "world"
+        else:
+            same = [h for h in st.groups if h.ranks == g.ranks]
+            index = next((i for i, h in enumerate(same) if h is g), len(same))
+            key = f"{list(g.ranks)}#{index}"
+        g.engine.key = key
+    return key
+
+
+def _shapes(shapes: Any) -> Any:
+    if isinstance(shapes, tuple):
+        return list(shapes)
+    if isinstance(shapes, list):
+        return [list(s) if isinstance(s, tuple) else s for s in shapes]
+    return shapes
+
+
+def _entry_dict(rec: list, offset: float) -> dict:
+    g = rec[GROUP]
+    ended = rec[T_END]
+    return {
+        "seq": rec[SEQ],
+        "op": rec[OP],
+        "p2p": rec[OP] in P2P_OPS,
+        "group": g.group_name,
+        "group_key": group_key(g),
+        "group_ranks": list(g.ranks),
+        "shapes": _shapes(rec[SHAPES]),
+        "dtype": None if rec[DTYPE] is None else str(rec[DTYPE]),
+        ("peer" if rec[OP] in P2P_OPS else "root"): int(rec[ROOT]),
+        "issued": rec[T_ISSUE] + offset,
+        "started": rec[T_START] + offset,
+        "ended": ended + offset if ended else None,
+        "duration_s": (ended - rec[T_START]) if ended else None,
+        "state": rec[STATE],
+        "timeout_s": rec[LIMIT],
+        "info": rec[INFO],
+    }
+
+
+def snapshot() -> list[dict]:
+    """The ring's entries, oldest first, as JSON-ready dicts (times are wall-clock seconds)."""
+    offset = time.time() - _now()
+    return [_entry_dict(rec, offset) for rec in list(_ring)]
+
+
+def describe(rec: list, now: Optional[float] = None) -> str:
+    """One line for an entry: ``all_reduce #5 on group 'default_pg' (started 2.0 s ago)``."""
+    now = _now() if now is None else now
+    kind = "p2p #" if rec[OP] in P2P_OPS else "#"
+    when = f"started {now - rec[T_START]:.1f} s ago" if rec[STATE] in (STARTED, TIMED_OUT) else f"{rec[STATE]}"
+    return f"{rec[OP]} {kind}{rec[SEQ]} on group {rec[GROUP].group_name!r} ({when})"
+
+
+def trace_dir() -> str:
+    """Where :func:`dump` writes: MPIDIST_TRACE_DIR, else the job's directory under the temp
+    dir (named at init_process_group; before it, a fresh name for this process)."""
+    global _dir
+    if not _dir:
+        _dir = os.path.join(tempfile.gettempdir(), fresh_name(TRACE_PREFIX))
+    return _dir
+
+
+def report(path: Optional[str]) -> str:
+    """What to print after a dump that returned ``path``: where it is and how to read it, or
+    why it could not be written."""
+    if path:
+        return (
+            f"flight recorder written to {path} (and by every rank that answered); "
+            f"run `python -m mpidist.tools.trace {os.path.dirname(path)}`"
+        )
+    text = f"this rank's flight recorder could not be written ({last_error or 'unknown error'})"
+    written = False
+    with contextlib.suppress(OSError):
+        written = bool(_dir) and any(name.startswith("rank") for name in os.listdir(_dir))
+    if written:  # the other ranks that answered wrote theirs
+        text += f"; the ranks that answered wrote theirs to {_dir}; run `python -m mpidist.tools.trace {_dir}`"
+    return text
+
+
+def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
+    """Write this rank's ring to ``<trace_dir()>/rank<r>.json``; return the path (None on error).
+
+    ``groups``: the live groups, for their sequence numbers and ops in flight. Never
+    raises: it runs while a job is failing.
+    """
+    global last_error
+    st = _current.state
+    rank = st.rank if st is not None else (launcher_rank() or (0, 1))[0]
+    with _dump_lock:
+        try:
+            offset = time.time() - _now()
+            live = groups if groups is not None else _current.live_groups()
+            doc = {
+                "rank": rank,
+                "world_size": st.world_size if st is not None else None,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "reason": reason,
+                "time": time.time(),
+                "timeout_s": timeout,
+                "buffer": _ring.maxlen,
+                "groups": [
+                    {
+                        "key": group_key(g),
+                        "name": g.group_name,
+                        "ranks": list(g.ranks),
+                        "issued": g.engine.seq,
+                        "current": _entry_dict(g.engine.current, offset) if g.engine.current else None,
+                    }
+                    for g in live
+                ],
+                "entries": [_entry_dict(rec, offset) for rec in list(_ring)],
+            }
+            data = json.dumps(doc, indent=1, default=str).encode()
+            path = write_private_file(trace_dir(), f"rank{rank}.json", data)
+            last_error = ""
+            return path
+        except Exception as exc:  # noqa: BLE001  (a failing job must still abort)
+            last_error = (
+                f"{exc}; set MPIDIST_TRACE_DIR to a directory of your own"
+                if isinstance(exc, UnsafeDirectory)
+                else f"{type(exc).__name__}: {exc}"
+            )
+            return None

@@ -1,0 +1,203 @@
+"""MPI_Init and MPI_Finalize, bounded in time: the two waits for every rank that no
+mpidist timeout watches.
+
+``MPI_Init`` (run by mpi4py when ``mpi4py.MPI`` is first imported) and ``MPI_Finalize`` (run
+by mpi4py at interpreter exit) both wait for every rank of the job (PMI barriers). A rank that
+is stopped (SIGSTOP, a node swapping, a debugger) before either leaves every other rank waiting
+there for ever, where no watchdog runs: mpi4py holds the GIL through ``MPI_Init``, and Python's
+own machinery is gone by ``MPI_Finalize``. Found by the chaos tests (issue 27: SIGSTOP to one
+rank at start-up, or just before exit, hung the job until mpiexec was killed).
+
+* :func:`import_mpi` imports ``mpi4py.MPI`` under ``faulthandler.dump_traceback_later(T,
+  exit=True)`` (a C thread that needs no GIL): past the bound it prints ``Timeout (h:mm:ss)!`` and the
+  stack, whose innermost mpidist frame is
+  ``_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT``, and the rank exits with
+  status 1; the launcher then ends the job. The timer is cancelled once MPI_Init returns
+  (faulthandler has one such timer per process: one the program armed before importing
+  mpidist is cancelled with it).
+* An ``atexit`` handler sets SIGALRM's default action and starts the exit watcher of
+  :mod:`mpidist._launch.finalize_watcher`: if the rank is still in ``MPI_Finalize`` (or in anything
+  after that handler) at the bound, the watcher prints ``[rank r/n] MPI_Finalize timed out:
+  ...`` to the rank's standard error and sends it SIGALRM (status "Alarm clock", signal 14);
+  the launcher ends the job. The handler also arms ``alarm()`` one second later, for where no
+  watcher could start. Where a final comparison of the calls (``destroy_process_group``,
+  exit) already waited its group's timeout for a peer that never came, that bound is the grace
+  alone (:func:`peers_had_their_timeout`).
+
+The same import starts, just before ``MPI_Init``, the watcher of :mod:`mpidist._launch.init_watcher`
+that removes MPICH's shared-memory segment if the ranks die in ``MPI_Init``, and removes the
+names of the launcher's files (:mod:`mpidist._launch.launcher_files`) once it has returned.
+
+The same import keeps SIGUSR1 (Slurm's usual time-limit warning, ``--signal=USR1@...``) from
+being lost: MPICH's ``MPI_Init`` installs a handler that swallows it when the process has none,
+so a program that installs its own only after ``import mpidist`` (the main jobs do, after their
+imports) lost a warning sent in between (a chaos trial found one: the job ran on past it). When
+SIGUSR1 has its default action, :func:`import_mpi` installs a handler that records it first;
+:func:`early_signals` tells a program that installs its handler later what arrived before.
+
+T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
+(``init_process_group``'s default timeout, which is not known yet at import time), plus a
+grace, ``MPIDIST_INIT_FINALIZE_GRACE`` s where it is a number >= 0, else :data:`GRACE`: both
+waits also cover work that is no wait for a peer (a slow start-up, the program's exit
+handlers), which a short timeout meant for collectives must not cut. As with any collective,
+a rank that is only slower than its peers by more than that (a rank 0 that writes outputs
+for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
+``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import math
+import os
+import signal
+import sys
+import threading
+from types import ModuleType
+from typing import Optional
+
+from mpidist._launch import finalize_watcher, init_watcher, launcher_files
+
+__all__ = [
+    "import_mpi",
+    "bound_seconds",
+    "grace_seconds",
+    "peers_had_their_timeout",
+    "early_signals",
+    "ENV",
+    "GRACE_ENV",
+]
+
+ENV = "MPIDIST_BOUND_INIT_FINALIZE"
+GRACE_ENV = "MPIDIST_INIT_FINALIZE_GRACE"
+GRACE = 10.0  # s, the default grace
+_DEFAULT_S = 30 * 60.0
+
+
+def _seconds(name: str, default: float, zero: bool) -> float:
+    """The environment variable ``name`` as seconds when it is a finite number > 0 (>= 0 with
+    ``zero``), else ``default``."""
+    try:
+        value = float(os.environ.get(name, "").strip())
+    except ValueError:
+        return default
+    return value if (value >= 0 if zero else value > 0) and value < math.inf else default
+
+
+def bound_seconds() -> float:
+    """T + grace: T is MPIDIST_TIMEOUT when it is a positive finite number of seconds, else 30
+    minutes (a bad value is reported by init_process_group, not here); the grace is
+    MPIDIST_INIT_FINALIZE_GRACE when it is a finite number >= 0, else GRACE."""
+    return _seconds("MPIDIST_TIMEOUT", _DEFAULT_S, False) + grace_seconds()
+
+
+_RECORDED = (signal.SIGUSR1,)  # what MPICH's MPI_Init would swallow
+_early: set[int] = set()
+
+
+def _record(signum: int, frame: object) -> None:
+    _early.add(signum)
+
+
+def _record_early_signals() -> None:
+    """Give each signal of _RECORDED that has its default action the recording handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _RECORDED:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _record)
+
+
+def early_signals() -> frozenset[int]:
+    """The signals (SIGUSR1) that arrived while mpidist's recording handler was theirs: from
+    ``import mpidist`` until the program installed its own handler. Call after installing it."""
+    return frozenset(_early)
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+def _mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT() -> ModuleType:  # noqa: N802  (read in a stack dump)
+    from mpi4py import MPI  # noqa: PLC0415  (this import is MPI_Init)
+
+    return MPI
+
+
+#: A final comparison (mpidist._check.mismatch) waited its group's whole timeout for a peer that
+#: neither came nor left: see :func:`peers_had_their_timeout`.
+_waited = False
+
+
+def grace_seconds() -> float:
+    """MPIDIST_INIT_FINALIZE_GRACE when it is a finite number >= 0, else GRACE."""
+    return _seconds(GRACE_ENV, GRACE, True)
+
+
+def peers_had_their_timeout() -> Optional[float]:
+    """Note that this rank waited the whole timeout of a group of every rank for a peer at a
+    final comparison (``destroy_process_group`` or exit; :mod:`mpidist._check.mismatch`) and gave it up:
+    MPI_Finalize is then bounded by the grace alone, since the peers have had the timeout
+    already. Without it a rank stopped just before ``destroy_process_group`` held the job for
+    the timeout twice plus the grace (a chaos trial: 28 s against its bound of 23). Returns
+    that bound (s), or None where the bounds are off (MPIDIST_BOUND_INIT_FINALIZE=0)."""
+    global _waited
+    if not _enabled():
+        return None
+    _waited = True
+    return grace_seconds()
+
+
+def _finalize_message(rank: int, size: int, seconds: float) -> str:
+    if _waited:
+        why = f"{GRACE_ENV}, the final comparison of the calls having waited the timeout already"
+    else:
+        why = f"MPIDIST_TIMEOUT + {GRACE_ENV}"
+    return (
+        f"[rank {rank}/{size}] MPI_Finalize timed out: this rank was still exiting {seconds:g} s after its exit "
+        f"handlers began (bound: {why}), most likely waiting in MPI_Finalize for a rank that is stopped or "
+        "dead; mpidist ends it (SIGALRM)"
+    )
+
+
+def _arm_finalize_alarm() -> None:
+    """atexit: bound what is left of this process, MPI_Finalize included: the exit watcher
+    ends it at the bound, after a line that says why; the kernel's alarm one second later where
+    no watcher could start."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    seconds = grace_seconds() if _waited else bound_seconds()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    world = MPI.COMM_WORLD
+    # the watcher's pipe stays open until this process exits: its end-of-file tells the watcher
+    finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
+    signal.alarm(math.ceil(seconds) + 1)
+
+
+def import_mpi() -> ModuleType:
+    """``mpi4py.MPI``, imported (MPI_Init) within the bound or this process exits with status 1; also
+    arms the bound on MPI_Finalize (see the module docstring). Call from the main thread."""
+    bounded = _enabled()
+    if "mpi4py.MPI" in sys.modules:  # imported (initialized) before mpidist
+        MPI = sys.modules["mpi4py.MPI"]
+        if MPI.Is_initialized():
+            launcher_files.remove_names()
+    else:
+        _record_early_signals()
+        watch = init_watcher.start()  # removes MPICH's segment if this rank dies in MPI_Init
+        if bounded:
+            faulthandler.dump_traceback_later(bound_seconds(), exit=True)
+        try:
+            MPI = _mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT()
+        finally:
+            if bounded:
+                faulthandler.cancel_dump_traceback_later()
+            through = "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized()
+            if through:
+                launcher_files.remove_names()
+            init_watcher.end(watch, through)
+    if bounded:
+        atexit.register(_arm_finalize_alarm)  # runs before mpi4py's MPI_Finalize (registered earlier)
+    return MPI

@@ -1,0 +1,601 @@
+"""The process-wide state: MPI bootstrap, the default group, local rank, env export,
+and the timeout watchdog.
+
+Rank and world size come from MPI_COMM_WORLD (mpi4py initializes MPI with
+``MPI_THREAD_MULTIPLE`` when it is imported), so there is no rendezvous, no
+MASTER_ADDR, and mpidist opens no listening socket (the MPI launcher and the MPI
+library's transports do: docs/hpc.md). The local rank is the rank in the
+shared-memory split of MPI_COMM_WORLD (``MPI_COMM_TYPE_SHARED``). RANK and
+WORLD_SIZE are exported at import (:mod:`mpidist._launch.environment`), all four variables again
+at init_process_group.
+
+Reliability settings, read by init_process_group (docs/reliability.md):
+
+* ``MPIDIST_TIMEOUT`` (seconds): overrides init_process_group's ``timeout`` (default
+  30 min) for every blocking collective, ``Work.wait()`` and blocking point-to-point.
+* ``MPIDIST_ABORT_ON_TIMEOUT=0``: on a timeout the caller raises DistError instead of
+  the job being aborted (sync ops then run on the group's engine thread).
+* ``MPIDIST_DEBUG`` (else ``TORCH_DISTRIBUTED_DEBUG``) ``=DETAIL``: compare every collective's
+  signature across the group first, not only new ones (:mod:`mpidist._check.mismatch`).
+* ``MPIDIST_TRACE_BUFFER`` (entries, default 2048) and ``MPIDIST_TRACE_DIR``: the flight
+  recorder (:mod:`mpidist._core.recorder`).
+* ``MPIDIST_ABORT_ON_EXCEPTION=0``: do not install the hook that aborts the job when a
+  rank has an unhandled exception (:mod:`mpidist._launch.abort`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import operator
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional, cast
+
+from mpi4py import MPI  # initialized, within its bound, by the package's first line (mpidist/__init__.py)
+
+from mpidist import work
+from mpidist._check import init_args, mismatch
+from mpidist._core import current as _current, recorder as R
+from mpidist._core.current import live_groups
+from mpidist._core.group import ProcessGroup
+from mpidist._core.private_files import fresh_name
+from mpidist._launch import abort as _abort, environment, launcher_files
+from mpidist._launch.abort import abort_job
+from mpidist._runtime import watchdog as _watchdog
+from mpidist.device import binding, detect
+from mpidist.errors import DistError, prefix
+
+__all__ = [
+    "Backend",
+    "RuntimeState",
+    "init_process_group",
+    "destroy_process_group",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "get_node_local_rank",
+    "get_local_world_size",
+    "state",
+    "state_or_none",
+    "resolve_group",
+    "DEFAULT_TIMEOUT",
+    "live_groups",
+    "dump_all",
+    "dump_all_report",
+    "abort_job",
+    "canonical_backend",
+]
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+_NOT_INIT = "Default process group has not been initialized, please make sure to call init_process_group."
+
+
+class Backend(str):
+    """Backend names, as ``torch.distributed.Backend``: ``Backend("MPI") == "mpi"``."""
+
+    MPI = "mpi"
+    NCCL = "nccl"
+    GLOO = "gloo"
+    _SUPPORTED = ("mpi", "gloo", "nccl")
+
+    def __new__(cls, name: str) -> Backend:
+        if not isinstance(name, str):
+            raise TypeError(f"Backend name must be a string, got {name!r}")
+        return super().__new__(cls, name.lower())
+
+
+@dataclass
+class RuntimeState:
+    """What init_process_group established; one per process."""
+
+    backend: str
+    world: ProcessGroup
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    timeout: datetime.timedelta
+    thread_multiple: bool
+    groups: list[ProcessGroup] = field(default_factory=list)  # every group made by new_group, for destroy
+
+
+if MPI.Is_initialized() and not MPI.Is_finalized():  # (not if the program set mpi4py.rc.initialize)
+    environment.export_at_import(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+
+
+def state_or_none() -> Optional[RuntimeState]:
+    return _current.state
+
+
+def state() -> RuntimeState:
+    """The runtime state; ValueError (as torch) when init_process_group was not called."""
+    st: Optional[RuntimeState] = _current.state
+    if st is None:
+        raise ValueError(_NOT_INIT)
+    return st
+
+
+def is_initialized() -> bool:
+    """True between init_process_group and destroy_process_group."""
+    return _current.state is not None
+
+
+def is_mpi_available() -> bool:
+    """Always True: mpidist's transport is MPI."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    """True when CuPy with NCCL support can be imported."""
+    try:
+        from cupy.cuda import nccl  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001  (any import failure means unavailable)
+        return False
+    return True
+
+
+_DEVICE_BACKENDS = {"cpu": ("mpi", "gloo"), "cuda": ("mpi", "gloo", "nccl")}
+_gloo_warned = False
+
+
+def canonical_backend(backend: Optional[str], where: str = "init_process_group:") -> str:
+    """The stored form of a backend string, as :func:`get_backend` returns it.
+
+    Accepts torch's spellings, any case: ``"mpi"``/``"cpu:mpi"``/``"cuda:mpi"``/
+    ``"cpu:mpi,cuda:mpi"`` (-> ``"mpi"``); ``"nccl"``/``"cuda:nccl"`` (-> ``"nccl"``);
+    ``"gloo"``/``"cpu:gloo"``/``"cuda:gloo"`` (-> ``"gloo"``); ``"cpu:mpi,cuda:nccl"`` and
+    ``"cpu:gloo,cuda:nccl"`` in either order (a mixed ``"cpu:gloo,cuda:mpi"`` is kept so).
+    Host arrays always travel over MPI, whatever the backend; ``"gloo"`` is MPI under
+    torch's name (one warning per process, :func:`_warn_gloo`), so that programs written for
+    torch run and ``get_backend() == "gloo"`` stays true for them.
+
+    Raises:
+        ValueError: any other backend (ucc, "cpu:nccl", a device other than cpu/cuda, a
+            device named twice, ...).
+    """
+    if backend is None:
+        return Backend.MPI
+    name = Backend(backend).replace(" ", "")
+    if name in ("mpi", "gloo"):
+        chosen = {"cpu": name, "cuda": name}
+    elif name == "nccl":
+        chosen = {"cuda": "nccl"}
+    else:
+        chosen = {}
+        for part in name.split(","):
+            device, _, impl = part.partition(":")
+            if impl not in _DEVICE_BACKENDS.get(device, ()) or device in chosen:
+                chosen = {}
+                break
+            chosen[device] = impl
+    if not chosen:
+        raise ValueError(
+            f"{where} backend {backend!r} is not supported; expected 'mpi', 'gloo', 'nccl' or "
+            f"torch's device:backend form such as 'cpu:gloo,cuda:nccl' (cpu: mpi or gloo; "
+            f"cuda: mpi, gloo or nccl)"
+        )
+    if chosen.get("cuda") == "nccl":
+        stored = Backend.NCCL if "cpu" not in chosen else f"cpu:{chosen['cpu']},cuda:nccl"
+    elif len(set(chosen.values())) == 1:
+        stored = next(iter(chosen.values()))
+    else:
+        stored = f"cpu:{chosen['cpu']},cuda:{chosen['cuda']}"
+    if "gloo" in stored:
+        _warn_gloo(backend, where)
+    return stored
+
+
+def _warn_gloo(backend: str, where: str) -> None:
+    """Once per process: mpidist runs a gloo backend name over MPI."""
+    global _gloo_warned
+    if not _gloo_warned:
+        _gloo_warned = True
+        warnings.warn(
+            f"{where} mpidist runs the {backend!r} backend over MPI: 'gloo' is accepted for programs "
+            f"written for torch (get_backend() says 'gloo'), host arrays travel over MPI as with "
+            f"'mpi', and ranks come from the MPI launcher (mpiexec/srun)",
+            stacklevel=5,
+        )
+
+
+def _check_init_method(init_method: Optional[str]) -> None:
+    if init_method is None or init_method.startswith("env://"):
+        return
+    if init_method.startswith(("tcp://", "file://")):
+        warnings.warn(
+            f"init_process_group: init_method {init_method!r} ignored: mpidist takes ranks "
+            f"from MPI and needs no rendezvous",
+            stacklevel=4,
+        )
+        return
+    raise ValueError(
+        f"init_process_group: init_method must be None, 'env://', 'tcp://...' or 'file://...', got {init_method!r}"
+    )
+
+
+def init_process_group(
+    backend: Optional[str] = None,
+    init_method: Optional[str] = None,
+    timeout: Optional[datetime.timedelta] = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Create the default process group from MPI_COMM_WORLD (collective over it).
+
+    Same signature as ``torch.distributed.init_process_group``. Rank and world size come
+    from MPI: launch with ``mpiexec -n N python script.py`` or ``srun -n N ...``; a plain
+    ``python script.py`` is a world of size 1. ``store`` is not used; ``tcp://`` and
+    ``file://`` init methods are accepted with a warning and ignored.
+
+    ``backend``: ``"mpi"`` (default), ``"nccl"``, ``"cpu:mpi,cuda:nccl"``, or torch's gloo
+    names ``"gloo"`` / ``"cpu:gloo,cuda:nccl"``, which run over MPI (one warning per
+    process; :func:`get_backend` returns the gloo name, as torch would) -- see
+    :func:`canonical_backend`. NCCL is loaded only when a device array first meets it, so
+    ``"nccl"`` initializes on a CPU-only machine too (torch refuses). Device binding: where
+    CuPy and a GPU exist, the device ``device_id`` (an int, ``"cuda:N"`` or a
+    ``torch.device``-like object with ``.index``), else env ``MPIDIST_DEVICE``, else
+    ``local_rank % device_count`` becomes the current device (``cupy.cuda.Device(d).use()``),
+    as torch's launch convention. CUDA-awareness of MPI is detected here
+    (``MPIDIST_CUDA_AWARE=0|1`` overrides; docs/device.md).
+
+    ``rank`` / ``world_size`` (-1: take MPI's):
+
+    * with an MPI backend name (``"mpi"``, ``"cpu:mpi"``, ..., and ``"cpu:mpi,cuda:nccl"``,
+      which names MPI for host arrays; torch's backend ``"mpidist"`` starts mpidist with
+      one of these), as torch's MPI backend, they
+      are assigned by MPI: values that differ from MPI's are ignored with a warning ("For
+      MPI backend, world_size (0) and rank (0) are ignored since they are assigned by the MPI
+      runtime", e.g. the tutorials' ``init_process(0, 0, run, backend='mpi')``). Exception:
+      ranks that are all different and each a rank of the job (0 <= rank < n) but not MPI's
+      would renumber the processes, which mpidist cannot do: every rank raises ValueError.
+    * with any other name (None, ``"gloo"``, ``"nccl"``, ...) they are meant (torch uses
+      them for its rendezvous): a world_size other than MPI's, or a rank other than the one
+      MPI gave the process, raises ValueError on every rank, saying how to launch that many
+      processes (``mpiexec -n W`` / ``srun -n W``).
+
+    RANK / WORLD_SIZE in the environment, as the launcher left them (torchrun's variables),
+    that say a larger world than MPI launched raise ValueError on every rank, saying how to
+    launch. Exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (RANK and WORLD_SIZE
+    are already exported at ``import mpidist``; docs/hpc.md says when each is set).
+
+    Every check runs on every rank before the first collective and the ranks exchange the
+    outcome (one MPI_Iallgather of 7 int64, :mod:`mpidist._check.init_args`), so an error on one
+    rank raises the same error, with the same message, on every rank at once. A rank that
+    does not reach init_process_group within the timeout ends the job (MPI_Abort after a
+    message; with ``MPIDIST_ABORT_ON_TIMEOUT=0`` the others raise DistError).
+
+    Installs a ``sys.excepthook`` (unless ``MPIDIST_ABORT_ON_EXCEPTION=0``): an unhandled
+    exception on any rank prints its traceback with every line prefixed ``[rank r]``, asks
+    every rank to write its flight recorder, and aborts the job with ``MPI_Abort`` (exit
+    code 1; 130 for KeyboardInterrupt), as ``python -m mpidist`` does (docs/reliability.md).
+    torch installs a hook that only prefixes the traceback. Removed by destroy_process_group.
+
+    Raises:
+        ValueError: already initialized ("trying to initialize the default process
+            group twice!", as torch), an unsupported backend, world_size/rank that
+            contradict MPI (as above), an environment that says a larger world, different
+            backends on different ranks, ``device_id`` given where there is no GPU (or no
+            CuPy) or out of range, a bad MPIDIST_* setting; on every rank alike.
+        TypeError: ``timeout`` not a timedelta, ``rank``/``world_size`` not ints.
+        DistError: a rank did not call it within the timeout, with MPIDIST_ABORT_ON_TIMEOUT=0.
+    """
+    if _current.state is not None:
+        st = _current.state
+        raise ValueError(
+            f"[rank {st.rank}/{st.world_size}] init_process_group: trying to "
+            f"initialize the default process group twice!"
+        )
+    world = MPI.COMM_WORLD
+    mpi_rank, mpi_size = world.Get_rank(), world.Get_size()
+    tag = f"[rank {mpi_rank}/{mpi_size}]"
+    mine, settings = _check_locally(backend, init_method, timeout, world_size, rank, device_id)
+    try:
+        error, warning = init_args.agree(world, mine, settings.timeout.total_seconds())
+    except init_args.InitTimeout as exc:
+        text = f"{tag} {exc}" + (f" (this rank's own error: {mine.error})" if mine.error is not None else "")
+        if settings.abort:
+            _abort.write(
+                mpi_rank,
+                f"mpidist.errors.DistError: {text}\naborting the job (set "
+                f"MPIDIST_ABORT_ON_TIMEOUT=0 to raise the DistError in the caller instead)",
+            )
+            abort_job(1)
+        raise DistError(text) from None
+    if error is not None:
+        raise error[0](f"{tag} {error[1]}")
+    if warning is not None:
+        warnings.warn(warning, stacklevel=2)
+    launcher_files.remove_names()  # MPI may have been initialized after mpidist was imported
+    name = mine.backend
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_rank)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+    detect.init(world)  # CUDA-aware MPI? (MPIDIST_CUDA_AWARE, MPIX_Query_cuda_support, info key)
+    binding.bind(device_id, local_rank, f"{tag} init_process_group:")  # checked above: cannot raise here
+    group = ProcessGroup(world.Dup(), range(mpi_size), group_name or "default_pg", name)
+    st = _current.state = RuntimeState(
+        backend=name,
+        world=group,
+        rank=mpi_rank,
+        world_size=mpi_size,
+        local_rank=local_rank,
+        local_world_size=local_size,
+        timeout=settings.timeout,
+        thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
+    )
+    environment.export(
+        {"RANK": mpi_rank, "WORLD_SIZE": mpi_size, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_size}
+    )
+    # (group.comm: the Dup made above, not None)
+    R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(cast(MPI.Comm, group.comm)))
+    work.ABORT_ON_TIMEOUT = settings.abort
+    mismatch.set_debug_level(settings.level or mismatch.get_debug_level())  # unset: keep the level set before init
+    _watchdog.start(st)
+    _register_exit_check()
+    if settings.abort_on_exception:
+        _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report)
+
+
+@dataclass
+class _Settings:
+    """init_process_group's settings from its arguments and the environment."""
+
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT
+    abort: bool = True
+    level: Optional[mismatch.DebugLevel] = None  # None: neither debug variable is set
+    buffer: int = R.DEFAULT_BUFFER
+    abort_on_exception: bool = True
+
+
+def _int_arg(value: Any, name: str, where: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{where} {name} must be an int, got {type(value).__name__}")
+    return operator.index(value)
+
+
+def _check_locally(
+    backend: Optional[str], init_method: Optional[str], timeout: Any, world_size: Any, rank: Any, device_id: Any
+) -> tuple[init_args.Mine, _Settings]:
+    """Every check init_process_group makes of its arguments and the environment, without
+    communicating: this rank's view for :func:`mpidist._check.init_args.agree`, with the first
+    error (TypeError/ValueError, its message starting ``init_process_group:``) kept in it."""
+    where = "init_process_group:"
+    env = environment.user_values()
+    mine = init_args.Mine(env_rank=env["RANK"], env_size=env["WORLD_SIZE"])
+    settings = _Settings()
+    try:
+        mine.rank = _int_arg(rank, "rank", where)
+        mine.world_size = _int_arg(world_size, "world_size", where)
+        mine.backend = canonical_backend(backend, where)
+        mine.mpi_name = backend is not None and mine.backend in (Backend.MPI, "cpu:mpi,cuda:nccl")
+        _check_init_method(init_method)
+        if timeout is not None and not isinstance(timeout, datetime.timedelta):
+            raise TypeError(f"{where} timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+        if timeout is not None and timeout.total_seconds() <= 0:
+            raise ValueError(f"{where} timeout must be positive, got {timeout}")
+        settings.timeout = env_timeout(where) or timeout or DEFAULT_TIMEOUT
+        settings.abort, settings.level, settings.buffer = _env_reliability(where)
+        settings.abort_on_exception = _env_flag("MPIDIST_ABORT_ON_EXCEPTION", where)
+        try:
+            detect.env_override(os.environ)
+        except ValueError as exc:
+            raise ValueError(f"{where} {exc}") from None
+        binding.check(device_id, where)
+    except (TypeError, ValueError) as exc:
+        mine.error = exc
+    return mine, settings
+
+
+def dump_all_report(reason: str) -> str:
+    """Every rank's flight recorder (:func:`dump_all`), and the line that says where."""
+    return R.report(dump_all(reason))
+
+
+_exit_check_registered = False
+
+
+def _register_exit_check() -> None:
+    """Register :func:`_compare_at_exit` (once; after the watchdog's own exit handler, so it
+    runs before that one and before mpi4py finalizes MPI)."""
+    global _exit_check_registered
+    if not _exit_check_registered:
+        atexit.register(_compare_at_exit)
+        _exit_check_registered = True
+
+
+def _compare_at_exit() -> None:
+    """A process that leaves without destroy_process_group: its groups' final comparison
+    (mpidist._check.mismatch.compare_final), so that a run whose members made different calls does
+    not end with exit status 0. On a difference every member prints the mismatch and the
+    job is aborted (MPI_Abort, exit status 1). Nothing when the runtime was destroyed, or
+    when the process leaves on an unhandled exception (its status says so already)."""
+    st = _current.state
+    if st is None or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return
+    try:
+        for g in (*st.groups, st.world):
+            mismatch.compare_final(g, "exit")
+    except Exception as exc:  # noqa: BLE001  (a mismatch, or a timeout of the comparison)
+        _abort.write(st.rank, f"{type(exc).__module__}.{type(exc).__name__}: {exc}\naborting the job")
+        _abort.abort_job(1)
+
+
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Free the default group (with every other group and the runtime state), or only ``group``.
+
+    Collective over the group's members. After destroying the default group,
+    init_process_group may be called again; using a destroyed group raises ValueError.
+
+    First the members compare the calls they made on each group destroyed (the running
+    hash of every call, and the last one: docs/reliability.md, section 4), so that a run
+    whose members made different calls never ends unnoticed: on a difference every member
+    raises the same ValueError naming the first call that differs (a group where a mismatch
+    was found already is not compared again).
+    Destroying the default group also removes init_process_group's ``sys.excepthook``
+    and the watchdog (and its SIGTERM handler).
+    """
+    st = state()
+    if group is None or group is st.world:
+        for g in (*st.groups, st.world):  # while the watchdog still answers the peers' questions
+            mismatch.compare_final(g, "destroy_process_group")
+        _abort.remove_excepthook()
+        _watchdog.stop()
+        for g in st.groups:
+            g.free()
+        st.world.free()
+        _current.state = None
+    else:
+        pg = resolve_group(group)  # raises for a group destroyed already
+        if pg.comm is not None:  # a non-member (NON_GROUP_MEMBER) has nothing to free
+            mismatch.compare_final(pg, "destroy_process_group")
+            pg.free()
+
+
+def check_collectives(group: Optional[ProcessGroup] = None) -> None:
+    """Compare the calls every member made on ``group`` (default: the default group) so far.
+
+    An mpidist extension (torch has no equivalent), collective over the group's members:
+    they exchange the running hash of their calls and their last call (docs/reliability.md,
+    section 4), as destroy_process_group and the exit of the process do. Call it before
+    writing a checkpoint, so that a run whose members made different calls is not saved as if
+    it were sound. Costs one small exchange (MPI_Iallgather of 17 int64 per member).
+
+    Raises:
+        ValueError: the members made different calls; on every member, with the same text,
+            naming the first call that differs (its sequence number, and each rank's
+            arguments). The group is unusable afterwards (its ops raise DistError).
+        ValueError: ``group`` was destroyed.
+    """
+    mismatch.compare_final(resolve_group(group), "check_collectives")
+
+
+def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
+    """``group`` itself, or the default group for None."""
+    if group is None:
+        return state().world
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"{prefix('group')} group must be a ProcessGroup or None, got {type(group).__name__}")
+    if group.destroyed:
+        raise ValueError(
+            f"{prefix('group')} group {group.group_name!r} was destroyed by "
+            f"destroy_process_group and cannot be used any more"
+        )
+    return group
+
+
+def get_backend(group: Optional[ProcessGroup] = None) -> str:
+    """The backend of ``group`` (default: the default group), as torch spells it: ``"mpi"``,
+    ``"nccl"`` or ``"cpu:mpi,cuda:nccl"`` (see :func:`canonical_backend`).
+
+    It says where device arrays go (docs/device.md): NCCL for ``"nccl"`` and
+    ``"cpu:mpi,cuda:nccl"``; for ``"mpi"``, CUDA-aware MPI if
+    :func:`mpidist.cuda_aware_mpi`, else host staging. Host arrays always use MPI (torch
+    refuses CPU tensors on a pure ``"nccl"`` group; mpidist sends them over MPI).
+    """
+    return resolve_group(group).backend
+
+
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """The caller's rank in ``group`` (global rank by default); -1 if not a member."""
+    if group is None:
+        return state().rank
+    return resolve_group(group).rank()
+
+
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    """Number of ranks in ``group`` (all ranks by default); -1 if the caller is not a member."""
+    if group is None:
+        return state().world_size
+    g = resolve_group(group)
+    return g.size() if g.is_member() else -1
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """The rank among the processes on this node (from MPI's shared-memory split).
+
+    Before init it reads the LOCAL_RANK environment variable, then ``fallback_rank``,
+    as torch does; raises RuntimeError if none is available.
+    """
+    st: Optional[RuntimeState] = _current.state
+    if st is not None:
+        return st.local_rank
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "get_node_local_rank: LOCAL_RANK is not set and no fallback_rank was given; call init_process_group first"
+    )
+
+
+def get_local_world_size() -> int:
+    """Number of ranks on this node (mpidist addition; torch reads LOCAL_WORLD_SIZE)."""
+    return state().local_world_size
+
+
+# -- reliability settings ------------------------------------------------------------------
+
+
+def env_timeout(where: str) -> Optional[datetime.timedelta]:
+    """MPIDIST_TIMEOUT in seconds (it overrides init_process_group's timeout), or None."""
+    text = os.environ.get("MPIDIST_TIMEOUT", "").strip()
+    if not text:
+        return None
+    try:
+        secs = float(text)
+    except ValueError:
+        secs = -1.0
+    if not secs > 0 or secs != secs or secs == float("inf"):
+        raise ValueError(f"{where} MPIDIST_TIMEOUT must be a positive number of seconds, got {text!r}")
+    return datetime.timedelta(seconds=secs)
+
+
+def _env_reliability(where: str) -> tuple[bool, Optional[mismatch.DebugLevel], int]:
+    """(abort on timeout, debug level or None when unset, flight recorder length) from the
+    environment."""
+    abort = _env_flag("MPIDIST_ABORT_ON_TIMEOUT", where)
+    level = mismatch.env_level(where)  # MPIDIST_DEBUG, else TORCH_DISTRIBUTED_DEBUG
+    text = os.environ.get("MPIDIST_TRACE_BUFFER", str(R.DEFAULT_BUFFER)).strip()
+    if not text.isdigit():
+        raise ValueError(f"{where} MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got {text!r}")
+    return abort, level, int(text)
+
+
+def _env_flag(name: str, where: str) -> bool:
+    """A 0/1 setting that defaults to 1 (unset or empty)."""
+    text = os.environ.get(name, "1").strip()
+    if text not in ("0", "1", ""):
+        raise ValueError(f"{where} {name} must be 0 or 1, got {text!r}")
+    return text != "0"
+
+
+def _trace_dir(comm: MPI.Comm) -> str:
+    """MPIDIST_TRACE_DIR, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` (collective:
+    rank 0 names it, so every rank of the job dumps into the same directory). Nothing is
+    created here: the first dump creates it, private (:mod:`mpidist._core.private_files`)."""
+    import tempfile  # noqa: PLC0415
+
+    name = comm.bcast(fresh_name(R.TRACE_PREFIX) if comm.Get_rank() == 0 else None, 0)
+    return os.environ.get("MPIDIST_TRACE_DIR") or os.path.join(tempfile.gettempdir(), name)
+
+
+def dump_all(reason: str, wait: float = 2.0) -> Optional[str]:
+    """Write this rank's flight recorder and ask every other rank to write theirs (waiting
+    at most ``wait`` s for them); the path of this rank's file. Used before an abort."""
+    path = R.dump(reason)
+    wd = _current.watchdog
+    if wd is not None:
+        with contextlib.suppress(Exception):  # the job is failing: never mask that
+            wd.dump_all(reason, wait)
+    return path
