@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -118,19 +119,42 @@ def test_async_all_reduce_progresses_while_caller_computes(dist, world):
     assert float(x[0]) == size and float(x[-1]) == size
 
 
+def test_a_registered_algorithm_is_selectable_and_runs_at_every_size(dist, world, monkeypatch):
+    """Adding an all_reduce algorithm is a body and one record (collectives.ALL_REDUCE):
+    selectable by name at once, and its body runs at 8 bytes too (all_reduce's inline path
+    calls MPI_Allreduce itself only below a record's own ``inline_below``, 0 by default)."""
+    rank, size = world
+    ran = []
+
+    def body(g, arr, op):
+        ran.append(arr.nbytes)
+        collectives.ALL_REDUCE["ring"].body(g, arr, op)
+
+    monkeypatch.setitem(collectives.ALL_REDUCE, "mine", collectives.AllReduceAlgorithm("mine", body))
+    collectives._reset_choice()
+    try:
+        for n in (1, 4096):
+            x = np.full(n, rank + 1.0)
+            assert dist.all_reduce(x, algorithm="mine") is None
+            assert np.all(x == size * (size + 1) / 2)
+    finally:
+        collectives._reset_choice()
+    assert ran == [8, 32768]
+
+
 # -- the automatic choice (algorithm=None) and the shared-memory algorithm --------------------
 @pytest.fixture
 def counted(monkeypatch):
     """How often each all_reduce body ran (the inline MPI path of small sync calls runs none)."""
     calls: dict = {}
-    for name, attr in (("mpi", "_mpi_all_reduce"), ("ring", "_ring"), ("shm", "_shm")):
-        body = getattr(collectives, attr)
+    for name in ("mpi", "ring", "shm"):
+        alg = collectives.ALL_REDUCE[name]
 
-        def wrapper(*args, _body=body, _name=name):
+        def wrapper(*args, _body=alg.body, _name=name):
             calls[_name] = calls.get(_name, 0) + 1
             return _body(*args)
 
-        monkeypatch.setattr(collectives, attr, wrapper)
+        monkeypatch.setitem(collectives.ALL_REDUCE, name, dataclasses.replace(alg, body=wrapper))
     collectives._reset_choice()  # plans cache bodies: rebuild them with the wrappers
     yield calls
     collectives._reset_choice()

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union, cast
 
 import numpy as np
@@ -36,10 +37,7 @@ from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.work import _NO_RUN, Work
 
-__all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
-
-#: Values of all_reduce's ``algorithm`` argument.
-ALGORITHMS = ("mpi", "ring", "shm")
+__all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS", "ALL_REDUCE", "AllReduceAlgorithm"]
 
 Op = Union[ReduceOp, PremulSum]
 _NEVER = 1 << 62  # bytes: larger than any array
@@ -204,7 +202,7 @@ def reduce_body(dtype: np.dtype, op: Op, algorithm: Optional[str]) -> Callable[[
     if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
         return cast(Callable[..., None], (_PLANS.get((dtype, op._value_, algorithm)) or _plan(dtype, op, algorithm))[0])
     check_op_dtype(op, dtype, prefix("all_reduce"))
-    return _choose(dtype, algorithm)
+    return _choose(dtype, algorithm).body
 
 
 # (dtype, ReduceOp value, algorithm) -> (body, MPI datatype, MPI op, inline below): checked
@@ -268,30 +266,70 @@ mismatch.FORGET.append(_forget_agreed)
 mismatch.CLOSED.append(_run_closed)
 
 
-def _choose(dtype: np.dtype, algorithm: Optional[str]):
-    """The all_reduce body for ``algorithm`` on ``dtype``; raises for a bad choice."""
-    if algorithm is None:
-        return all_reduce_body
-    if algorithm == "mpi":
-        if not mpi_has(dtype):  # (a saturating small integer: MPI_Allreduce with mpidist's own op)
-            raise TypeError(
-                f"{prefix('all_reduce')} algorithm='mpi' cannot reduce dtype {dtype}; "
-                f"use algorithm='ring', 'shm' or None"
-            )
-        return _mpi_all_reduce
-    if algorithm == "ring":
-        return _ring
-    if algorithm == "shm":
-        return _shm
-    raise ValueError(f"{prefix('all_reduce')} algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
+@dataclass(frozen=True)
+class AllReduceAlgorithm:
+    """One value of all_reduce's ``algorithm`` argument, in one record: what it runs, on which
+    dtypes, and how all_reduce's inline path treats it.
+
+    Attributes:
+        name: the argument's value (None: the automatic choice, :func:`_auto_choice`).
+        body: ``body(g, arr, op)`` all-reduces the contiguous host array ``arr`` in place on
+            group ``g`` with ``op`` (AVG included: it divides itself), on every member.
+        mpi_only: it runs MPI_Allreduce, so only dtypes MPI reduces itself (:func:`mpi_has`);
+            others are refused with a TypeError that names the algorithms that reduce them.
+        inline_below: bytes below which all_reduce's inline (latency) path calls
+            MPI_Allreduce itself instead of ``body``, for dtypes MPI reduces; 0: never (the
+            body always runs). A function: read when a (dtype, op, algorithm) plan is made.
+        source: where the algorithm comes from.
+    """
+
+    name: Optional[str]
+    body: Callable[[ProcessGroup, np.ndarray, Op], None]
+    mpi_only: bool = False
+    inline_below: Callable[[], int] = lambda: 0
+    source: str = ""
+
+
+def _register(*algorithms: AllReduceAlgorithm) -> dict:
+    return {a.name: a for a in algorithms}
+
+
+#: all_reduce's algorithms by name: adding one is a body and a record here (selectable by
+#: name at once; the automatic choice, :func:`_auto_choice`, picks among the measured ones).
+ALL_REDUCE: dict[Optional[str], AllReduceAlgorithm] = _register(
+    AllReduceAlgorithm(
+        None, all_reduce_body, inline_below=lambda: _shm_floor(True), source="the measured fastest: _auto_choice"
+    ),
+    AllReduceAlgorithm(
+        "mpi", _mpi_all_reduce, mpi_only=True, inline_below=lambda: _NEVER, source="MPI_Allreduce (MPI 4.1, 6.9.6)"
+    ),
+    AllReduceAlgorithm("ring", _ring, source="Patarasuk and Yuan, J. Parallel Distrib. Comput. 69(2), 2009"),
+    AllReduceAlgorithm("shm", _shm, source="MPI-3 shared memory (MPI 4.1, 12.2.3): mpidist.algorithms.shm"),
+)
+#: Values of all_reduce's ``algorithm`` argument besides None.
+ALGORITHMS = tuple(name for name in ALL_REDUCE if name is not None)
+
+
+def _choose(dtype: np.dtype, algorithm: Optional[str]) -> AllReduceAlgorithm:
+    """The all_reduce algorithm ``algorithm`` for ``dtype``; raises for a bad choice."""
+    alg = ALL_REDUCE.get(algorithm) if algorithm is None or type(algorithm) is str else None
+    if alg is None:
+        raise ValueError(f"{prefix('all_reduce')} algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
+    if alg.mpi_only and not mpi_has(dtype):  # (a saturating small integer: MPI_Allreduce with mpidist's own op)
+        others = ", ".join(repr(a.name) for a in ALL_REDUCE.values() if not a.mpi_only and a.name is not None)
+        raise TypeError(
+            f"{prefix('all_reduce')} algorithm={algorithm!r} cannot reduce dtype {dtype}; "
+            f"use algorithm={others} or None"
+        )
+    return alg
 
 
 def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> tuple:
     check_op_dtype(op, dtype, prefix("all_reduce"))
-    body = _choose(dtype, algorithm)
-    mpi = mpi_reducible(dtype) and body in (_mpi_all_reduce, all_reduce_body)
-    inline = (_NEVER if body is _mpi_all_reduce else _shm_floor(True)) if mpi else 0  # (not mpi: the body, always)
-    plan = (body, mpi_datatype(dtype) if mpi else None, to_mpi_op(op, dtype) if mpi else None, inline)
+    alg = _choose(dtype, algorithm)
+    inline = alg.inline_below() if mpi_reducible(dtype) else 0  # (not reducible by MPI: the body, always)
+    mpi = inline > 0
+    plan = (alg.body, mpi_datatype(dtype) if mpi else None, to_mpi_op(op, dtype) if mpi else None, inline)
     _PLANS[(dtype, op._value_, algorithm)] = plan
     return plan
 
@@ -406,8 +444,8 @@ def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
         shm = _group_shm(g)
         lo, hi = shm.ranges[mpi]
         if shm.run is not None and lo <= nbytes < hi:
-            return _shm
-    return _mpi_all_reduce if mpi else _ring
+            return ALL_REDUCE["shm"].body
+    return ALL_REDUCE["mpi" if mpi else "ring"].body
 
 
 def broadcast(
