@@ -4,6 +4,7 @@ imported with MPI initialized, so neither MPI_Abort nor SIGKILL leaves them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,6 +88,49 @@ def test_a_singleton_leaves_no_segment(tmp_path):
         env=launcher_free_env(),
     )
     assert job.returncode == 0, job.stderr
+    assert entries() - before <= {os.path.join(tempfile.gettempdir(), name) for name in SINGLETON_LEFT}
+
+
+IMPORT_IN_A_PLAIN_PYTHON = """
+import atexit, importlib.util, json, os, signal
+SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM)
+if importlib.util.find_spec("torch"):
+    import torch  # (what torch itself does on import is not mpidist's)
+def children():
+    me, out = str(os.getpid()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1] == me:
+                out.append(open(f"/proc/{pid}/cmdline").read().replace("\\0", " "))
+        except (OSError, IndexError):
+            pass
+    return out
+report = {}
+atexit.register(lambda: print(json.dumps({**report, "at exit": children()}), flush=True))  # runs after mpidist's
+before = {s.name: signal.getsignal(s) for s in SIGNALS}
+{imports}
+report["handlers"] = [s.name for s in SIGNALS if signal.getsignal(s) is not before[s.name]]
+report["after import"] = children()
+"""
+
+
+def test_import_in_a_plain_python_starts_no_process_and_changes_no_handler(tmp_path):
+    """``import mpidist`` (and ``mpidist.torch``) in somebody else's plain Python, no launcher:
+    no process started, at import or at exit (no MPI_Finalize watcher in a world of one), no
+    signal handler changed but those MPI_Init changes itself (the control: ``from mpi4py import
+    MPI``; MPICH's takes SIGUSR1), and /dev/shm and /tmp as they were once it has exited."""
+    before = entries()
+    reports = []
+    ours = "import mpidist\nif importlib.util.find_spec('torch'):\n    import mpidist.torch"
+    for imports in ("from mpi4py import MPI", ours):
+        script = tmp_path / "program.py"
+        script.write_text(IMPORT_IN_A_PLAIN_PYTHON.replace("{imports}", imports))
+        argv = ["timeout", "-k", "5", "120", sys.executable, str(script)]
+        job = subprocess.run(argv, capture_output=True, text=True, env=launcher_free_env())
+        assert job.returncode == 0, job.stderr
+        reports.append(json.loads(job.stdout.strip().splitlines()[-1]))
+    control, ours = reports
+    assert ours == {"handlers": control["handlers"], "after import": [], "at exit": []}, (ours, control)
     assert entries() - before <= {os.path.join(tempfile.gettempdir(), name) for name in SINGLETON_LEFT}
 
 

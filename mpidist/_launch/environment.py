@@ -31,6 +31,8 @@ from collections.abc import Mapping, MutableMapping
 from typing import Optional
 
 __all__ = [
+    "LAUNCHER_RANK_VARS",
+    "launched",
     "VARS",
     "MARKER",
     "export_at_import",
@@ -122,6 +124,16 @@ _RANK_PAIRS = (
     ("SLURM_PROCID", "SLURM_NTASKS"),
     ("RANK", "WORLD_SIZE"),
 )
+
+
+#: What only a launcher sets for its processes (hydra, Open MPI's prterun, srun): not RANK and
+#: WORLD_SIZE, which mpidist exports and a child process inherits.
+LAUNCHER_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launched(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether a launcher started this process as a job's rank (one of :data:`LAUNCHER_RANK_VARS`)."""
+    return any(k in env for k in LAUNCHER_RANK_VARS)
 
 
 def launcher_rank(env: Mapping[str, str] = os.environ) -> Optional[tuple[int, int]]:

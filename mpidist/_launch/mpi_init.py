@@ -28,11 +28,12 @@ The same import starts, just before ``MPI_Init``, the watcher of :mod:`mpidist._
 that removes MPICH's shared-memory segment if the ranks die in ``MPI_Init``, and removes the
 names of the launcher's files (:mod:`mpidist._launch.launcher_files`) once it has returned.
 
-The same import keeps SIGUSR1 (Slurm's usual time-limit warning, ``--signal=USR1@...``) from
-being lost: MPICH's ``MPI_Init`` installs a handler that swallows it when the process has none,
-so a program that installs its own only after ``import mpidist`` (the main jobs do, after their
-imports) lost a warning sent in between (a chaos trial found one: the job ran on past it). When
-SIGUSR1 has its default action, :func:`import_mpi` installs a handler that records it first;
+Under a launcher (:func:`mpidist._launch.environment.launched`), the same import keeps
+SIGUSR1 (Slurm's usual time-limit warning, ``--signal=USR1@...``) from being lost: MPICH's
+``MPI_Init`` installs a handler that swallows it when the process has none, so a program that
+installs its own only after ``import mpidist`` (the main jobs do, after their imports) lost a
+warning sent in between (a chaos trial found one: the job ran on past it). When SIGUSR1 has its
+default action, :func:`import_mpi` installs a handler that records it first;
 :func:`early_signals` tells a program that installs its handler later what arrived before.
 
 T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
@@ -43,6 +44,12 @@ handlers), which a short timeout meant for collectives must not cut. As with any
 a rank that is only slower than its peers by more than that (a rank 0 that writes outputs
 for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
 ``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
+
+In a plain Python (no launcher: MPI's singleton, a world of one process) ``import mpidist``
+starts no process (no watcher: MPI_Finalize has no peer to wait for), installs no signal
+handler, and leaves ``/dev/shm`` and ``/tmp`` as they were (an Open MPI singleton's segment is
+removed: :mod:`mpidist._launch.launcher_files`); only MPI_Init's bound (a faulthandler timer,
+cancelled when it returns) and the atexit entry remain.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ import threading
 from types import ModuleType
 from typing import Optional
 
-from mpidist._launch import finalize_watcher, init_watcher, launcher_files
+from mpidist._launch import environment, finalize_watcher, init_watcher, launcher_files
 
 __all__ = [
     "import_mpi",
@@ -168,9 +175,11 @@ def _arm_finalize_alarm() -> None:
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
         return
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:  # no peer for MPI_Finalize to wait for: nothing to bound, no watcher
+        return
     seconds = grace_seconds() if _waited else bound_seconds()
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    world = MPI.COMM_WORLD
     # the watcher's pipe stays open until this process exits: its end-of-file tells the watcher
     finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
     signal.alarm(math.ceil(seconds) + 1)
@@ -185,7 +194,8 @@ def import_mpi() -> ModuleType:
         if MPI.Is_initialized():
             launcher_files.remove_names()
     else:
-        _record_early_signals()
+        if environment.launched():  # a job's rank (a plain Python keeps its handlers)
+            _record_early_signals()
         watch = init_watcher.start()  # removes MPICH's segment if this rank dies in MPI_Init
         if bounded:
             faulthandler.dump_traceback_later(bound_seconds(), exit=True)
