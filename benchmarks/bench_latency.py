@@ -102,9 +102,9 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
             going = True
         else:
             going = False
-            ok = C._known
+            ok = mismatch.known
             if not (ok[0] is plan and ok[1] == nbytes and ok[4] is g):
-                ok = C._agree(g, plan, t, op)
+                ok = mismatch.agree_all_reduce(g, plan, t, op)
         seq = eng.seq
         eng.seq = seq + 1
         t0 = now()
@@ -116,7 +116,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         else:  # every PERIOD calls: the exchange (and the run's record), as the latency path does it
             mismatch.check(g, rec, ok[3])
             if ok[2].lkey is ok[3]:
-                C._note_run(eng, ok)
+                mismatch.note_run(eng, ok)
         g.comm.Allreduce(IP, [t, F], S)
         rec[R.T_END] = now()
         rec[R.STATE] = R.COMPLETED

@@ -61,6 +61,7 @@ import collections
 import enum
 import os
 import time
+import weakref
 from typing import Any, Callable, Optional, cast
 
 import numpy as np
@@ -114,12 +115,6 @@ DETAIL = False
 CHECK = True
 _level = DebugLevel.OFF
 _ENV = ("MPIDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG")  # the first that is set (not empty) wins
-#: Called with a group's check state when its open run of calls closes (:func:`_close`): the
-#: 8-byte all_reduce path's note that the run is its call's registers here.
-CLOSED: list[Callable[[Any], None]] = []
-#: Called when cached agreements must be forgotten (a cache cleared, a level change): the
-#: 8-byte all_reduce path's copy of the last agreed key (``collectives``) registers here.
-FORGET: list[Callable[[], None]] = []
 _MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call on every member)
 #: K: the members compare the running hash of their calls on a group at its sequence numbers
 #: K, 2K, ... (a power of two), so calls agreed on before but made out of step are caught within
@@ -215,10 +210,14 @@ def _set_checks(on: bool) -> None:
 def _forget() -> None:
     """Every repeated-call test fails once (any thread): each group's next call comes to
     :func:`check`, which closes the open run."""
+    global known
     for chk in list(STATES.values()):
         chk.lkey = None
-    for hook in FORGET:
-        hook()
+    known = work._NO_RUN  # the 8-byte all_reduce path's notes (see agree_all_reduce)
+    for ref in list(_NOTED.values()):  # (atomic: another thread may note a run meanwhile)
+        eng = ref()
+        if eng is not None:
+            eng.lat = work._NO_RUN
 
 
 #: Runs a final comparison as an op of the group (``_dispatch.compare_final`` registers itself
@@ -388,6 +387,38 @@ def agreed(g: Any, key: tuple) -> Any:
     return chk if ok else None
 
 
+# -- the 8-byte all_reduce path's notes (mpidist._backends.mpi.collectives.all_reduce) --------
+#: The last all_reduce the latency path found agreed, ``(plan, nbytes, group's check state,
+#: key, group)`` (:func:`agree_all_reduce`); forgotten whenever the agreements may have
+#: changed (:func:`_forget`). The same tuple is the group's ``Engine.lat`` while the group's
+#: open run of calls is that all_reduce's (a call then records only ``Engine.decided``): noted
+#: by the path once the check opened the run (:func:`note_run`), dropped when the run closes
+#: (:func:`_close`) or the agreements may have changed (every noted engine: ``_NOTED``, id ->
+#: weak reference).
+known: tuple = work._NO_RUN
+_NOTED: dict = {}
+
+
+def agree_all_reduce(g: Any, plan: tuple, tensor: np.ndarray, op: Any) -> Optional[tuple]:
+    """The latency path's :data:`known` for this all_reduce if the members of ``g`` agreed on
+    it before (or nothing is checked on ``g``), else None (launch's path will compare it)."""
+    global known
+    key = ("all_reduce", tensor.size, tensor.dtype, -1, op._value_, None)
+    state = agreed(g, key)
+    if state is None:
+        return None
+    known = ok = (plan, tensor.nbytes, state, key, g)
+    if state is _UNCHECKED:  # nothing is checked: every call "goes on"
+        note_run(g.engine, ok)
+    return ok
+
+
+def note_run(eng: Any, ok: tuple) -> None:
+    """Note on the group's engine that its open run of calls is ``ok``'s all_reduce."""
+    eng.lat = ok
+    _NOTED[id(eng)] = weakref.ref(eng)
+
+
 def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
     """Check call ``key`` (recorded as ``rec``) against the other members of ``g``; run
     right before the op, in the group's op order. Returns when they agree; raises the
@@ -468,8 +499,8 @@ def _close(chk: GroupCheck) -> None:
             keys[a:] = [key] * (len(keys) - a)
             keys[: b + 1] = [key] * (b + 1)
     chk.run = None
-    for hook in CLOSED:
-        hook(chk)
+    if chk.eng.lat[2] is chk:  # the 8-byte all_reduce path's note no longer stands for the run
+        chk.eng.lat = work._NO_RUN
 
 
 def _weights(n: int) -> int:

@@ -35,7 +35,7 @@ from mpidist._runtime import world as runtime
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
 from mpidist.errors import DistError, from_mpi, prefix
-from mpidist.work import _NO_RUN, Work
+from mpidist.work import Work
 
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS", "ALL_REDUCE", "AllReduceAlgorithm"]
 
@@ -116,9 +116,9 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                     going = True  # the group's open run of calls is this call's
                 else:
                     going = False
-                    ok = _known
+                    ok = mismatch.known
                     if not (ok[0] is plan and ok[1] == nbytes and ok[4] is g):
-                        ok = _agree(g, plan, tensor, op)  # type: ignore[arg-type]  # a plan is made for a ReduceOp only
+                        ok = mismatch.agree_all_reduce(g, plan, tensor, op)
             else:
                 ok = None
             if ok is not None:
@@ -161,7 +161,7 @@ def all_reduce(tensor: np.ndarray, op: Op, g: ProcessGroup, async_op: bool, algo
                     elif ok[2] is not _UNCHECKED:  # another run, or a multiple of the check's PERIOD
                         mismatch.check(g, rec, ok[3])  # (none on a group not checked)
                         if ok[2].lkey is ok[3]:  # a run of this call is open: the next one goes on with it
-                            _note_run(eng, ok)
+                            mismatch.note_run(eng, ok)
                     if nbytes < plan[3]:  # below the shared-memory sizes: MPI_Allreduce, no function between
                         g.comm.Allreduce(MPI.IN_PLACE, [tensor, plan[1]], plan[2])  # type: ignore[union-attr]  # a member's
                         if op is _AVG:
@@ -213,57 +213,8 @@ _PLANS: dict = {}
 #: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
 _last: tuple = (None, None, None, None)
-#: The last all_reduce the latency path found agreed, ``(plan, nbytes, group's check state,
-#: key, group)`` (:func:`_agree`); forgotten whenever the agreements may have changed. The same
-#: tuple is the group's ``Engine.lat`` while the group's open run of calls is that all_reduce's
-#: (a call then records only ``Engine.decided``): noted by the latency path once the check
-#: opened the run (:func:`_note_run`), dropped when the run closes (:func:`_run_closed`) or
-#: the agreements may have changed (every noted engine: ``_NOTED``, id -> weak reference).
-_known = _NO_RUN
-_NOTED: dict = {}
 _PMASK = mismatch.PERIOD_MASK
 _UNCHECKED = mismatch._UNCHECKED
-
-
-def _agree(g: ProcessGroup, plan: tuple, tensor: np.ndarray, op: ReduceOp) -> Optional[tuple]:
-    """The latency path's ``_known`` for this call if the members of ``g`` agreed on it
-    before (or nothing is checked on ``g``), else None (launch's path will compare it)."""
-    global _known
-    key = ("all_reduce", tensor.size, tensor.dtype, -1, op._value_, None)
-    state = mismatch.agreed(g, key)
-    if state is None:
-        return None
-    _known = ok = (plan, tensor.nbytes, state, key, g)
-    if state is _UNCHECKED:  # nothing is checked: every call "goes on"
-        _note_run(g.engine, ok)
-    return ok
-
-
-def _note_run(eng: Any, ok: tuple) -> None:
-    """Note on the group's engine that its open run of calls is ``ok``'s all_reduce."""
-    eng.lat = ok
-    _NOTED[id(eng)] = weakref.ref(eng)
-
-
-def _forget_agreed() -> None:
-    global _known
-    _known = _NO_RUN
-    for ref in list(_NOTED.values()):  # (atomic: another thread may note a run meanwhile)
-        eng = ref()
-        if eng is not None:
-            eng.lat = _NO_RUN
-
-
-def _run_closed(state: Any) -> None:
-    """The open run of a group's calls closed (:func:`mpidist._check.mismatch._close`): its engine's
-    note no longer stands for it."""
-    eng = state.eng
-    if eng.lat[2] is state:
-        eng.lat = _NO_RUN
-
-
-mismatch.FORGET.append(_forget_agreed)
-mismatch.CLOSED.append(_run_closed)
 
 
 @dataclass(frozen=True)
