@@ -209,16 +209,13 @@ def bench_ddp(env: TorchEnv, args: argparse.Namespace) -> list[DdpResult]:
     y = torch.randint(0, 10, (args.ddp_batch,), generator=gen)
     nn = torch.nn
     ddps, opts = {}, {}
-    for impl in ("mpidist", "gloo"):
-        model = copy.deepcopy(base)
-        ddps[impl] = nn.parallel.DistributedDataParallel(model, process_group=env.groups[impl])
-        opts[impl] = torch.optim.SGD(model.parameters(), lr=1e-3)
-    if args.ddp_compile != "none":  # the same DDPs under torch.compile, each from the same start
-        for impl in ("mpidist", "gloo"):
+    kinds = ("", " compiled") if args.ddp_compile != "none" else ("",)  # compiled: the same DDPs under torch.compile
+    for kind in kinds:
+        for impl in ("mpidist", "gloo"):  # each from the same start
             model = copy.deepcopy(base)
             ddp = nn.parallel.DistributedDataParallel(model, process_group=env.groups[impl])
-            ddps[f"{impl} compiled"] = torch.compile(ddp, backend=args.ddp_compile)
-            opts[f"{impl} compiled"] = torch.optim.SGD(model.parameters(), lr=1e-3)
+            ddps[impl + kind] = torch.compile(ddp, backend=args.ddp_compile) if kind else ddp
+            opts[impl + kind] = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step(impl: str) -> None:
         opts[impl].zero_grad(set_to_none=False)

@@ -241,22 +241,21 @@ class AllReduceAlgorithm:
     source: str = ""
 
 
-def _register(*algorithms: AllReduceAlgorithm) -> dict:
-    return {a.name: a for a in algorithms}
-
-
 #: all_reduce's algorithms by name: adding one is a body and a record here (selectable by
 #: name at once; the automatic choice, :func:`_auto_choice`, picks among the measured ones).
-ALL_REDUCE: dict[Optional[str], AllReduceAlgorithm] = _register(
-    AllReduceAlgorithm(
-        None, all_reduce_body, inline_below=lambda: _shm_floor(True), source="the measured fastest: _auto_choice"
-    ),
-    AllReduceAlgorithm(
-        "mpi", _mpi_all_reduce, mpi_only=True, inline_below=lambda: _NEVER, source="MPI_Allreduce (MPI 4.1, 6.9.6)"
-    ),
-    AllReduceAlgorithm("ring", _ring, source="Patarasuk and Yuan, J. Parallel Distrib. Comput. 69(2), 2009"),
-    AllReduceAlgorithm("shm", _shm, source="MPI-3 shared memory (MPI 4.1, 12.2.3): mpidist.algorithms.shm"),
-)
+ALL_REDUCE: dict[Optional[str], AllReduceAlgorithm] = {
+    a.name: a
+    for a in (
+        AllReduceAlgorithm(
+            None, all_reduce_body, inline_below=lambda: _shm_floor(True), source="the measured fastest: _auto_choice"
+        ),
+        AllReduceAlgorithm(
+            "mpi", _mpi_all_reduce, mpi_only=True, inline_below=lambda: _NEVER, source="MPI_Allreduce (MPI 4.1, 6.9.6)"
+        ),
+        AllReduceAlgorithm("ring", _ring, source="Patarasuk and Yuan, J. Parallel Distrib. Comput. 69(2), 2009"),
+        AllReduceAlgorithm("shm", _shm, source="MPI-3 shared memory (MPI 4.1, 12.2.3): mpidist.algorithms.shm"),
+    )
+}
 #: Values of all_reduce's ``algorithm`` argument besides None.
 ALGORITHMS = tuple(name for name in ALL_REDUCE if name is not None)
 
