@@ -18,6 +18,11 @@ aborts it with that code; exit code 0 (or None) ends the rank normally. In a one
 (no mpiexec) nothing is aborted or written: the process just exits with that code. The
 runner catches the exception itself, so the hook never reports it a second time.
 
+``python -m mpidist`` is also where mpidist owns the launch and so supervises the process from
+its import on (the watcher of ``MPI_Init``, the launcher's files, SIGUSR1 recorded, the exit
+watcher's line: :func:`mpidist._launch.environment.supervised`); a plain ``python script.py``
+that imports mpidist gets none of it.
+
 Source: mpi4py's ``mpi4py.run`` (``python -m mpi4py``), which turns any unhandled
 exception into MPI_Abort for the same reason.
 """

@@ -89,9 +89,13 @@ def launcher_free_env(**extra: str) -> dict:
     type, then its message), so in a job's merged output one rank's pieces land between
     another's and a line the test looks for is split (two fresh-clone CI runs failed so).
     Buffered (stderr line-buffered, stdout flushed by the programs that need it at once),
-    each line goes out in one write."""
+    each line goes out in one write.
+
+    Supervised (MPIDIST_SUPERVISE=1, as under ``python -m mpidist``): the suite owns its jobs'
+    launches, whose failures must leave no MPICH segment behind; a test of somebody else's
+    program passes ``MPIDIST_SUPERVISE=""`` (unset: supervised only under ``python -m mpidist``)."""
     env = {k: v for k, v in without_launcher(os.environ).items() if k != "PYTHONUNBUFFERED"}
-    env.update(extra)
+    env.update({"MPIDIST_SUPERVISE": "1", **extra})
     return env
 
 

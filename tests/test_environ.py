@@ -204,3 +204,23 @@ def test_without_launcher_keeps_the_users_settings():
         "I_MPI_FABRICS": "shm",
         "PATH": "/bin",
     }
+
+
+@pytest.mark.parametrize(
+    "argv, env, expected",
+    [
+        (["python", "-m", "mpidist", "job.py"], {}, True),
+        (["python", "-u", "-X", "dev", "-W", "error", "-m", "mpidist", "-m", "pytest"], {}, True),
+        (["python", "-um", "mpidist"], {}, True),
+        (["python", "-mmpidist"], {}, True),
+        (["python", "job.py", "-m", "mpidist"], {}, False),  # the job's own arguments
+        (["python", "-c", "import mpidist", "-m", "mpidist"], {}, False),
+        (["python", "-m", "mpidist.examples.train_digits"], {}, False),
+        (["python", "-"], {}, False),
+        (["python", "job.py"], {"MPIDIST_SUPERVISE": "1"}, True),
+        (["python", "-m", "mpidist", "job.py"], {"MPIDIST_SUPERVISE": "0"}, False),
+        (["python", "-m", "mpidist", "job.py"], {"MPIDIST_SUPERVISE": ""}, True),
+    ],
+)
+def test_supervised_only_where_mpidist_owns_the_launch(argv, env, expected):
+    assert E.supervised(argv, env) is expected

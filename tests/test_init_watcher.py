@@ -235,8 +235,10 @@ print("past MPI_Init", flush=True)
 def run_job_counting_segments(
     tmp_path: Path, code: str, limit: int, args: list[str], before: set, **env: str
 ) -> tuple[subprocess.CompletedProcess, set]:
-    """Run ``code`` as a 2-rank job under ``timeout limit``; (the job, the segment names it left
-    beside ``before``), those names removed."""
+    """Run ``code`` as a 2-rank job under ``timeout limit``, supervised (MPIDIST_SUPERVISE=1 from
+    launcher_free_env: the watcher is supervision's; ``code`` runs before ``import mpidist``, which
+    ``python -m mpidist`` would not allow); (the job, the segment names it left beside ``before``),
+    those names removed."""
     script = tmp_path / "job.py"
     script.write_text(code)
     job = subprocess.run(

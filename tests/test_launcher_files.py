@@ -109,34 +109,55 @@ report = {}
 atexit.register(lambda: print(json.dumps({**report, "at exit": children()}), flush=True))  # runs after mpidist's
 before = {s.name: signal.getsignal(s) for s in SIGNALS}
 {imports}
-report["handlers"] = [s.name for s in SIGNALS if signal.getsignal(s) is not before[s.name]]
+report["handlers"] = {s.name: str(getattr(signal.getsignal(s), "__qualname__", signal.getsignal(s)))
+                      for s in SIGNALS if signal.getsignal(s) is not before[s.name]}
 report["after import"] = children()
 """
 
 
-def test_import_in_a_plain_python_starts_no_process_and_changes_no_handler(tmp_path):
-    """``import mpidist`` (and ``mpidist.torch``) in somebody else's plain Python, no launcher:
-    no process started, at import or at exit (no MPI_Finalize watcher in a world of one), no
-    signal handler changed but those a plain ``from mpi4py import MPI`` (the control) changes, and
-    /dev/shm and /tmp as they were once it has exited (the control, not: an Open MPI singleton
-    leaves its segment)."""
-    reports, left = [], set()
-    mine = "import mpidist\nif importlib.util.find_spec('torch'):\n    import mpidist.torch"
-    for imports in ("from mpi4py import MPI", mine):
-        script = tmp_path / "program.py"
-        script.write_text(IMPORT_IN_A_PLAIN_PYTHON.replace("{imports}", imports))
-        argv = ["timeout", "-k", "5", "120", sys.executable, str(script)]
-        before = entries()
-        job = subprocess.run(argv, capture_output=True, text=True, env=launcher_free_env())
-        assert job.returncode == 0, job.stderr
-        reports.append(json.loads(job.stdout.strip().splitlines()[-1]))
-        left = entries() - before
-        for name in left - {os.path.join(tempfile.gettempdir(), n) for n in SINGLETON_LEFT}:
-            if imports != mine and os.path.basename(name).startswith("sm_segment."):
-                os.unlink(name)  # the control's own leftover, removed here
-    control, ours = reports
-    assert ours == {"handlers": control["handlers"], "after import": [], "at exit": []}, (ours, control)
-    assert left <= {os.path.join(tempfile.gettempdir(), name) for name in SINGLETON_LEFT}
+def run_program(tmp_path: Path, imports: str, launch: list[str], **env: str) -> tuple[list[dict], set[str]]:
+    """Each process's report of IMPORT_IN_A_PLAIN_PYTHON with ``imports``, started by ``launch``,
+    and what it left in /tmp and /dev/shm (but an Open MPI singleton's own leftovers, removed)."""
+    script = tmp_path / "program.py"
+    script.write_text(IMPORT_IN_A_PLAIN_PYTHON.replace("{imports}", imports))
+    before = entries()
+    job = subprocess.run([*launch, str(script)], capture_output=True, text=True, env=launcher_free_env(**env))
+    assert job.returncode == 0, job.stderr
+    left = entries() - before
+    for name in left - {os.path.join(tempfile.gettempdir(), n) for n in SINGLETON_LEFT}:
+        if os.path.basename(name).startswith("sm_segment.") and "mpidist" not in imports:
+            os.unlink(name)  # the control's own leftover (an Open MPI singleton's), removed here
+            left.discard(name)
+    return [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")], left
+
+
+MINE = "import mpidist\nif importlib.util.find_spec('torch'):\n    import mpidist.torch"
+
+
+@pytest.mark.parametrize("launcher", ["a plain Python", "mpiexec -n 2"])
+def test_import_in_somebody_elses_program_starts_no_process_and_changes_no_handler(tmp_path, launcher):
+    """``import mpidist`` (and ``mpidist.torch``) in somebody else's program, started by a plain
+    Python or by mpiexec: no process started, at import or at exit (the MPI_Finalize watcher is
+    ``python -m mpidist``'s), no signal handler changed but those a plain ``from mpi4py import
+    MPI`` (the control) changes, and /dev/shm and /tmp as they were once it has exited (the
+    control, not: an Open MPI singleton leaves its segment). Under mpiexec, supervision is the
+    other control (MPIDIST_SUPERVISE=1: what ``python -m mpidist`` does, but with the program's
+    first line before the import): SIGUSR1 recorded, the exit watcher started."""
+    python = ["timeout", "-k", "5", "120", sys.executable]
+    launch = python if launcher == "a plain Python" else ["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", *python[4:]]
+    allowed = {os.path.join(tempfile.gettempdir(), name) for name in SINGLETON_LEFT}
+    control, _ = run_program(tmp_path, "from mpi4py import MPI", launch, MPIDIST_SUPERVISE="")
+    ours, left = run_program(tmp_path, MINE, launch, MPIDIST_SUPERVISE="")
+    assert len(ours) == len(control) == (1 if launcher == "a plain Python" else 2), (ours, control)
+    for report in ours:
+        assert report == {"handlers": control[0]["handlers"], "after import": [], "at exit": []}, (ours, control)
+    assert left <= allowed
+    if launcher != "a plain Python":
+        supervised, left = run_program(tmp_path, MINE, launch, MPIDIST_SUPERVISE="1")
+        for report in supervised:
+            assert report["handlers"]["SIGUSR1"].endswith("_record"), supervised
+            assert any("finalize" in child or "/bin/sh" in child for child in report["at exit"]), supervised
+        assert left <= allowed
 
 
 def test_only_regular_files_of_this_user_are_removed(tmp_path):

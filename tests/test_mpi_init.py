@@ -4,6 +4,7 @@ found both: SIGSTOP at start-up, or just before exit, hung the job)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -51,15 +52,24 @@ print("exiting", flush=True)
 """
 
 
-def run(tmp_path: Path, code: str, limit: float, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+#: ``python -m mpidist``: the launch mpidist owns, where it supervises (the exit watcher's line,
+#: SIGUSR1 recorded; MPIDIST_SUPERVISE unset). A job stopped before MPI_Init runs ``python job.py``
+#: with MPIDIST_SUPERVISE=1 instead (its code runs before ``import mpidist``), whose watcher
+#: removes the segment it leaves (the default of launcher_free_env).
+SUPERVISED = ("-m", "mpidist")
+
+
+def run(
+    tmp_path: Path, code: str, limit: float, python: tuple[str, ...] = SUPERVISED, **env: str
+) -> tuple[subprocess.CompletedProcess, float]:
     script = tmp_path / "job.py"
     script.write_text(code)
     t0 = time.monotonic()
     job = subprocess.run(
-        ["timeout", "-k", "5", str(limit), MPIEXEC, "-n", "2", sys.executable, str(script)],
+        ["timeout", "-k", "5", str(limit), MPIEXEC, "-n", "2", sys.executable, *python, str(script)],
         capture_output=True,
         text=True,
-        env=launcher_free_env(**env),
+        env=launcher_free_env(**({"MPIDIST_SUPERVISE": ""} if python else {}), **env),
     )
     return job, time.monotonic() - t0
 
@@ -69,7 +79,7 @@ BOUND = {"MPIDIST_TIMEOUT": "3", "MPIDIST_INIT_FINALIZE_GRACE": "1"}
 
 
 def test_a_rank_stopped_before_mpi_init_ends_the_job_at_the_timeout(tmp_path):
-    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 60, **BOUND)
+    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 60, (), **BOUND)
     # rank 0 exits with 1; the launcher then kills the stopped rank 1 (SIGKILL): mpiexec reports
     # whichever it saw first (1 or KILLED_STATUS, both seen)
     assert job.returncode in (1, KILLED_STATUS), (job.returncode, job.stdout, job.stderr)
@@ -95,6 +105,21 @@ def test_a_rank_stopped_before_mpi_finalize_ends_the_job_at_the_timeout(tmp_path
     assert "Alarm clock" in out or "signal 15" in out, out
 
 
+def test_in_somebody_elses_program_the_alarm_alone_bounds_mpi_finalize(tmp_path):
+    """``python job.py`` under mpiexec (not ``python -m mpidist``): no exit watcher, no line, but
+    the kernel's alarm ends the rank at the bound (and one second later) all the same."""
+    before = set(os.listdir("/dev/shm"))
+    job, took = run(tmp_path, STOPPED_BEFORE_FINALIZE, 60, python=(), MPIDIST_SUPERVISE="", **BOUND)
+    for name in set(os.listdir("/dev/shm")) - before:  # MPICH's segment: not removed there
+        if name.startswith("mpich_shm_"):
+            os.unlink(f"/dev/shm/{name}")
+    assert job.returncode not in (0, 124), (job.returncode, job.stdout, job.stderr)
+    assert took < 15
+    assert "MPI_Finalize timed out" not in job.stderr, job.stderr
+    out = job.stdout + job.stderr
+    assert "Alarm clock" in out or "signal 15" in out, out
+
+
 def test_a_final_comparison_that_waited_the_timeout_leaves_mpi_finalize_the_grace_alone(tmp_path):
     """Rank 1 stopped just before destroy_process_group: rank 0's final comparison of the calls
     gives up at the group's timeout (3 s) and says so; MPI_Finalize is then bounded by the grace
@@ -103,7 +128,7 @@ def test_a_final_comparison_that_waited_the_timeout_leaves_mpi_finalize_the_grac
     script = tmp_path / "job.py"
     script.write_text(STOPPED_BEFORE_DESTROY)
     job = subprocess.Popen(
-        ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, str(script)],
+        ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, *SUPERVISED, str(script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -130,7 +155,7 @@ def test_a_final_comparison_that_waited_the_timeout_leaves_mpi_finalize_the_grac
 
 def test_switched_off_the_job_waits(tmp_path):
     """The control: without the bounds the same job is still waiting when timeout(1) ends it."""
-    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 9, **BOUND, MPIDIST_BOUND_INIT_FINALIZE="0")
+    job, took = run(tmp_path, STOPPED_BEFORE_INIT, 9, (), **BOUND, MPIDIST_BOUND_INIT_FINALIZE="0")
     assert job.returncode == 124 and took >= 9  # the bound would have ended it at 4 s
 
 

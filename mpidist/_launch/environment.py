@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, MutableMapping
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Optional
 
 __all__ = [
@@ -134,6 +135,36 @@ LAUNCHER_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PR
 def launched(env: Mapping[str, str] = os.environ) -> bool:
     """Whether a launcher started this process as a job's rank (one of :data:`LAUNCHER_RANK_VARS`)."""
     return any(k in env for k in LAUNCHER_RANK_VARS)
+
+
+#: "1": mpidist supervises this process, "0": it does not; unset: only under ``python -m mpidist``
+SUPERVISE_ENV = "MPIDIST_SUPERVISE"
+
+
+def supervised(argv: Optional[Sequence[str]] = None, env: Mapping[str, str] = os.environ) -> bool:
+    """Whether mpidist owns this process's launch: :data:`SUPERVISE_ENV` is "1", or it is unset
+    and the interpreter was started as ``python [options] -m mpidist ...`` (``argv``:
+    ``sys.orig_argv``), as the job scripts of jobs/, the chaos suite and ``make test`` start it.
+    Only then does ``import mpidist`` supervise the process beyond its own calls
+    (:mod:`mpidist._launch.mpi_init`): the watcher of MPI_Init, the removal of the launcher's
+    files, SIGUSR1 recorded from import on, the exit watcher's line. The variable is for a
+    program that must run code before ``import mpidist`` (``python -m mpidist`` imports it first)."""
+    setting = env.get(SUPERVISE_ENV, "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    args = iter((sys.orig_argv if argv is None else argv)[1:])
+    for arg in args:
+        if not arg.startswith("-") or arg == "-":  # a script, or the program on standard input
+            return False
+        if arg.startswith("--"):  # a long option (--help, --version ...) takes no value here
+            continue
+        for i, flag in enumerate(arg[1:], 2):
+            if flag in "cmWX":  # options with a value: the rest of the word, or the next word
+                value = arg[i:] or next(args, "")
+                if flag in "cm":
+                    return flag == "m" and value == "mpidist"
+                break
+    return False
 
 
 def launcher_rank(env: Mapping[str, str] = os.environ) -> Optional[tuple[int, int]]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import re
 
+from mpidist._launch import environment
 from mpidist._launch.init_watcher import ENV, comm_of, enabled, is_segment, open_files, remove, segments_of
 
 __all__ = ["remove_names", "ENV"]
@@ -63,10 +64,12 @@ def _parent_topology_files() -> set[str]:
 
 def remove_names() -> list[str]:
     """Remove the names of this node's MPICH segments and hydra topology file, and of an Open
-    MPI singleton's segment (see the module docstring); the paths this call removed. Call only
-    after every rank has finished ``MPI_Init``. Never raises."""
-    if not enabled():
-        return []
+    MPI singleton's segment (see the module docstring); the paths this call removed. Only where
+    mpidist owns the launch (``python -m mpidist``: :func:`mpidist._launch.environment.supervised`)
+    or there is no launcher (a singleton's files are its own). Call only after every rank has
+    finished ``MPI_Init``. Never raises."""
+    if not enabled() or environment.launched() and not environment.supervised():
+        return []  # somebody else's launch: its files are its launcher's business
     singleton = "PMIX_RANK" not in os.environ  # no Open MPI launcher: a singleton's own segment too
     mapped = segments_of("self", lambda p: is_segment(p) or singleton and _OPEN_MPI_SEGMENT.fullmatch(p))
     return [p for p in sorted(mapped | _parent_topology_files()) if remove(p)]

@@ -15,26 +15,31 @@ rank at start-up, or just before exit, hung the job until mpiexec was killed).
   status 1; the launcher then ends the job. The timer is cancelled once MPI_Init returns
   (faulthandler has one such timer per process: one the program armed before importing
   mpidist is cancelled with it).
-* An ``atexit`` handler sets SIGALRM's default action and starts the exit watcher of
-  :mod:`mpidist._launch.finalize_watcher`: if the rank is still in ``MPI_Finalize`` (or in anything
-  after that handler) at the bound, the watcher prints ``[rank r/n] MPI_Finalize timed out:
-  ...`` to the rank's standard error and sends it SIGALRM (status "Alarm clock", signal 14);
-  the launcher ends the job. The handler also arms ``alarm()`` one second later, for where no
-  watcher could start. Where a final comparison of the calls (``destroy_process_group``,
-  exit) already waited its group's timeout for a peer that never came, that bound is the grace
-  alone (:func:`peers_had_their_timeout`).
+* An ``atexit`` handler bounds what is left of the rank, ``MPI_Finalize`` included, with the
+  kernel's ``alarm()`` (status "Alarm clock", signal 14; the launcher then ends the job), where
+  SIGALRM has its default action (a program's own handler is left alone). Under
+  ``python -m mpidist`` it also starts the exit watcher of :mod:`mpidist._launch.finalize_watcher`,
+  which at the bound prints ``[rank r/n] MPI_Finalize timed out: ...`` to the rank's standard
+  error and sends SIGALRM, one second before the alarm. Where a final comparison of the calls
+  (``destroy_process_group``, exit) already waited its group's timeout for a peer that never
+  came, that bound is the grace alone (:func:`peers_had_their_timeout`). No simpler bound holds
+  it: mpi4py calls ``MPI_Finalize`` from ``Py_AtExit``, after the interpreter has stopped
+  faulthandler's thread, and an earlier, explicit ``MPI_Finalize`` would make every MPI call of
+  the interpreter's teardown (communicators and process groups freed by the garbage collector)
+  an error.
 
-The same import starts, just before ``MPI_Init``, the watcher of :mod:`mpidist._launch.init_watcher`
-that removes MPICH's shared-memory segment if the ranks die in ``MPI_Init``, and removes the
-names of the launcher's files (:mod:`mpidist._launch.launcher_files`) once it has returned.
-
-Under a launcher (:func:`mpidist._launch.environment.launched`), the same import keeps
-SIGUSR1 (Slurm's usual time-limit warning, ``--signal=USR1@...``) from being lost: MPICH's
-``MPI_Init`` installs a handler that swallows it when the process has none, so a program that
-installs its own only after ``import mpidist`` (the main jobs do, after their imports) lost a
-warning sent in between (a chaos trial found one: the job ran on past it). When SIGUSR1 has its
-default action, :func:`import_mpi` installs a handler that records it first;
-:func:`early_signals` tells a program that installs its handler later what arrived before.
+Supervision, only where mpidist owns the launch (``python -m mpidist``, as jobs/, the chaos
+suite and ``make test`` run: :func:`mpidist._launch.environment.supervised`), never in somebody
+else's program: the same import starts, just before ``MPI_Init``, the watcher of
+:mod:`mpidist._launch.init_watcher` that removes MPICH's shared-memory segment if the ranks die in
+``MPI_Init``, and removes the names of the launcher's files (:mod:`mpidist._launch.launcher_files`)
+once it has returned. It also keeps SIGUSR1 (Slurm's usual time-limit warning,
+``--signal=USR1@...``) from being lost: MPICH's ``MPI_Init`` installs a handler that swallows it
+when the process has none, so a program that installs its own only after ``import mpidist``
+(the main jobs do, after their imports) lost a warning sent in between (a chaos trial found one:
+the job ran on past it). When SIGUSR1 has its default action, :func:`import_mpi` installs a
+handler that records it first; :func:`early_signals` tells a program that installs its handler
+later what arrived before.
 
 T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
 (``init_process_group``'s default timeout, which is not known yet at import time), plus a
@@ -45,11 +50,12 @@ a rank that is only slower than its peers by more than that (a rank 0 that write
 for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
 ``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
 
-In a plain Python (no launcher: MPI's singleton, a world of one process) ``import mpidist``
-starts no process (no watcher: MPI_Finalize has no peer to wait for), installs no signal
-handler, and leaves ``/dev/shm`` and ``/tmp`` as they were (an Open MPI singleton's segment is
-removed: :mod:`mpidist._launch.launcher_files`); only MPI_Init's bound (a faulthandler timer,
-cancelled when it returns) and the atexit entry remain.
+In somebody else's program ``import mpidist`` starts no process, installs no signal handler and
+removes no file of another program: only MPI_Init's bound (a faulthandler timer, cancelled when
+it returns) and the atexit entry remain. In a plain Python (no launcher: MPI's singleton, a world
+of one) that entry does nothing (MPI_Finalize has no peer to wait for), and ``/dev/shm`` and
+``/tmp`` are left as they were (an Open MPI singleton's own segment is removed:
+:mod:`mpidist._launch.launcher_files`).
 """
 
 from __future__ import annotations
@@ -179,9 +185,12 @@ def _arm_finalize_alarm() -> None:
     if world.Get_size() == 1:  # no peer for MPI_Finalize to wait for: nothing to bound, no watcher
         return
     seconds = grace_seconds() if _waited else bound_seconds()
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    # the watcher's pipe stays open until this process exits: its end-of-file tells the watcher
-    finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
+    if environment.supervised():
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        # the watcher's pipe stays open until this process exits: its end-of-file tells the watcher
+        finalize_watcher.start(seconds, _finalize_message(world.Get_rank(), world.Get_size(), seconds))
+    elif signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:
+        return  # somebody else's program keeps its own SIGALRM handler (and MPI_Finalize is unbounded)
     signal.alarm(math.ceil(seconds) + 1)
 
 
@@ -194,9 +203,10 @@ def import_mpi() -> ModuleType:
         if MPI.Is_initialized():
             launcher_files.remove_names()
     else:
-        if environment.launched():  # a job's rank (a plain Python keeps its handlers)
+        supervised = environment.supervised()
+        if supervised and environment.launched():  # a job's rank (a plain Python keeps its handlers)
             _record_early_signals()
-        watch = init_watcher.start()  # removes MPICH's segment if this rank dies in MPI_Init
+        watch = init_watcher.start() if supervised else None  # removes MPICH's segment if this rank dies in MPI_Init
         if bounded:
             faulthandler.dump_traceback_later(bound_seconds(), exit=True)
         try:
