@@ -1,50 +1,20 @@
 """A watcher of ``MPI_Init``: a process outside the rank that removes the names of the
-shared-memory segments ``MPI_Init`` makes when the job's ranks die before they are through it.
+shared-memory segments ``MPI_Init`` makes when the job's ranks die before they are through it
+(docs/reliability.md, section 12: a job killed or stopped at start-up left MPICH's
+``/dev/shm/mpich_shm_*``, 2-4 MB each until reboot).
 
-mpidist removes the names of the files MPICH and hydra make for a job as soon as ``MPI_Init`` has
-returned (:mod:`mpidist._launch.launcher_files`), so a job killed or aborted after that leaves none. A
-job that ended while its ranks were still in ``MPI_Init`` left MPICH's segment,
-``/dev/shm/mpich_shm_<hash>_<n>`` (2-4 MB of memory each until reboot): one of the node's ranks
-makes it early in ``MPI_Init`` (MPICH 5 derives the name from the job's PMI name, and whichever
-local rank comes first makes it; the others open it) and then waits there for the others, and
-nothing of a rank runs once it has been killed. Found by the chaos tests (SIGKILL up to ~0.55 s
-after a 2-rank launch) and in this package's own tests (a rank stopped at start-up left two
-segments per ``make test``).
-
-:func:`start`, called just before ``MPI_Init`` by the node's first two ranks under a launcher
-(``PMI_RANK`` or ``PMIX_RANK`` set, but not Open MPI's ``OMPI_COMM_WORLD_SIZE``: Open MPI makes
-no MPICH segment, and its launcher removes its own; ``MPI_LOCALRANKID`` or ``SLURM_LOCALID`` 0
-or 1, or neither set, when every rank starts one: :data:`WATCHING`), starts a **watcher**: this
-file run as a script by a fresh interpreter (``python -I -S``: standard library only, no environment but ``PATH`` and
-``LD_LIBRARY_PATH``, a session of its own, standard streams on ``/dev/null``, no descriptor of
-the rank's but a pipe's read end). It looks at ``/dev/shm`` every :data:`POLL_S` s and, for
-:data:`HOT_S` s after a name appears or goes there (every :data:`SLOW_S` s otherwise), reads the
-maps and open descriptors of the rank and of its siblings (the other children of its parent,
-when that is ``hydra_pmi_proxy`` or ``slurmstepd``, which serve one job on the node: its ranks
-there), and records the segments it finds (:func:`is_segment`: MPICH's, and UCX's that MPICH's
-ch4:ucx device makes). The rank holds the pipe's write end. Once ``MPI_Init`` has returned and
-the rank has removed the names itself, :func:`end` kills the watcher. If the rank dies instead
-(or ``MPI_Init`` fails in it), the pipe reaches end-of-file: the watcher looks once more,
-removes each recorded name still there (a regular file of this user: :func:`remove`) and exits.
-This is the design of Python's own ``multiprocessing.resource_tracker`` (a process that unlinks
-a dead owner's shared memory at end-of-file on a pipe), narrowed to the one window no code of
-the rank can cover.
-
-The rank does not wait for the watcher (on the 2-core test machine the segments appeared 150-250
-ms after ``mpiexec`` started, the watcher's interpreter starts in 10-25 ms; if the rank dies
-before that, the watcher finds its pipe at end-of-file at once and still reads the siblings,
-which the launcher ends a little later): it costs each of the two ranks one ``posix_spawn``, and ``MPI_Init`` the
-watcher's readings (on the 2-core test machine, where the ranks and the watcher share the cores,
-~10-20 ms). Left uncovered: a segment whose maker is killed before the watcher's next look (one
-poll interval, plus the time the watcher waits for a core); a launch that wraps each rank in a
-process of its own (then the siblings are not the node's other ranks); a launcher that kills the
-watcher with the ranks (Slurm ending a step kills every process of its cgroup); both watching
-ranks stopped or killed before they started their watchers. Linux only;
-``MPIDIST_REMOVE_LAUNCHER_FILES=0`` switches it off with the rest of
-:mod:`mpidist._launch.launcher_files`.
-
-Imports nothing but the standard library's cheapest modules (no ``re``, ``typing`` or
-``subprocess``: each would add 5-20 ms to the watcher's start).
+:func:`start`, called under supervision just before ``MPI_Init`` by the node's first two ranks
+under hydra or srun (:data:`WATCHING`; not under Open MPI, whose launcher cleans up), runs this
+file as a script in a fresh ``python -I -S`` (standard library only, a session of its own, no
+descriptor of the rank's but a pipe's read end). It polls ``/dev/shm`` (:data:`POLL_S`, faster
+for :data:`HOT_S` after a change) and records the segments (:func:`is_segment`) the rank and its
+siblings (the other children of ``hydra_pmi_proxy`` or ``slurmstepd``) map or hold open. Once
+``MPI_Init`` has returned, :func:`end` kills it; if the rank dies first, the pipe reaches
+end-of-file and the watcher removes each recorded name still there (a regular file of this user:
+:func:`remove`). The design of Python's ``multiprocessing.resource_tracker``, narrowed to the one
+window no code of the rank can cover. Linux only; ``MPIDIST_REMOVE_LAUNCHER_FILES=0`` switches
+it off. Imports nothing but the standard library's cheapest modules (each other one adds 5-20 ms
+to the watcher's start).
 """
 
 from __future__ import annotations

@@ -1,61 +1,26 @@
-"""MPI_Init and MPI_Finalize, bounded in time: the two waits for every rank that no
-mpidist timeout watches.
+"""MPI_Init and MPI_Finalize, bounded in time: the two waits for every rank that no mpidist
+timeout watches (docs/reliability.md, section 11; found by the chaos tests: a rank stopped
+before either hung the job).
 
-``MPI_Init`` (run by mpi4py when ``mpi4py.MPI`` is first imported) and ``MPI_Finalize`` (run
-by mpi4py at interpreter exit) both wait for every rank of the job (PMI barriers). A rank that
-is stopped (SIGSTOP, a node swapping, a debugger) before either leaves every other rank waiting
-there for ever, where no watchdog runs: mpi4py holds the GIL through ``MPI_Init``, and Python's
-own machinery is gone by ``MPI_Finalize``. Found by the chaos tests (issue 27: SIGSTOP to one
-rank at start-up, or just before exit, hung the job until mpiexec was killed).
+* :func:`import_mpi` imports ``mpi4py.MPI`` (``MPI_Init``) under
+  ``faulthandler.dump_traceback_later(T, exit=True)``: past the bound the rank prints
+  ``Timeout (h:mm:ss)!`` and a stack ending in
+  ``_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT``, and exits with status 1.
+* An ``atexit`` handler arms ``alarm()`` at the bound on what is left of the rank (mpi4py calls
+  ``MPI_Finalize`` from ``Py_AtExit``, after faulthandler's thread has stopped), where SIGALRM
+  has its default action; under supervision it also starts the exit watcher
+  (:mod:`mpidist._launch.finalize_watcher`), whose line says why. After a final comparison that
+  waited its whole timeout, the bound is the grace alone (:func:`peers_had_their_timeout`).
+* Supervision (:func:`mpidist._launch.environment.supervised`: ``python -m mpidist`` or
+  ``MPIDIST_SUPERVISE=1``; never in somebody else's program): the watcher of ``MPI_Init``
+  (:mod:`mpidist._launch.init_watcher`), the removal of the launcher's files once it has
+  returned (:mod:`mpidist._launch.launcher_files`), and SIGUSR1 recorded from import on where it
+  has its default action (MPICH's ``MPI_Init`` would swallow a time-limit warning sent before the
+  program installs its handler): :func:`early_signals`.
 
-* :func:`import_mpi` imports ``mpi4py.MPI`` under ``faulthandler.dump_traceback_later(T,
-  exit=True)`` (a C thread that needs no GIL): past the bound it prints ``Timeout (h:mm:ss)!`` and the
-  stack, whose innermost mpidist frame is
-  ``_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT``, and the rank exits with
-  status 1; the launcher then ends the job. The timer is cancelled once MPI_Init returns
-  (faulthandler has one such timer per process: one the program armed before importing
-  mpidist is cancelled with it).
-* An ``atexit`` handler bounds what is left of the rank, ``MPI_Finalize`` included, with the
-  kernel's ``alarm()`` (status "Alarm clock", signal 14; the launcher then ends the job), where
-  SIGALRM has its default action (a program's own handler is left alone). Under
-  ``python -m mpidist`` it also starts the exit watcher of :mod:`mpidist._launch.finalize_watcher`,
-  which at the bound prints ``[rank r/n] MPI_Finalize timed out: ...`` to the rank's standard
-  error and sends SIGALRM, one second before the alarm. Where a final comparison of the calls
-  (``destroy_process_group``, exit) already waited its group's timeout for a peer that never
-  came, that bound is the grace alone (:func:`peers_had_their_timeout`). No simpler bound holds
-  it: mpi4py calls ``MPI_Finalize`` from ``Py_AtExit``, after the interpreter has stopped
-  faulthandler's thread, and an earlier, explicit ``MPI_Finalize`` would make every MPI call of
-  the interpreter's teardown (communicators and process groups freed by the garbage collector)
-  an error.
-
-Supervision, only where mpidist owns the launch (``python -m mpidist``, as jobs/, the chaos
-suite and ``make test`` run: :func:`mpidist._launch.environment.supervised`), never in somebody
-else's program: the same import starts, just before ``MPI_Init``, the watcher of
-:mod:`mpidist._launch.init_watcher` that removes MPICH's shared-memory segment if the ranks die in
-``MPI_Init``, and removes the names of the launcher's files (:mod:`mpidist._launch.launcher_files`)
-once it has returned. It also keeps SIGUSR1 (Slurm's usual time-limit warning,
-``--signal=USR1@...``) from being lost: MPICH's ``MPI_Init`` installs a handler that swallows it
-when the process has none, so a program that installs its own only after ``import mpidist``
-(the main jobs do, after their imports) lost a warning sent in between (a chaos trial found one:
-the job ran on past it). When SIGUSR1 has its default action, :func:`import_mpi` installs a
-handler that records it first; :func:`early_signals` tells a program that installs its handler
-later what arrived before.
-
-T is ``MPIDIST_TIMEOUT`` (seconds) where it is a positive number, else 30 minutes
-(``init_process_group``'s default timeout, which is not known yet at import time), plus a
-grace, ``MPIDIST_INIT_FINALIZE_GRACE`` s where it is a number >= 0, else :data:`GRACE`: both
-waits also cover work that is no wait for a peer (a slow start-up, the program's exit
-handlers), which a short timeout meant for collectives must not cut. As with any collective,
-a rank that is only slower than its peers by more than that (a rank 0 that writes outputs
-for T s after the others have exited) ends the job: raise MPIDIST_TIMEOUT.
-``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both off.
-
-In somebody else's program ``import mpidist`` starts no process, installs no signal handler and
-removes no file of another program: only MPI_Init's bound (a faulthandler timer, cancelled when
-it returns) and the atexit entry remain. In a plain Python (no launcher: MPI's singleton, a world
-of one) that entry does nothing (MPI_Finalize has no peer to wait for), and ``/dev/shm`` and
-``/tmp`` are left as they were (an Open MPI singleton's own segment is removed:
-:mod:`mpidist._launch.launcher_files`).
+T is ``MPIDIST_TIMEOUT`` (s) where it is a positive number, else 30 minutes, plus the grace
+``MPIDIST_INIT_FINALIZE_GRACE`` (s, >= 0; else :data:`GRACE`) for start-up and exit work that is
+no wait for a peer. ``MPIDIST_BOUND_INIT_FINALIZE=0`` switches both bounds off.
 """
 
 from __future__ import annotations
