@@ -1,10 +1,8 @@
 """torch's coalesced collectives, all_reduce_coalesced and all_gather_coalesced: several
 arrays in one collective (one MPI collective and one Work per call). torch 2.13 says they
-"will be deprecated" (FutureWarning): the public ``mpidist.all_reduce_coalesced`` /
+"will be deprecated": the public ``mpidist.all_reduce_coalesced`` /
 ``mpidist.all_gather_coalesced`` warn as torch's do (:mod:`mpidist._deprecated`); these do
-not. A call on host arrays goes to the MPI backend's body of the same name
-(:mod:`mpidist._backends.mpi.coalesced`); one on device arrays to the router
-(:mod:`mpidist._backends.device.route`).
+not. Bodies: :mod:`mpidist._backends.mpi.coalesced` (routing: :mod:`mpidist._public_op`).
 """
 
 from __future__ import annotations

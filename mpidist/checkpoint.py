@@ -1,22 +1,12 @@
 """Atomic checkpoints of named arrays as numpy ``.npz`` files, without pickle, checked
 whole on load.
 
-The module knows nothing of ranks: in a data-parallel job the caller saves
-from rank 0 only, and every rank may load.
-
-Every file :func:`save_checkpoint` writes carries a SHA-256 digest of all its bytes in the
-zip archive's comment (``mpidist-sha256:<64 hex digits>``, the last 79 bytes of the file),
-and :func:`load_checkpoint` refuses a file whose bytes do not match it: the zip format's
-CRC-32 covers only each member's data, and numpy reads an array's header before any CRC is
-checked, so a damaged header could load as different arrays. numpy reads the files as any
-``.npz`` (a zip comment is allowed); a file with no comment (``numpy.savez``'s) is loaded
-with the zip format's checks only.
-
-Device (cupy) arrays are saved as host copies and loaded as numpy arrays; a model
-on the GPU gets them back on its device through ``model.load_state_dict`` (and an
-optimizer through ``SGD.load_state_dict``), which copy each array onto its target's
-device: ``save_checkpoint(path, model.state_dict())`` then
-``model.load_state_dict(load_checkpoint(path))`` round-trips on any device.
+The module knows nothing of ranks: in a data-parallel job the caller saves from rank 0
+only, and every rank may load. Every file :func:`save_checkpoint` writes carries a SHA-256
+digest of its bytes in the zip archive's comment (``mpidist-sha256:<64 hex digits>``, the
+last 79 bytes of the file), which :func:`load_checkpoint` checks: why, and the guarantees,
+in docs/reliability.md, section 6. Device (cupy) arrays are saved as host copies and load
+as numpy arrays; ``model.load_state_dict`` copies them back onto the model's device.
 """
 
 from __future__ import annotations
@@ -130,14 +120,11 @@ def _fsync_dir(directory: Path) -> None:
 def save_checkpoint(path: PathLike, arrays: Mapping[str, Any]) -> None:
     """Save named arrays to ``path`` as a ``.npz`` file, atomically.
 
-    Writes a temporary file in the same directory (``tempfile.mkstemp``,
-    so created with mode 0o600), seals it with the SHA-256 digest of its
-    bytes (see the module docstring), flushes and fsyncs it, ``os.replace``-s
-    it onto ``path`` and fsyncs the directory. A crash or an error at any point
-    leaves either the previous file at ``path`` or the complete new one,
-    never a partial file; the temporary file is removed on error (not after
-    SIGKILL: a ``.<name>.*.tmp`` file is then left beside ``path``).
-    :func:`load_checkpoint` reads the file back; so does ``numpy.load``.
+    A temporary file in the same directory (mode 0o600), sealed with the SHA-256
+    digest, fsynced, ``os.replace``-d onto ``path``, the directory fsynced: a crash
+    leaves the previous file or the complete new one, never a partial one (after
+    SIGKILL a ``.<name>.*.tmp`` file may be left beside ``path``). Readable by
+    :func:`load_checkpoint` and ``numpy.load``.
 
     Args:
         path: destination file; ``.npz`` is not appended.
@@ -184,12 +171,9 @@ def save_checkpoint(path: PathLike, arrays: Mapping[str, Any]) -> None:
 def load_checkpoint(path: PathLike) -> dict[str, np.ndarray]:
     """Load every array of a checkpoint written by :func:`save_checkpoint`.
 
-    Reads the whole file, checks it against the SHA-256 digest
-    :func:`save_checkpoint` wrote into it (a file without one, as
-    ``numpy.savez`` writes, gets the zip format's CRC checks only), then
-    parses it with ``numpy.load(..., allow_pickle=False)``, so a file holding
-    pickled (object) arrays is refused, never unpickled. The file is closed
-    before returning.
+    Checks the whole file against its SHA-256 digest (a file without one, as
+    ``numpy.savez`` writes, gets the zip CRC checks only), then parses it with
+    ``numpy.load(..., allow_pickle=False)``: pickled arrays are refused, never unpickled.
 
     Returns:
         name -> numpy array, with the saved shapes and dtypes.

@@ -1,9 +1,7 @@
 """all_reduce, broadcast, barrier and monitored_barrier with torch.distributed's names,
 arguments and semantics, on numpy (host) and cupy (device) arrays.
 
-A call on host arrays goes to the MPI backend's body of the same name
-(:mod:`mpidist._backends.mpi.collectives`: validation, the group, the algorithm, the launch); one on
-device arrays to the router (:mod:`mpidist._backends.device.route`), which picks the device backend.
+Bodies: :mod:`mpidist._backends.mpi.collectives` (routing: :mod:`mpidist._public_op`).
 A rank that is not a member of ``group`` returns None and leaves its buffers alone.
 src/dst are global ranks, as in torch.
 """
@@ -44,15 +42,11 @@ def all_reduce(
             complex; bitwise ops need integers or bool.
         group: the process group (default: all ranks).
         async_op: return a :class:`Work` instead of blocking.
-        algorithm: mpidist extension. ``"mpi"`` (MPI_Allreduce), ``"ring"`` (mpidist's
-            bandwidth-optimal ring, :func:`mpidist.algorithms.ring_all_reduce`), ``"shm"``
-            (through an MPI-3 shared-memory window, :class:`mpidist.algorithms.ShmAllReduce`;
-            every rank of the group must be on one node), or None to let mpidist choose
-            the fastest measured for the size and the group: shared memory from the
-            measured crossover size up when the group is on one node, below it
-            MPI_Allreduce (or the ring where MPI cannot reduce the dtype, e.g. float16).
-            See docs/architecture.md, "Choosing the all-reduce algorithm";
-            ``MPIDIST_SHM_MIN_BYTES`` overrides the crossover (``off`` or 0: never shm).
+        algorithm: mpidist extension. ``"mpi"`` (MPI_Allreduce), ``"ring"``
+            (:func:`mpidist.algorithms.ring_all_reduce`), ``"shm"``
+            (:class:`mpidist.algorithms.ShmAllReduce`; the group must be on one node), or
+            None: the fastest measured for the size, dtype and group (docs/architecture.md,
+            "Choosing the all-reduce algorithm"; ``MPIDIST_SHM_MIN_BYTES`` overrides).
 
     Returns:
         None, or a Work when ``async_op`` (None on non-members).

@@ -1,26 +1,17 @@
 """DeviceMesh and init_device_mesh (torch.distributed.device_mesh) over MPI sub-communicators.
 
-A mesh lays global ranks out in an n-dimensional array; along each dimension, the
-ranks that differ only in that coordinate form a group (a row of a 2-D mesh is a
-group of dimension 1, a column one of dimension 0), and collectives over "the data
-parallel ranks" or "the tensor parallel ranks" are collectives on those groups::
+A mesh lays global ranks out in an n-dimensional array; along each dimension, the ranks
+that differ only in that coordinate form a group::
 
     mesh = mpidist.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     mpidist.all_reduce(x, group=mesh.get_group("tp"))   # over my row
     mesh["dp"].get_local_rank()                         # my index in my column
 
-As in torch, every rank of the default group builds the mesh, with the same mesh; the
-groups of one dimension are made by ONE ``MPI_Comm_split`` of the default group
-(:func:`mpidist.groups.split`; torch's CPU path calls ``new_group`` once per row),
-so a mesh costs one collective per dimension, plus one small all-reduce per dimension
-that checks every rank passed the same mesh. A dimension whose groups would hold every
-rank uses the default group itself, as torch does.
-
-``device_type`` says where the program keeps its arrays: ``"cpu"`` (numpy) or
-``"cuda"`` (cupy); it does not change how arrays travel: each group's backend does
-(the default group's, or ``backend_override``'s), and any group takes host and device
-arrays alike (docs/device.md). There are no DTensors here: a mesh is a way to make
-and find process groups.
+The groups of one dimension come from one ``MPI_Comm_split`` of the default group
+(:func:`mpidist.groups.split`), after one small all-reduce checking that every rank passed
+the same mesh. ``device_type`` (``"cpu"``: numpy, ``"cuda"``: cupy) only says where the
+program keeps its arrays; each group's backend decides how they travel. No DTensors.
+Differences from torch: docs/api.md, "Device mesh".
 """
 
 from __future__ import annotations

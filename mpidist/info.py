@@ -2,25 +2,12 @@
 cluster, serially and under the launcher (``mpiexec -n 2 python -m mpidist.info``, ``srun -n 2
 python -m mpidist.info``).
 
-Reports (rank 0 prints; ``--json``: one JSON document instead of text):
-
-* the versions of mpidist, Python, mpi4py and the MPI library (its version string, vendor and
-  MPI standard), and the thread level MPI gave (mpidist's asynchronous ops and the store over
-  MPI want ``MPI_THREAD_MULTIPLE``);
-* whether the MPI is CUDA-aware and how that was decided (:mod:`mpidist.device.detect`);
-* CuPy, NCCL (through CuPy) and the GPUs they see, where CuPy is installed;
-* torch, whether ``torch.distributed`` is available, and the backends registered once
-  ``mpidist.torch`` is imported (``mpidist``, and ``mpi`` on a torch built without MPI);
-* the launcher (hydra's ``mpiexec``, MPICH's or Intel MPI's; Open MPI's ``mpirun``; Slurm's
-  ``srun``; a PMIx launcher; or none: a singleton) and the rank variables it and mpidist set;
-* shared memory: whether an MPI-3 shared-memory window can be allocated among the ranks of a
-  node (mpidist's shared-memory all-reduce needs one), whether all ranks share one node, and
-  the space free in ``/dev/shm``.
-
-Every rank then runs ``init_process_group``, one all_reduce of a float64 1 (the result must
-equal the world size) and an ``all_gather_object`` of its host, local rank and process id, so
-a launch that gives N singletons instead of one world of N, or a hang, shows here first. The
-exit status is 0 when every check passed, 1 otherwise.
+Rank 0 prints the versions (mpidist, Python, mpi4py, the MPI library and its thread level),
+CUDA-awareness (:mod:`mpidist.device.detect`), CuPy/NCCL and GPUs, torch and its backends,
+the launcher and rank variables, and shared memory (an MPI-3 window, one node, ``/dev/shm``);
+``--json``: one JSON document. Then every rank runs ``init_process_group``, an all_reduce
+of 1.0 (must equal the world size: N singletons give 1) and an ``all_gather_object`` of its
+host, local rank and pid. Exit status 0 when every check passed, else 1 (docs/hpc.md).
 """
 
 from __future__ import annotations

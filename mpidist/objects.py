@@ -8,41 +8,13 @@ and ``recv_object_list``; output lists are filled in place.
    Objects are pickled. Unpickling data runs arbitrary code chosen by whoever produced
    it, so call these functions only with peers you trust, exactly as torch warns.
 
-Transport: :mod:`mpi4py.util.pkl5` on the group's communicator. It sends large buffers
-(numpy arrays) out of band, without copying them into the pickle, in messages whose byte
-count may exceed 2**31 - 1, so an object larger than 2 GiB works (MPI's int counts would
-otherwise cap a message at 2 GiB).
-
-Failures (issue 14, item 5): each rank pickles its objects itself (protocol 5, buffers
-out of band) before the step communicates anything, and sends an *envelope*: the pickle,
-or, when pickling failed, the error. So a step always completes, and:
-
-* an object that cannot be pickled (on ``src``, or on any member in
-  ``all_gather_object``/``gather_object``, or for ``send_object_list``) makes every
-  rank of the step raise the same ``TypeError``: "rank R could not pickle its ARG:
-  ERROR" (on rank R chained from Python's error). Output lists are left as they were,
-  and the group stays in step: a retry is an ordinary new step. (Before, the failing
-  rank raised alone and its peers waited; a broadcast's peers took the source's retry
-  for the failed broadcast.) ``gather_object`` costs one 8-byte MPI_Bcast more for this:
-  ``dst`` tells every rank whether the step worked; otherwise no message is added;
-* an object a receiver cannot unpickle (a class missing there) makes that receiver
-  raise ``TypeError``: "rank R could not unpickle the ARG of rank S: ERROR" (chained),
-  after it received every message of the step, so nothing is left behind for the next
-  op; the other ranks complete normally (telling them would cost every call one more
-  collective), except in ``gather_object``, where ``dst``'s status message carries it
-  to every rank.
-
-Which messages can meet which:
-
-* Collectives run in the group's op order (``_dispatch.launch``), behind any pending
-  async op of the group. pkl5's bcast is MPI_Bcast on the group's communicator; its
-  gather, scatter and allgather travel on a private duplicate that mpi4py attaches to
-  that communicator (created collectively on first use, freed with it).
-* ``send_object_list``/``recv_object_list`` use the group's communicator with the
-  reserved tag MPI_TAG_UB (:data:`mpidist._core.tags.OBJECT_TAG`); array p2p accepts tags
-  0 .. MPI_TAG_UB - 1 only, so object and array messages never match each other. A
-  private duplicate communicator is not an option here: MPI_Comm_dup is collective,
-  and a point-to-point call cannot make its peers join one.
+Transport: :mod:`mpi4py.util.pkl5` on the group's communicator (numpy buffers out of
+band, messages over 2 GiB). Each rank pickles before the step communicates and sends an
+envelope, the pickle or the pickling error, so a failed step fails alike on every rank
+(docs/reliability.md, section 9). Collectives run in the group's op order; pkl5's
+gather/scatter/allgather use a private duplicate of the group's communicator. Object p2p
+uses the reserved tag MPI_TAG_UB (:data:`mpidist._core.tags.OBJECT_TAG`), which array p2p
+never accepts: a duplicate communicator is not possible there (MPI_Comm_dup is collective).
 """
 
 from __future__ import annotations
@@ -91,10 +63,9 @@ def _fill(object_list: list[Any], got: list[Any], op: str, sender: int) -> None:
     object_list[:] = got
 
 
-# -- envelopes (module doc: "Failures") -------------------------------------------------------
-# What pkl5 carries is an envelope, never the caller's object: ``(pickle, *buffers)``, the
-# object pickled here beforehand (protocol 5; PickleBuffers, which pkl5 sends out of band
-# from 256 KiB up, in band below), or a str: the pickling failure, for every receiver to raise.
+# -- envelopes (docs/reliability.md, section 9) -------------------------------------------------
+# An envelope is ``(pickle, *buffers)`` (protocol 5; pkl5 sends buffers out of band from
+# 256 KiB up), or a str: the pickling failure, for every receiver to raise.
 
 
 class _Unusable(Exception):
@@ -359,9 +330,8 @@ def send_object_list(
 ) -> None:
     """Send the picklable objects of ``object_list`` to global rank ``dst`` (blocking).
 
-    The receiver's :func:`recv_object_list` needs a list of the same length. Travels on
-    the group's communicator with the reserved tag MPI_TAG_UB, so it never matches an
-    array ``recv``. ``device`` is ignored (host memory). Non-members return None.
+    The receiver's :func:`recv_object_list` needs a list of the same length. Tag
+    MPI_TAG_UB: never matches an array ``recv``. ``device`` is ignored. Non-members return None.
     ``group_dst`` names the destination by its rank in ``group`` instead (torch 2.4+);
     exactly one of the two. ``use_batch`` (torch: send through batch_isend_irecv) is
     accepted and changes nothing: one pickled message either way.

@@ -4,10 +4,9 @@
 ``group_dst``/``group_src``/``group_peer`` name the same rank by its rank in ``group``
 instead (one of the two, :func:`mpidist._dispatch.dispatch.root_rank`). Messages travel
 on the group's private communicator, so they never match a user's own MPI traffic.
-Tags: 0 .. ``mpidist._core.tags.USER_TAG_MAX`` (:mod:`mpidist._core.tags`). A call on host arrays
-goes to the MPI backend's body of the same name (:mod:`mpidist._backends.mpi.p2p`, which says how a
-message of another size is refused); one on device arrays to the router
-(:mod:`mpidist._backends.device.route`).
+Tags: 0 .. ``mpidist._core.tags.USER_TAG_MAX`` (:mod:`mpidist._core.tags`). Bodies (and how
+a message of another size is refused): :mod:`mpidist._backends.mpi.p2p` (routing:
+:mod:`mpidist._public_op`).
 """
 
 from __future__ import annotations
@@ -96,11 +95,9 @@ def irecv(
     most one of the two; neither: any source. ``tensor`` (writable, C-contiguous) is
     overwritten when the Work completes; its ``source_rank()`` gives the sender's global
     rank. A message of another size makes ``wait()`` raise ValueError (the message is
-    consumed). A message already there when the irecv is posted is probed before it is
-    received, and ``tensor`` is then left unchanged; one that arrives later is received
-    into ``tensor`` directly (no copy), so on that error ``tensor``'s contents are
-    undefined (MPI may have written part of the message), as with MPI_Irecv. Returns None
-    on a non-member.
+    consumed); ``tensor`` is then unchanged if the message was there when the irecv was
+    posted, else undefined, as with MPI_Irecv (docs/reliability.md, section 9). Returns
+    None on a non-member.
     """
 
 

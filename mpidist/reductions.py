@@ -4,9 +4,8 @@ reduce_multigpu, make_premul_sum and supports_complex.
 
 Same names, arguments and semantics as torch.distributed. ``dst`` is a global rank. A rank
 outside ``group`` returns None and touches nothing; sync calls return None,
-``async_op=True`` a :class:`~mpidist.Work`. A call on host arrays goes to the MPI backend's
-body of the same name (:mod:`mpidist._backends.mpi.reductions`, where the dtypes and AVG are
-described); one on device arrays to the router (:mod:`mpidist._backends.device.route`).
+``async_op=True`` a :class:`~mpidist.Work`. Bodies (dtypes, AVG):
+:mod:`mpidist._backends.mpi.reductions` (routing: :mod:`mpidist._public_op`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Array adapters: turn what the caller passed into a buffer MPI can use, or say why not.
 
-Host arrays, except on the CUDA-aware path: a device array reaches :func:`host_array`
-only when the CUDA-aware backend (:mod:`mpidist._backends.device.cuda_aware`) runs the MPI
-backend's body on it; anywhere else it is refused with a clear error, before any pointer can
-reach an MPI that is not CUDA-aware (which would dereference it and segfault).
-
-Dtypes: every numpy bool, integer, float and complex type, plus the types of
-``ml_dtypes`` (bfloat16, float8_*, int4, ...) when it is installed. Those with a predefined MPI
-datatype travel as it and are reduced by MPI itself (the fast path); the others
-(float16, bfloat16, non-native byte order) travel as an opaque contiguous run of bytes
-per element, registered here so a user-defined MPI reduction can tell which numpy
-dtype it is reducing (:func:`dtype_of`).
+Host arrays only, except while the CUDA-aware backend (:mod:`mpidist._backends.device.cuda_aware`)
+runs the MPI body on a device array; anywhere else a device array is refused before its
+pointer can reach an MPI that is not CUDA-aware (which would segfault). Dtypes with a
+predefined MPI datatype travel as it; the others (float16, ``ml_dtypes``' types, non-native
+byte order) as opaque byte runs, registered for :func:`dtype_of` (docs/architecture.md,
+"Datatypes and reductions").
 """
 
 from __future__ import annotations
@@ -40,9 +35,7 @@ __all__ = [
 ]
 
 # Predefined MPI datatypes by (kind, itemsize): MPI's reduction ops are defined on these
-# (MPI-4.1 §6.9.2), not on derived or duplicated types. Other dtypes (float16, bfloat16,
-# non-native byte order) travel as opaque byte runs and are reduced by mpidist itself
-# (the ring, or a user-defined MPI op: _reduce_op.to_mpi_op).
+# (MPI-4.1 §6.9.2), not on derived or duplicated types.
 _NUMERIC_KINDS = "biufc"
 _PREDEFINED = {
     ("b", 1): MPI.C_BOOL,
@@ -181,10 +174,9 @@ def dtype_of(datatype: MPI.Datatype) -> np.dtype:
     return found
 
 
-#: (kind, itemsize) of the 8- and 16-bit integer types whose predefined MPI_SUM saturates at
-#: the type's limits on this MPI instead of wrapping as numpy, torch and C do (Open MPI's AVX
-#: op component from 1024 int8 elements and 8 int16 ones: open-mpi/ompi#8045, closed as
-#: wontfix); None until first needed (:func:`saturating_sums`)
+#: (kind, itemsize) of the 8- and 16-bit integer types whose MPI_SUM saturates instead of
+#: wrapping on this MPI (Open MPI: open-mpi/ompi#8045; docs/api.md, "ReduceOp and dtypes");
+#: None until first needed (:func:`saturating_sums`)
 _saturating: Optional[frozenset[tuple[str, int]]] = None
 
 
@@ -216,9 +208,8 @@ def mpi_has(dtype: np.dtype) -> bool:
 @cache
 def mpi_reducible(dtype: np.dtype) -> bool:
     """True if MPI's predefined reduction ops work on ``dtype``: a type MPI has, except the
-    8- and 16-bit integers where this MPI's MPI_SUM saturates instead of wrapping
-    (:func:`saturating_sums`): those take mpidist's own reductions (numpy's arithmetic, as
-    for float16), so a sum that overflows wraps on every MPI and every algorithm."""
+    integers whose MPI_SUM saturates here (:func:`saturating_sums`), which mpidist reduces
+    itself so that overflow wraps everywhere."""
     if not mpi_has(dtype):
         return False
     return dtype.itemsize > 2 or dtype.kind not in "iu" or (dtype.kind, dtype.itemsize) not in saturating_sums()

@@ -1,17 +1,9 @@
 """Reduction operators: the torch.distributed names and their MPI and numpy forms.
 
-``ReduceOp.AVG`` has no MPI counterpart: it is a SUM followed by a division by the
-group's size, done identically on every rank so results stay bitwise equal.
-
-``ReduceOp.PREMUL_SUM`` carries a factor, so it is spelled
-:func:`make_premul_sum(factor) <make_premul_sum>` (torch:
-``torch.distributed._make_nccl_premul_sum``): each rank multiplies its input by the
-factor (cast to the array's dtype, as NCCL does), then the products are summed.
-
-Dtypes MPI cannot reduce itself (float16, bfloat16, non-native byte order: see
-``_buffers``) get a user-defined MPI operation (``MPI_Op_create``, commutative), one
-per ReduceOp, created on first use and cached; it applies the numpy ufunc of the op to
-the two buffers MPI hands it, reading their dtype from the opaque datatype.
+AVG is SUM then a division by the group size; PREMUL_SUM is spelled
+:func:`make_premul_sum(factor) <make_premul_sum>`; dtypes MPI cannot reduce get a cached,
+commutative user-defined ``MPI.Op`` applying the op's numpy ufunc. See docs/api.md,
+"ReduceOp and dtypes", and docs/architecture.md, "Datatypes and reductions".
 """
 
 from __future__ import annotations

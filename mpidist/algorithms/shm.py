@@ -1,38 +1,22 @@
 """Intra-node all-reduce through an MPI-3 shared-memory window.
 
-The ranks of a communicator that live on one node map one shared-memory window
-(``MPI_Win_allocate_shared``) and reduce by reading each other's slots directly with
-numpy ufuncs instead of sending messages: the "MPI+MPI" hybrid model of Hoefler et
-al., "MPI+MPI: a new hybrid approach to parallel programming with MPI plus shared
-memory", Computing 95(12), 2013. With ``n > 2`` ranks the reduction is the
-reduce-scatter + all-gather of Rabenseifner ("Optimization of collective reduction
-operations", ICCS 2004), with shared memory as the wire; with 2 ranks each rank reads
-the whole of its peer's input and reduces every element itself, which needs one
-synchronization per chunk instead of two and no second pass over the result.
+The ranks of a communicator on one node map one ``MPI_Win_allocate_shared`` window and
+reduce by reading each other's slots with numpy ufuncs: the "MPI+MPI" model of Hoefler et
+al., "MPI+MPI: a new hybrid approach to parallel programming with MPI plus shared memory",
+Computing 95(12), 2013. With ``n > 2`` ranks: Rabenseifner's reduce-scatter + all-gather
+("Optimization of collective reduction operations", ICCS 2004) through the window; with 2,
+each rank folds its peer's whole input (one synchronization per chunk instead of two).
+Use by ``mpidist.all_reduce``, memory, crossovers: docs/architecture.md, "Choosing the
+all-reduce algorithm".
 
-Synchronization follows the MPI-3 unified memory model (MPI-4.1 §12.7): the window is
-locked once with ``MPI_Win_lock_all``; a phase ends with ``MPI_Win_sync`` (a memory
-barrier: this rank's stores are visible), then a barrier on per-rank counters that live
-in the window (each alone on its page), then ``MPI_Win_sync`` again before the peers'
-data is read. A waiting rank checks its peers' counters for about 50 us (not at all
-when the node has more ranks than cores), then yields the core with ``sched_yield``
-between checks for about 100 us, then sleeps between checks (10 us doubling up to
-1 ms): yielding and sleeping release the GIL and the core to the caller's other
-threads, e.g. DDP's backward while a bucket's reduction waits for a slower peer.
-
-Every call also compares the ranks' calls: before its first synchronization each rank
-writes a header (a 64-bit hash of the element count and a code of dtype and op) next to
-its counter, in the same cache line, and after it every rank reads every peer's header.
-They are the same everywhere, so on a mismatch every rank sees it at the same step and
-raises :class:`ShmMismatch` (a ValueError naming each rank's call) before any data
-changes; the window stays usable. Headers alternate between two places by the parity of
-the synchronization, as the 2-rank data halves do, so a fast rank's next header never
-overwrites one a slow rank has still to read. Cost: one int64 store per call and one load
-per peer, in cache lines the barrier moves anyway.
-
-``mpidist.all_reduce`` uses it with ``algorithm="shm"``, and by default from the measured
-crossover size up on groups confined to one node (one window per group, made on first
-use and freed with the group: docs/architecture.md, "Choosing the all-reduce algorithm").
+Synchronization (MPI-3 unified memory model, MPI-4.1 §12.7): ``MPI_Win_lock_all`` once; a
+phase ends with ``MPI_Win_sync``, a barrier on per-rank counters in the window (each alone
+on its page), ``MPI_Win_sync``. A waiting rank spins, then yields, then sleeps (``_SPINS``,
+``_YIELDS``, ``_SLEEP_MAX``), releasing the GIL and the core to e.g. DDP's backward. A
+call's first barrier also compares the ranks' calls: a header (hash of count, dtype and
+op) beside the counter, in two places alternating by barrier parity, so a fast rank never
+overwrites one a slow rank still reads; a mismatch raises :class:`ShmMismatch` on every
+rank before data changes, and the window stays usable.
 """
 
 from __future__ import annotations
@@ -204,11 +188,8 @@ class ShmAllReduce:
     def _barrier(self, count: int = 0, code: int = -1) -> None:
         """Every rank's stores so far visible to every rank: Win_sync, counters, Win_sync.
 
-        With a ``code`` (>= 0: a call's first barrier) the ranks also compare their calls
-        through it: each writes its header (a hash of ``count`` and ``code``, the code of
-        dtype and op) before it, where the barrier's parity puts it, and reads every peer's
-        after it; raises :class:`_Differ` when one differs (then on every rank: all read the
-        same headers)."""
+        With ``code >= 0`` (a call's first barrier) also compare the calls' headers (hash of
+        ``count`` and ``code``); raises :class:`_Differ`, then on every rank alike."""
         win: MPI.Win  # not None: only __call__ (after its freed check) reaches here
         win, flags, e = self.win, self._flags, self._epoch + 1  # type: ignore[assignment]  # (see above)
         self._epoch = e

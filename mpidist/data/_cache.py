@@ -1,21 +1,15 @@
 """A per-user on-disk cache of the small arrays the examples derive from a library's data.
 
-:func:`mpidist.data.load_digits_split` needs scikit-learn, whose import takes ~2 s of CPU
-(scipy.stats and friends) on every rank of every job: on a 2-core node, 3 ranks of the main
-job spent ~3 s of their start there, for a 0.5 MB result (float32) that never changes for a given
-scikit-learn version, seed and split. So the result is written once to
-``$MPIDIST_DATA_CACHE`` (default ``$XDG_CACHE_HOME/mpidist/data``, else
-``~/.cache/mpidist/data``) and read back in milliseconds; ``MPIDIST_DATA_CACHE=off`` (or
-``0``) turns the cache off.
+:func:`mpidist.data.load_digits_split` would import scikit-learn (~2 s of CPU) on every rank
+for a 0.5 MB result that depends only on scikit-learn's version, seed and split; it is
+cached in ``$MPIDIST_DATA_CACHE`` (default ``$XDG_CACHE_HOME/mpidist/data``, else
+``~/.cache/mpidist/data``; ``off`` or ``0``: no cache; docs/api.md, "Training").
 
-Files are written as :mod:`mpidist._core.private_files` writes them: in a directory that is a real
-directory owned by this user and writable by nobody else (created 0700), each file created
-``O_EXCL|O_NOFOLLOW`` with mode 0600 and renamed into place, so ranks that fill the cache at
-the same moment each replace the file whole. A file is read through the directory's
-descriptor with ``O_NOFOLLOW``, with ``allow_pickle=False``, and used only if it holds the
-key it was asked for; a missing, unreadable or foreign file, or a directory that is not
-private, means the arrays are computed as if there were no cache (and written when the
-directory allows).
+Files are written by :mod:`mpidist._core.private_files` (a private 0700 directory, files
+0600 renamed into place, so concurrent ranks each replace a file whole) and read with
+``O_NOFOLLOW`` and ``allow_pickle=False``, used only if they hold the asked key. Any
+failure (missing, foreign or unreadable file, a directory not private) means computing the
+arrays as if there were no cache.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""What both main jobs share (:mod:`mpidist.examples.train_digits`: numpy, mpidist's own DDP;
-:mod:`mpidist.examples.train_torch`: torch's DDP): their common options, the stop flag, and
-:class:`Job`, the training loop with its epoch lines, progress bar, ``--resume`` and outputs
-(``checkpoint.npz``, checked on every rank; ``metrics.json``; ``training.png``). Each job
-subclasses :class:`Job` with its collectives and model.
+"""What both main jobs share (:mod:`mpidist.examples.train_digits`, :mod:`mpidist.examples.train_torch`):
+their common options, the stop flag, and :class:`Job`, the training loop and outputs, which
+each job subclasses with its collectives and model.
 """
 
 from __future__ import annotations
@@ -43,10 +41,9 @@ class Sampler(Protocol):
 
 
 def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> argparse.ArgumentParser:
-    """The options both main jobs take (module ``prog``, its docstring ``doc``: this one and
-    mpidist.examples.train_torch): output
-    directory ``out``, data, epochs (default ``epochs``), batch size, learning rate, momentum,
-    seed, threads per rank (``threads``: which library's), resume, progress bar."""
+    """The options both main jobs take (module ``prog``, its docstring ``doc``): output directory
+    ``out``, data, epochs (default ``epochs``), batch size, learning rate, momentum, seed, threads
+    per rank (``threads``: which library's), resume, progress bar."""
     p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(out), help=f"output directory (default: {out})")
     p.add_argument("--data", type=Path, default=None, help="directory with MNIST IDX files (default: sklearn digits)")
@@ -120,23 +117,17 @@ class StopFlag:
         self.signum = signum
 
     def ignore(self) -> None:
-        """Ignore further stop signals: once training is over there is nothing left to stop.
-
-        A stop signal can still arrive then (a time-limit warning or ``scancel`` racing the
-        job's end). Python resets handled signals to SIG_DFL when the interpreter shuts
-        down, before MPI_Finalize; SIGUSR1's default action kills the process, which srun
-        and mpiexec report as a failed job. SIG_IGN is left in place through shutdown.
-        """
+        """Ignore further stop signals once training is over, through shutdown (else Python's
+        reset to SIG_DFL lets a late SIGUSR1 kill the rank: docs/hpc.md, "Stopping,
+        checkpoints and requeue", item 4)."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
     def agreed(self, all_reduce: Callable[[np.ndarray, str], Any], loss_finite: bool = True) -> bool:
         """Collective: True on every rank once any rank got a stop signal or a non-finite loss.
 
-        One 2-element int32 all_reduce(MAX) per step (``all_reduce``: the job's, see :class:`Job`),
-        the same single collective as for the stop signal alone: telling every rank about a local
-        non-finite loss costs no extra message (a separate finite-flag all_reduce would add one
-        small collective per step).
+        One 2-element int32 all_reduce(MAX) per step (``all_reduce``: the job's, see :class:`Job`):
+        the non-finite flag rides in the stop signal's collective, costing no extra message.
         """
         self._buf[0] = self.signum
         self._buf[1] = not loss_finite

@@ -1,31 +1,19 @@
 """The main job: data-parallel training of an MLP on handwritten digits.
 
 Run under MPI, for example ``mpiexec -n 4 python -m mpidist.examples.train_digits --out out``.
-By default it trains on scikit-learn's digits (1,797 8x8 images, shipped with
-scikit-learn); ``--data DIR`` reads the four standard MNIST IDX files instead. Each
-rank trains on its DistributedSampler shard with a per-rank batch; gradients are
-averaged by DistributedDataParallel. Rank 0 prints a line per epoch and writes, under
-``--out``: ``checkpoint.npz`` (atomic, no pickle; every rank loads it back and checks
-it), ``metrics.json`` and ``training.png`` (loss and test accuracy per epoch). A progress
-bar is shown when rank 0's stdout is a terminal (a plain ``python -m`` run), or with
-``--progress``; never in a log (under ``mpiexec`` the ranks' output is a pipe), where it would
-interleave with the epoch lines. When shown it writes to stdout, the epoch lines' stream,
-and the epoch lines go through it (``tqdm.write``), so the two never mix.
+Data: scikit-learn's digits (1,797 8x8 images) by default, ``--data DIR`` for the four
+MNIST IDX files. Each rank trains on its DistributedSampler shard; DistributedDataParallel
+averages the gradients. Rank 0 prints a line per epoch and writes, under ``--out``:
+``checkpoint.npz`` (atomic, no pickle; every rank reads it back and checks it),
+``metrics.json`` and ``training.png``. A progress bar (stdout, the epoch lines through
+``tqdm.write``) is shown only when rank 0's stdout is a terminal, or with ``--progress``.
 
-The ranks check after each step, in the same all_reduce as the stop flag below, whether
-any rank's loss is not finite (a diverging run, e.g. ``--lr 1e4``): then every rank stops
-after that step, rank 0 reports "loss is not finite at epoch E step S", writes
-``metrics.json`` and ``training.png`` of what ran (the last record marks the divergence),
-leaves the checkpoint alone (a non-finite model is not worth resuming; an earlier
-checkpoint stays as it was) and the job exits with code 1.
-
-SIGTERM or SIGUSR1 (a Slurm time limit, preemption, ``scancel --signal=TERM``,
-``kill`` on mpiexec) makes every rank stop at the same step boundary: the ranks agree
-with a one-element all_reduce(MAX) after each step, rank 0 writes the checkpoint, and
-the job exits with code 0. ``--resume`` continues from that checkpoint (model,
-momentum buffers, epoch, step within the epoch, per-rank loss sums, history); the
-sampler's shuffle is a function of (seed, epoch), so the resumed run ends with
-parameters bitwise identical to an uninterrupted one on the same number of ranks.
+After each step one all_reduce(MAX) tells every rank whether any rank got SIGTERM or
+SIGUSR1 or a non-finite loss. A stop signal: every rank stops at that step, rank 0 writes
+the checkpoint, exit code 0; ``--resume`` continues from it, ending bitwise identical to an
+uninterrupted run on as many ranks. A non-finite loss ("loss is not finite at epoch E step
+S"): metrics.json and training.png of what ran, no checkpoint, exit code 1. Details:
+docs/hpc.md, "Stopping, checkpoints and requeue".
 """
 
 from __future__ import annotations

@@ -2,45 +2,16 @@
 
 Run under MPI, for example ``mpiexec -n 4 python -m mpidist -m mpidist.examples.train_torch
 --out out/torch``. ``import mpidist.torch`` registers the torch.distributed backend
-"mpidist"; ``torch.distributed.init_process_group("mpidist")`` takes rank and world size
-from MPI (no MASTER_ADDR, no port), and ``torch.nn.parallel.DistributedDataParallel``
-averages the gradients through mpidist's collectives. ``--backend gloo`` runs the same job
-over torch's gloo instead (one node only: rank 0 picks a free port on 127.0.0.1 and sends
-it to the others over MPI), for comparison.
+"mpidist" (rank and world size from MPI: no MASTER_ADDR, no port). For comparison,
+``--backend gloo`` runs the same job over torch's gloo (one node: rank 0 sends a free
+127.0.0.1 port over MPI), and ``--backend nccl`` with ``--device cuda`` over torch's NCCL
+(``"cpu:gloo,cuda:nccl"``, ``init_method="mpi://"``). ``--device cuda``: rank r uses GPU
+``local rank % GPUs on the node``, cuDNN's deterministic algorithms (docs/torch.md, "CUDA
+tensors").
 
-``--device cuda`` trains on GPUs: rank r uses GPU ``local rank % GPUs on the node``, the
-data and the model live there, and DDP reduces CUDA gradients (through NCCL where mpidist
-can use it, else host staging: docs/torch.md, "CUDA tensors"); cuDNN runs its
-deterministic algorithms. ``--backend nccl`` (with ``--device cuda``) runs the job over
-torch's own NCCL (gloo for its CPU tensors: ``"cpu:gloo,cuda:nccl"``) with ranks and store
-from MPI (``init_method="mpi://"``), for comparison.
-
-Data as the numpy job (:mod:`mpidist.examples.train_digits`): scikit-learn's digits
-(1,797 8x8 images) by default, ``--data DIR`` for the four MNIST IDX files; each image is
-fed as a 1-channel square. The model: two 3x3 convolutions (16 and 32 channels, ReLU), an
-adaptive max pool to 4x4 and a linear head (9,930 parameters). Each rank trains on its
-``torch.utils.data.distributed.DistributedSampler`` shard, ``--batch-size`` samples per
-rank per step, SGD with momentum; ``torch.manual_seed(--seed)`` on every rank and DDP's
-broadcast of rank 0's parameters make the start identical. One torch thread per rank
-unless ``--threads`` (default: cores on the node / ranks on the node).
-
-Rank 0 writes, under ``--out``: ``checkpoint.npz`` (:func:`mpidist.checkpoint.save_checkpoint`:
-atomic, no pickle; ``model.<name>`` holds ``ddp.module.state_dict()``'s tensors as arrays,
-``optimizer.<i>.momentum_buffer`` SGD's state; every rank reads it back and checks it),
-``metrics.json`` and ``training.png`` (loss and test accuracy per epoch), as the numpy job.
-Load the model back with ``model.load_state_dict({k[6:]: torch.from_numpy(v) for k, v in
-load_checkpoint(path).items() if k.startswith("model.")})``.
-
-SIGTERM or SIGUSR1 (a Slurm time limit, preemption, ``kill`` on mpiexec) stops every rank
-at the same step, as in the numpy job: the ranks agree with a two-element
-``all_reduce(MAX)`` after each step (the stop signal, and whether any rank's loss was not
-finite), rank 0 writes the checkpoint (with every rank's partial loss sums) and the job
-exits with code 0. ``--resume`` continues from it; the sampler's shuffle is a function of
-(seed, epoch), so a resumed run ends with parameters bitwise identical to an uninterrupted
-one on the same number of ranks. A diverging run (``--lr 1e3``) stops on every rank at the
-first non-finite loss, "loss is not finite at epoch E step S", with metrics.json and the
-plot of what ran, no checkpoint, exit code 1, as the numpy job. The progress bar, as the
-numpy job's: only when stdout is a terminal, or with ``--progress``.
+Data, outputs, SIGTERM/SIGUSR1 stop and ``--resume``, divergence and the progress bar are
+the numpy job's (:mod:`mpidist.examples.train_digits`). Model, checkpoint layout (load it
+back into torch) and results: docs/torch.md, "The torch main job".
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """DDP communication hooks: the ``GradBucket`` a hook sees, and torch's built-in hooks.
 
-A hook replaces how DistributedDataParallel reduces one bucket of gradients
-(``DistributedDataParallel.register_comm_hook(state, hook)``; torch docs "DDP
-Communication Hooks"). ``hook(state, bucket) -> concurrent.futures.Future`` is called
-once per bucket and step, when the bucket's last gradient is ready, with
-``bucket.buffer()`` holding the rank's gradients (not divided by the world size). The
-future must complete with a flat array of ``bucket.buffer()``'s size: the reduced
-gradients (DDP copies it into the bucket unless it *is* the bucket's buffer).
-
-torch returns ``torch.futures.Future[Tensor]``; here a ``concurrent.futures.Future``
-(``result()`` instead of ``wait()``/``value()``, ``add_done_callback`` instead of
-``then``; :func:`then` gives torch's chaining). A future's callbacks may run on the
-process group's engine thread (see :class:`mpidist.work.FutureWork`): a callback may
-issue collectives on that group, sync or async, and wait on them; they run at once, in
-the same order on every rank.
-
-Built-in hooks, as ``torch.distributed.algorithms.ddp_comm_hooks``:
-
-* ``default_hooks.allreduce_hook``: divide by the world size, then sum (the default).
-* ``default_hooks.fp16_compress_hook`` / ``bf16_compress_hook``: cast to float16 /
-  bfloat16 (``ml_dtypes``), then divide by the world size (torch's order and rounding),
-  sum in that dtype (mpidist's ring), cast back into the bucket. Half the bytes on the
-  wire, about 3 / 2 significant digits.
-* ``powerSGD_hook`` with :class:`PowerSGDState`: rank-r PowerSGD (Vogels, Karimireddy
-  and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
-  Optimization", NeurIPS 2019), following torch's ``powerSGD_hook.py``.
-
-All hooks are array-module generic: they compute in the bucket's module (numpy or cupy,
-``xp.linalg`` for PowerSGD's QR), allocate their temporaries and state on the bucket's
-device, and enter that device in their completion callbacks (which may run on another
-thread, whose current cupy device is its own).
+``hook(state, bucket) -> concurrent.futures.Future`` replaces how DistributedDataParallel
+reduces one bucket (``DistributedDataParallel.register_comm_hook``; torch docs "DDP
+Communication Hooks"); the future completes with a flat array of ``bucket.buffer()``'s
+size. torch's ``torch.futures.Future`` is a ``concurrent.futures.Future`` here
+(:func:`then` gives torch's chaining). Built-in hooks, as
+``torch.distributed.algorithms.ddp_comm_hooks``: :func:`allreduce_hook`,
+:func:`fp16_compress_hook`, :func:`bf16_compress_hook`, :func:`powerSGD_hook`. All compute
+in the bucket's array module (numpy or cupy) and on its device, also in their completion
+callbacks (which may run on another thread). Contract, callbacks and the engine thread,
+accuracy: docs/ddp.md, "Communication hooks".
 """
 
 from __future__ import annotations
@@ -197,14 +177,10 @@ def _compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket, dt
 def fp16_compress_hook(process_group: Optional[ProcessGroup], bucket: GradBucket) -> Future[Any]:
     """Reduce the bucket in float16: cast, divide by the group size, SUM, cast back in place.
 
-    torch: ``default_hooks.fp16_compress_hook``, same order and rounding: cast to float16,
-    then divide by the group size (computed in float32 and rounded to float16, as torch's
-    ``div_`` on a half tensor), so each rank contributes bitwise what torch's would (tested
-    against that formula; checked against torch 2.13 itself). The sum runs in float16
-    (mpidist's ring; MPI has no float16 sum), rounding every partial sum as NCCL does.
-    Relative error per element about 1e-3 of the bucket's magnitude; values beyond
-    float16's range (65504) become inf, and tiny ones lose precision twice (once in the
-    cast, once in the division: torch's choice, kept).
+    torch: ``default_hooks.fp16_compress_hook``, same order and rounding (the division in
+    float32, rounded to float16, as torch's ``div_``): each rank sends bitwise what torch's
+    would. The sum runs in float16 (mpidist's ring). Relative error about 1e-3 of the
+    bucket's magnitude; values beyond 65504 become inf (docs/ddp.md, "Communication hooks").
     """
     return _compress_hook(process_group, bucket, np.float16, "fp16_compress_hook")
 
@@ -414,12 +390,9 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future[Any]:
     6. ``M <- P Q^T`` in the bucket (the rank-r approximation of the average gradient);
        error = (input copy) - buffer.
 
-    Per bucket and step this sends ``sum((n + m) r)`` elements for the compressed
-    matrices plus the uncompressed ones, instead of ``sum(n m)``. The result is bitwise
-    identical on every rank (P, Q and the uncompressed part are all-reduced; the
-    orthogonalization is deterministic). Steps 4-6 run in the uncompressed all-reduce's
-    completion callback (on the group's engine thread when it is still running), with
-    synchronous all-reduces, so every rank issues the same collectives in the same order.
+    Sends ``sum((n + m) r)`` elements per bucket for the compressed matrices, instead of
+    ``sum(n m)``; the result is bitwise identical on every rank. Steps 4-6 run in the
+    uncompressed all-reduce's completion callback, with synchronous all-reduces.
     """
     op = "powerSGD_hook"
     g = _group(state.process_group, op)

@@ -2,15 +2,8 @@
 
 After torch's C++ ``Reducer`` (torch/csrc/distributed/c10d/reducer.cpp; Li et al.,
 "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020)
-and Horovod's Tensor Fusion: gradients are packed into flat buckets in reverse
-parameter order (the order backward produces them); each bucket's reduction starts,
-asynchronously, as soon as its last gradient is ready, while backward goes on with
-earlier layers. Buckets are launched in bucket order only, so every rank issues the same
-collectives in the same order even if its gradients arrive in another order.
-
-Array-module generic: buckets live on the parameters' device (numpy or cupy) and every
-gradient operation runs in their module; the all-reduce gets the device array (the
-collectives route it). Bookkeeping (which parameters got gradients) stays on the host.
+and Horovod's Tensor Fusion; how a step works: docs/ddp.md, "How a step works". Buckets
+live on the parameters' device (numpy or cupy); bookkeeping stays on the host.
 """
 
 from __future__ import annotations
@@ -106,10 +99,7 @@ class Reducer:
     record which parameters got gradients (``no_sync`` accumulation).
 
     ``limits``: bucket size limits in bytes, see :func:`assign_buckets`.
-    ``skip_all_reduce_unused_params``: from the second synchronized step on, buckets whose
-    parameters no rank used in the first one (with find_unused_parameters or static_graph)
-    are not reduced; the set is decided from the first step's all-reduced used map, so every
-    rank (a joined one too) skips the same buckets.
+    ``skip_all_reduce_unused_params``: docs/ddp.md, "``skip_all_reduce_unused_params=True``".
     """
 
     def __init__(
@@ -390,14 +380,9 @@ class Reducer:
     # -- join ------------------------------------------------------------------------------------
     def shadow(self) -> None:
         """A joined rank's backward: the same collectives as the others', on zeros (torch's
-        ``_match_all_reduce_for_bwd_pass``); gradients and buckets are not touched.
-
-        With find_unused_parameters it contributes to the used-parameter all-reduce the
-        counts it last all-reduced (torch's ``_match_unused_params_allreduce`` re-sends
-        ``local_used_map_dev_``, the reduced map of its last step, all-reducing it in place
-        again): a parameter used anywhere in that step counts as used in every step of the
-        join phase, so the active ranks write its (zero, if they did not use it) reduced
-        gradient instead of leaving its ``.grad`` untouched. Zeros before any step."""
+        ``_match_all_reduce_for_bwd_pass``); gradients and buckets are not touched. With
+        find_unused_parameters it re-sends the used counts it last all-reduced (zeros before
+        any step), as torch's ``_match_unused_params_allreduce``: docs/ddp.md, "``join()``"."""
         pending: list[Any] = []  # per bucket: its Work or hook Future, None when skipped
         for b in self.buckets:
             if b.index in self.skipped:

@@ -1,31 +1,10 @@
 """A Chrome-trace timeline of DistributedDataParallel steps, after Horovod's Timeline.
 
-Set ``MPIDIST_TIMELINE=PATH`` before constructing :class:`DistributedDataParallel` and each
-rank writes a trace in the Chrome Trace Event format (open it in ``chrome://tracing`` or
-https://ui.perfetto.dev): ``PATH`` with ``{rank}`` replaced by the global rank, or, when
-``PATH`` has no ``{rank}``, ``PATH.rank{r}.json``. Off (no timeline object, no cost but one
-``is None`` test per event site) when the variable is unset or empty.
-
-Events (``pid`` = global rank; ``ts``/``dur`` in microseconds since the Unix epoch):
-
-====================  =====  ===============================================================
-name                  phase  row (``tid``) and meaning
-====================  =====  ===============================================================
-``forward``           X      ``step``: ``ddp(...)`` (buffer broadcast included)
-``broadcast_buffers``  X     ``step``: the forward's buffer broadcast
-``forward:<layer>``   X      ``layers``: one leaf module's forward
-``backward``          X      ``step``: ``ddp.backward(...)``, reductions included
-``backward:<layer>``  X      ``layers``: one leaf module's backward
-``bucket_ready``      i      ``bucket <i>``: the bucket's last gradient arrived
-``allreduce``         X      ``bucket <i>``: from the launch of the bucket's reduction (all-reduce
-                             or comm hook) to its completion; args: bucket, bytes, hook
-``synchronize``       X      ``step``: waiting for the reductions and writing the grads
-``join_shadow``       X      ``step``: a joined rank shadowing one step of the others
-====================  =====  ===============================================================
-
-The file is valid JSON after every flush: DDP flushes at the end of each backward, and
-the file is closed at process exit. One file per process: every DDP of the process
-writes to it.
+``MPIDIST_TIMELINE=PATH`` (set before constructing :class:`DistributedDataParallel`) makes
+each rank write a Chrome Trace Event file, :func:`timeline_path`; unset or empty: off, no
+timeline object. ``pid`` is the global rank, ``ts``/``dur`` microseconds since the Unix
+epoch. One file per process (every DDP of the process writes to it), valid JSON after every
+:meth:`Timeline.flush`. Events and rows: docs/ddp.md, "Timeline (``MPIDIST_TIMELINE``)".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """``python -m mpidist.tools.trace DIR``: line up the ranks' flight recorders and say who diverged.
 
-Reads every ``rank<r>.json`` that :func:`mpidist._core.recorder.dump` wrote in DIR (on a
-timeout, an abort, SIGTERM, or a peer's request). For each group, the collectives
-are lined up by sequence number (every member numbers its collectives on a group
-the same way); the first sequence number where the members disagree is the
-divergence:
-
-* a member never issued it (it had not arrived): its latest op is shown instead;
-* members called different ops, dtypes or roots there.
-
-Then the ops still in flight on each rank (collectives and point-to-point). Exit
-status: 0 if no divergence was found, 1 if one was, 2 if DIR holds no dump.
+Reads every ``rank<r>.json`` that :func:`mpidist._core.recorder.dump` wrote in DIR, lines
+each group's collectives up by sequence number, and reports the first divergence (a member
+that never issued it, or different ops, dtypes or roots) and the ops in flight on each rank
+(docs/reliability.md, section 3). Exit status: 0 no divergence, 1 divergence, 2 no dump.
 
 Usage: ``python -m mpidist.tools.trace DIR [--last N]`` (N rows per group before the
 divergence, default 6; ``--last 0`` shows every row).
