@@ -226,18 +226,14 @@ def _timeout_seconds(timeout: Any, op: str) -> Optional[float]:
     return None if runtime.env_timeout(prefix(op)) is not None else timeout.total_seconds()
 
 
-def _digest(obj: Any) -> int:
-    """A hash of ``repr(obj)`` that is the same in every process, in [0, 2**56)."""
-    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=7).digest(), "little")
-
-
 def agree(g: ProcessGroup, obj: Any, op: str, what: str) -> None:
     """Check that every member of ``g`` passed the same ``obj`` (by a hash of its repr, one
     small all-reduce, collective over ``g``'s members), so that a program whose ranks
     disagree gets a ValueError on every member instead of wrong groups.
 
     Not public (not in ``__all__``), as :func:`split`."""
-    digest = _digest(obj)
+    # a hash of repr(obj) that is the same in every process, in [0, 2**56)
+    digest = int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=7).digest(), "little")
 
     def compare() -> bool:
         agreed = np.array([digest, -digest], np.int64)

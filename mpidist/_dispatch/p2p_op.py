@@ -25,10 +25,6 @@ __all__ = ["P2POp", "is_receive", "with_tensor"]
 _P2P_FUNCTIONS = {("mpidist.p2p", "isend"), ("mpidist.p2p", "irecv")}
 
 
-def _is_p2p_function(op: Any) -> bool:
-    return (getattr(op, "__module__", None), getattr(op, "__name__", None)) in _P2P_FUNCTIONS
-
-
 class P2POp:
     """One point-to-point operation for :func:`batch_isend_irecv` (``torch.distributed.P2POp``).
 
@@ -61,7 +57,7 @@ class P2POp:
         tag: int = 0,
         group_peer: Optional[int] = None,
     ) -> None:
-        if not _is_p2p_function(op):
+        if (getattr(op, "__module__", None), getattr(op, "__name__", None)) not in _P2P_FUNCTIONS:
             raise ValueError(
                 f"{prefix('P2POp')} op must be mpidist.isend or mpidist.irecv, got {getattr(op, '__name__', repr(op))}"
             )

@@ -509,11 +509,6 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
-def _softmax_dim(ndim: int) -> int:
-    """torch's implicit dimension for ``dim=None`` (``torch.nn.functional._get_softmax_dim``)."""
-    return 0 if ndim in (0, 1, 3) else 1
-
-
 class LogSoftmax(Module):
     """``log(softmax(x))`` along ``dim`` (torch.nn.LogSoftmax), computed as ``z - log(sum(exp(z)))``
     with ``z = x - max(x)`` so large inputs stay finite.
@@ -540,7 +535,7 @@ class LogSoftmax(Module):
         check_array(x, "x", op, floating=True)
         dim = self.dim
         if dim is None:
-            dim = _softmax_dim(x.ndim)
+            dim = 0 if x.ndim in (0, 1, 3) else 1  # torch.nn.functional._get_softmax_dim
             warnings.warn(
                 f"Implicit dimension choice for log_softmax has been deprecated. Change the call to "
                 f"include dim={dim} as an argument.",

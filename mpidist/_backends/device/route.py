@@ -75,12 +75,6 @@ def _global_root(op: str, g: Any, args: dict) -> dict:
     return args
 
 
-def _redop_dtype(op: str, args: dict, rt: Any, found: list) -> tuple[Any, Optional[np.dtype]]:
-    redop = args.get("op") if op in paths.REDUCING_OPS else None
-    dtype = rt.shape_dtype(found[0][1])[1] if found and is_device_array(found[0][1]) else None
-    return redop, dtype
-
-
 def device_call(op: str, g: Optional[ProcessGroup], args: dict) -> Any:
     """Run public op ``op`` on the backend the group and the MPI allow.
 
@@ -115,7 +109,8 @@ def device_call(op: str, g: Optional[ProcessGroup], args: dict) -> Any:
     if backend == "nccl":
         return _nccl().run(op, g, args)
     found_dev = [f for f in found if is_device_array(f[1])]
-    redop, dtype = _redop_dtype(op, args, rt, found_dev)
+    redop = args.get("op") if op in paths.REDUCING_OPS else None
+    dtype = rt.shape_dtype(found_dev[0][1])[1] if found_dev and is_device_array(found_dev[0][1]) else None
     found_ok = paths.mpi_cuda_ok(op, dtype, redop, args.get("algorithm"), A.overlapping(rt, found_dev))
     path = paths.choose(True, backend, detect.detection().aware, found_ok)
     if path == paths.MPI_CUDA:

@@ -415,36 +415,18 @@ def gather(
         gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True, " (it receives dst's own tensor)"
     )
     dst, dt = g.ranks[root], mpi_datatype(inp.dtype)
-    if outs is None:
-        return _run(
-            g,
-            op,
-            g.comm.Gatherv,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
-            ([inp, dt], None, root),
-            async_op,
-            (),
-            inp.shape,
-            inp.dtype,
-            dst,
-            parts=("gather", inp.size, None),
-        )
-    counts = tuple([o.size for o in outs])
-    displs, total, _ = _layout(counts)
-    buf, staged = _recv_buffer(outs, total)
-    args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
-    fn, fn_args = _body(g.comm.Gatherv, args, buf if staged else None, outs, displs)  # type: ignore[union-attr]  # a member's comm (None on non-members only)
-    return _run(
-        g,
-        op,
-        fn,
-        fn_args,
-        async_op,
-        tuple(gather_list),  # type: ignore[arg-type]  # not None where outs is not (_root_list)
-        inp.shape,
-        inp.dtype,
-        dst,
-        parts=("gather", inp.size, counts),
-    )
+    comm = g.comm
+    assert comm is not None  # a member's (None on non-members only)
+    counts: Optional[tuple[int, ...]] = None
+    fn, fn_args, outputs = comm.Gatherv, ([inp, dt], None, root), ()  # type: tuple[Callable[..., Any], tuple, tuple]
+    if outs is not None:  # the root
+        counts = tuple([o.size for o in outs])
+        displs, total, _ = _layout(counts)
+        buf, staged = _recv_buffer(outs, total)
+        args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
+        fn, fn_args = _body(comm.Gatherv, args, buf if staged else None, outs, displs)
+        outputs = tuple(gather_list)  # type: ignore[arg-type]  # not None where outs is not (_root_list)
+    return _run(g, op, fn, fn_args, async_op, outputs, inp.shape, inp.dtype, dst, parts=("gather", inp.size, counts))
 
 
 def scatter(
@@ -462,37 +444,20 @@ def scatter(
         scatter_list, g, src, group_src, out, op, "scatter_list", "src", False, " (it is src's own part)"
     )
     src, dt = g.ranks[root], mpi_datatype(out.dtype)
-    if inps is None:
-        return _run(
-            g,
-            op,
-            g.comm.Scatterv,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
-            (None, [out, dt], root),
-            async_op,
-            (tensor,),
-            out.shape,
-            out.dtype,
-            src,
-            parts=("scatter", out.size, None),
-        )
-    counts = tuple([a.size for a in inps])
-    displs = _layout(counts)[0]
-    send = _pack(inps)
-    slot = _own_slot(out, send, displs[root])
-    if slot is False:
-        send = np.concatenate([a.reshape(-1) for a in inps])
-    recv = MPI.IN_PLACE if slot else [out, dt]
+    comm = g.comm
+    assert comm is not None  # a member's (None on non-members only)
+    counts: Optional[tuple[int, ...]] = None
+    args: tuple = (None, [out, dt], root)
+    if inps is not None:  # the root
+        counts = tuple([a.size for a in inps])
+        displs = _layout(counts)[0]
+        send = _pack(inps)
+        slot = _own_slot(out, send, displs[root])
+        if slot is False:
+            send = np.concatenate([a.reshape(-1) for a in inps])
+        args = ([send, counts, displs, dt], MPI.IN_PLACE if slot else [out, dt], root)
     return _run(
-        g,
-        op,
-        g.comm.Scatterv,  # type: ignore[union-attr]  # a member's comm (None on non-members only)
-        ([send, counts, displs, dt], recv, root),
-        async_op,
-        (tensor,),
-        out.shape,
-        out.dtype,
-        src,
-        parts=("scatter", out.size, counts),
+        g, op, comm.Scatterv, args, async_op, (tensor,), out.shape, out.dtype, src, parts=("scatter", out.size, counts)
     )
 
 
