@@ -191,17 +191,10 @@ class DeviceMesh:
         self._whole = whole  # False: a slice of a larger mesh made for a rank outside it
 
     @classmethod
-    def _from_parts(
-        cls,
-        device_type: str,
-        mesh: np.ndarray,
-        names: Optional[tuple[str, ...]],
-        groups: list[ProcessGroup],
-        coordinate: Optional[tuple[int, ...]],
-        whole: bool = True,
-    ) -> DeviceMesh:
+    def _from_parts(cls, *parts: Any) -> DeviceMesh:
+        """A mesh made of ``parts``: :meth:`_set`'s arguments."""
         obj = cls.__new__(cls)
-        obj._set(device_type, mesh, names, groups, coordinate, whole)
+        obj._set(*parts)
         return obj
 
     @staticmethod
@@ -378,7 +371,7 @@ class DeviceMesh:
             names,
             [self._groups[d] for d in dims],
             None if coord is None else tuple(coord[d] for d in dims),
-            whole=coord is not None or others == 1,
+            coord is not None or others == 1,  # whole
         )
 
     # -- the rest of torch's surface -----------------------------------------------------------
