@@ -1,27 +1,15 @@
 """The entry of every public op, written once: resolve the group, send a call on device
 arrays to the router, hand the rest to the MPI backend's body.
 
-A public op is declared as a stub, its signature and docstring (what a user reads), under
-``@public_op(body)``; :func:`public_op` makes the function that runs:
-
-1. the group: ``group`` resolved (None: the default group); on a rank that is not a member
-   the op returns None and touches nothing;
-2. the device detour: when the op's primary argument (the first of
-   :data:`mpidist.device.op_args.SIGNATURES`; for a list, its first entry) is a device
-   array, the router (:func:`mpidist._backends.device.route.device_call`) takes the call with the
-   resolved group and the other arguments by name;
-3. else the MPI backend's body of the same name (:mod:`mpidist._backends.mpi`), with the arguments
-   by position and the resolved group as its parameter ``g``.
-
-A point-to-point body takes ``group`` instead of ``g``: these ops validate their array and
-tag before they look at membership, as torch's isend does, so the body resolves the group
-itself (:func:`mpidist._backends.mpi.p2p._prepare`) and the router gets the group if the caller is a
-member, else None.
-
-The function is compiled from the stub's signature, as :mod:`dataclasses` compiles
-``__init__``: a call costs what a hand-written function costs, while a generic
-``*args, **kwargs`` wrapper costs a host op a second call and the search for its
-arguments (the 8-byte all_reduce feels ~60 ns: benchmarks/results/latency_layers.md).
+A public op is declared as a stub (signature and docstring) under ``@public_op(body)``. The
+function that runs resolves ``group`` (a non-member gets None); sends a call whose primary
+argument (:data:`mpidist.device.op_args.SIGNATURES`) is a device array to
+:func:`mpidist._backends.device.route.device_call`; else calls ``body`` with the arguments by
+position and the resolved group as ``g``. A point-to-point body takes ``group`` and resolves
+it itself (:func:`mpidist._backends.mpi.p2p._prepare`). The function is compiled from the
+stub's signature, as :mod:`dataclasses` compiles ``__init__``: a generic ``*args, **kwargs``
+wrapper cost the 8-byte all_reduce ~60 ns (benchmarks/results/latency_layers.md).
+docs/architecture.md, "The path of one all_reduce".
 """
 
 from __future__ import annotations

@@ -6,25 +6,12 @@ Usage (as ``python -m mpi4py``)::
     mpiexec -n 4 python -m mpidist -m package.module [args...]
     mpiexec -n 4 python -m mpidist -c "code" [args...]
 
-``init_process_group`` already makes an unhandled exception abort the job (its
-``sys.excepthook``, :mod:`mpidist._launch.abort`); the runner adds what a hook cannot see: an
-exception raised before ``init_process_group`` (or without it), and ``sys.exit(code)``
-with a non-zero code. Under ``python -m mpidist`` the exception's traceback is printed
-with every line prefixed ``[rank r]`` (the runner's own frames cut), every rank's flight
-recorder is written (:func:`mpidist._runtime.world.dump_all`, at most 2 s) if mpidist is
-initialized, and the job is aborted with MPI_Abort (exit code 1; 130 for
-KeyboardInterrupt). ``sys.exit(code)`` with a non-zero code on a rank of a multi-rank job
-aborts it with that code; exit code 0 (or None) ends the rank normally. In a one-rank run
-(no mpiexec) nothing is aborted or written: the process just exits with that code. The
-runner catches the exception itself, so the hook never reports it a second time.
-
-``python -m mpidist`` is also where mpidist owns the launch and so supervises the process from
-its import on (the watcher of ``MPI_Init``, the launcher's files, SIGUSR1 recorded, the exit
-watcher's line: :func:`mpidist._launch.environment.supervised`); a plain ``python script.py``
-that imports mpidist gets none of it.
-
-Source: mpi4py's ``mpi4py.run`` (``python -m mpi4py``), which turns any unhandled
-exception into MPI_Abort for the same reason.
+Beyond init_process_group's ``sys.excepthook`` (:mod:`mpidist._launch.abort`) it catches an
+exception raised before ``init_process_group`` and a non-zero ``sys.exit(code)``: the
+traceback prefixed ``[rank r]``, every rank's flight recorder written (if initialized), then
+MPI_Abort (exit code 1, 130 for KeyboardInterrupt, or ``code``); a one-rank run just exits.
+It is also where mpidist owns the launch (:func:`mpidist._launch.environment.supervised`).
+docs/reliability.md, sections 1 and 11. Source: mpi4py's ``mpi4py.run``.
 """
 
 from __future__ import annotations

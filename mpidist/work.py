@@ -1,17 +1,11 @@
 """Work handles returned by ``async_op=True`` calls, and the per-group engine that runs them.
 
-Three kinds of handle share one interface (``torch.distributed.Work``):
-
-* :class:`RequestWork` wraps an MPI request (isend, irecv); MPI progresses it.
-* :class:`FutureWork` wraps an op that the group's :class:`Engine` thread runs, so an
-  async collective makes progress while the caller computes: the engine thread sits in
-  the blocking MPI call (mpi4py releases the GIL there) while the caller's thread runs.
-* :class:`CompletedWork` for ops that finished before returning (one-rank groups, or an
-  MPI without ``MPI_THREAD_MULTIPLE``, where async ops run eagerly).
-
-Every kind has ``get_future()``: a ``concurrent.futures.Future`` whose result is the
-list of arrays the op wrote (``result()``), or whose exception is the op's error. Its
-done-callbacks run on the thread that sees the op complete (see each class).
+Three kinds share ``torch.distributed.Work``'s interface: :class:`RequestWork` (an MPI
+request: isend, irecv), :class:`FutureWork` (an op the group's :class:`Engine` thread runs,
+progressing while the caller computes) and :class:`CompletedWork` (ops done before returning:
+one-rank groups, or no ``MPI_THREAD_MULTIPLE``). ``get_future()``'s result is the list of
+arrays the op wrote, or its exception the op's error. docs/architecture.md, "Async ops and
+ordering".
 """
 
 from __future__ import annotations
@@ -130,16 +124,9 @@ class Work:
     MPIDIST_TIMEOUT, counted from the op's issue) bounds it: past it the watchdog
     aborts the job, or with MPIDIST_ABORT_ON_TIMEOUT=0 ``wait`` raises the watchdog's
     DistError (op, group, sequence number, ranks that had not arrived).
-
-    ``synchronize()`` and ``get_future_result()`` (torch's) are written once, here, on top
-    of each kind's ``wait()`` and ``get_future()``. So are the parts the kinds share, read
-    from attributes each sets where it has them: ``exception()`` (``_error``),
-    ``source_rank()`` (``_source``), ``result()`` (``_outs``), the watched entry (``_rec``),
-    and, for a Work completed by a call to :meth:`_finished` (``_done``; CompletedWork, the
-    NCCL path's NcclWork), ``is_completed()`` and ``get_future()``: a plain future
-    settled by :meth:`_finished`, or at once if the op was done already.
     """
 
+    # the shared methods read what each kind sets:
     _result_future: Optional[concurrent.futures.Future[WorkResult]] = None  # get_future_result()'s, made on first call
     _future: Optional[concurrent.futures.Future[list[Any]]] = None  # get_future()'s, made on first call
     _outs: tuple[Any, ...] = ()  # the arrays the op wrote
@@ -157,24 +144,21 @@ class Work:
         raise NotImplementedError
 
     def synchronize(self) -> None:
-        """Make the caller's consumer of the op's outputs wait for the op (torch's
-        ``Work.synchronize``). Host ops: block until the op completes, as ``wait()`` (its
-        error raised; the group's timeout applies): on the host the calling thread is the
-        consumer. (torch's CPU Work has no stream to order, and its ``synchronize`` returns
-        at once; the arrays are ready after mpidist's.) NCCL ops: the caller's current
-        stream waits on the op, the host does not block (``NcclWork.synchronize``).
+        """Make the consumer of the op's outputs wait for the op (torch's
+        ``Work.synchronize``). Host ops: block as ``wait()`` does (torch's CPU Work returns at
+        once; the arrays are ready after mpidist's). NCCL ops: the caller's current stream
+        waits on the op, the host does not block.
         """
         self.wait()
 
     def get_future_result(self) -> concurrent.futures.Future[WorkResult]:
         """A future completed with a :class:`WorkResult` once the op ends (torch's
         ``Work.get_future_result``): ``SUCCESS``; ``TIMEOUT`` once the watchdog declares the
-        op timed out (only with MPIDIST_ABORT_ON_TIMEOUT=0: by default it aborts the job;
-        the op may still be running); ``COMM_ERROR`` if it failed otherwise (an MPI error,
-        a message of the wrong size, :meth:`mpidist.ProcessGroup.abort`). It never completes
-        with an exception: the op's own error stays with ``wait()`` and ``exception()``.
-        Done-callbacks run where ``get_future()``'s do (or on mpidist's progress thread,
-        for a timeout). The same future on every call.
+        op timed out (only with MPIDIST_ABORT_ON_TIMEOUT=0; the op may still be running);
+        ``COMM_ERROR`` if it failed otherwise (an MPI error, a message of the wrong size,
+        :meth:`mpidist.ProcessGroup.abort`). Never an exception (that stays with ``wait()``).
+        Done-callbacks run where ``get_future()``'s do (on mpidist's progress thread for a
+        timeout). The same future on every call.
         """
         with _CREATE_LOCK:
             fut = self._result_future
@@ -328,15 +312,10 @@ class _RequestFuture(concurrent.futures.Future[list[Any]]):
 class RequestWork(Work):
     """A Work over an MPI request; ``finish(status)`` runs once when it completes.
 
-    The request is tested or waited on under a lock, so ``wait``, ``is_completed``, the
-    future and mpidist's progress thread may touch it from different threads.
-
-    ``get_future()``: the future completes as soon as any of these sees the request
-    complete: ``wait()``, ``is_completed()``, the future's own ``result()`` or
-    ``exception()``, or, under ``MPI_THREAD_MULTIPLE``, mpidist's progress thread, which
-    tests the request every 20 us to 1 ms until it completes. Done-callbacks run on the
-    thread that saw completion. The future never holds the request's lock while it runs
-    callbacks, so a callback may call any method of this Work.
+    The request is tested under a lock (any thread may). ``get_future()`` completes as soon as
+    ``wait()``, ``is_completed()``, the future's ``result()``/``exception()`` or, under
+    ``MPI_THREAD_MULTIPLE``, mpidist's progress thread (every 20 us to 1 ms) sees the request
+    complete; done-callbacks run on that thread, without the lock held.
     """
 
     def __init__(
@@ -531,17 +510,11 @@ _PROGRESS = _Progress()
 class FutureWork(Work):
     """A Work over a ``concurrent.futures.Future`` completed by an :class:`Engine`.
 
-    ``get_future()`` is a second future, completed with the list of output arrays (or
-    the op's error) on the group's engine thread right after the op ran, so its
-    callbacks run there, in op order. A callback may issue ops on the same group, sync
-    or async, and wait on them (torch's PowerSGD hook does): an op issued on the thread
-    running the group's ops runs there at once, before the ops queued behind the one
-    whose callback issued it (``_dispatch.launch``), and its Work is already complete.
-    A callback attached after the op completed runs at once on the attaching thread
-    instead, so its ops come where the attach is in the program. Either way every rank
-    runs them in the same order provided nothing is issued on the group between the op
-    and attaching its callbacks (attach right after issuing, as torch's hooks do); their
-    sequence numbers follow that order (:meth:`Engine.run_before_queued`).
+    ``get_future()``'s callbacks run on the thread running the group's ops, in op order
+    (or at once on the attaching thread if the op was done). A callback may issue ops on the
+    same group and wait on them (torch's PowerSGD hook does): they run at once, before the
+    ops queued behind (:meth:`Engine.run_before_queued`). Every rank runs them in the same
+    order provided callbacks are attached right after issuing, as torch's hooks do.
     """
 
     def __init__(
@@ -582,13 +555,10 @@ class FutureWork(Work):
 
 
 class _EngineFuture(concurrent.futures.Future[Any]):
-    """The future of an op queued on an :class:`Engine`.
-
-    ``result()`` with no timeout first lets the waiting thread run the op itself if it
-    has not started yet (:meth:`Engine.run_queued`): a thread that is going to block on
-    the op anyway saves the two thread wake-ups of a hand-off (tens of microseconds
-    each on a loaded machine). With a timeout, or with MPIDIST_ABORT_ON_TIMEOUT=0, it
-    only waits, since an op run on the waiting thread could not be given up on.
+    """The future of an op queued on an :class:`Engine`. ``result()`` with no timeout runs the
+    op on the waiting thread if it has not started (:meth:`Engine.run_queued`: saves two
+    thread wake-ups, tens of us each on a loaded machine); not with a timeout or
+    MPIDIST_ABORT_ON_TIMEOUT=0, where the wait must be one that can be given up on.
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -601,10 +571,8 @@ class _EngineFuture(concurrent.futures.Future[Any]):
         return super().result(timeout)
 
 
-#: Called with no arguments at the start of each group's engine thread, before it runs an
-#: op. Device binding (:mod:`mpidist.device.binding`) puts the rank's GPU here: CUDA's
-#: current device is per thread, and an async op on device arrays (the CUDA-aware path's
-#: AVG division, for one) runs its kernels on the engine thread.
+#: Called at the start of each engine thread: device binding (:mod:`mpidist.device.binding`)
+#: sets the rank's GPU there (CUDA's current device is per thread).
 THREAD_START: list[Callable[[], Any]] = []
 
 
@@ -613,25 +581,14 @@ _NO_RUN: tuple[Any, ...] = (None, -1, None, None, None)
 
 
 class Engine:
-    """One worker thread per process group that runs its async ops in issue order.
+    """One worker thread per process group that runs its ops in issue order, one at a time
+    (docs/architecture.md, "Async ops and ordering"). ``run_sync`` runs inline when nothing is
+    queued or on the thread running the group's ops, else queues and waits. Queued ops run on
+    the *runner*: the engine thread, or a waiter that runs them itself (:meth:`run_queued`).
 
-    Collectives on a communicator must be issued in the same order on every rank, so
-    a group's ops never run concurrently: ``run_sync`` runs inline when nothing is
-    queued (no thread hop on the latency-critical path) and otherwise queues behind
-    the pending ops and waits. Called on the thread running the group's ops (from a
-    future's callback), it runs inline: queuing there would wait on itself.
-
-    Queued ops run one at a time, in order, on the *runner*: the engine thread, or a
-    thread that waits for a queued op that has not started yet and runs it (and the
-    ops queued before it) itself instead of waking the engine thread and sleeping
-    (:meth:`run_queued`). Either way the engine thread is woken at submit, so an op
-    progresses while the caller computes.
-
-    It also carries the group's reliability state: ``seq`` (collectives issued on the
-    group: the flight recorder's sequence number), ``p2p_seq``, ``current`` (the
-    recorder entry of the op running now, which the timeout watchdog watches), ``key``
-    (:func:`mpidist._core.recorder.group_key`) and ``broken`` (why the group is unusable
-    after a timeout with MPIDIST_ABORT_ON_TIMEOUT=0 or after :meth:`abort`, else None).
+    Also the group's reliability state: ``seq`` (the recorder's sequence number),
+    ``p2p_seq``, ``current`` (the entry the watchdog watches), ``key``
+    (:func:`mpidist._core.recorder.group_key`) and ``broken`` (why the group is unusable, else None).
     """
 
     #: False disables the ops' inline latency paths (``idle()``), so every op goes through
@@ -650,11 +607,9 @@ class Engine:
         self.seq = 0
         self.p2p_seq = 0
         self.current: Optional[list[Any]] = None
-        #: the sequence number of the last collective this rank decided to run on the group (the
-        #: mismatch check's ``GroupCheck.decided``: here, where the ops' latency paths have it)
+        #: the last collective this rank decided to run (the mismatch check's ``GroupCheck.decided``)
         self.decided = -1
-        #: the 8-byte all_reduce path's note of the group's open run of calls, when it is that
-        #: path's call: ``(plan, nbytes, check state, key, group)`` (mpidist._backends.mpi.collectives)
+        #: the 8-byte all_reduce path's note of the open run: ``(plan, nbytes, check state, key, group)``
         self.lat: tuple[Any, ...] = _NO_RUN
         self.key: Optional[str] = None
         self.broken: Optional[str] = None
@@ -726,14 +681,9 @@ class Engine:
         return future
 
     def run_queued(self, future: concurrent.futures.Future[Any]) -> None:
-        """Run, on this thread, the queued ops up to the one of ``future``, if it is still queued
-        and no other thread is running one of the group's ops; else return at once.
-
-        Order is kept (the ops are taken from the head of the queue, one at a time, and
-        no other thread runs one meanwhile), and the op still sits in the watchdog's view
-        (``current``), so only the thread that runs it changes, and with it the thread
-        its future's callbacks run on.
-        """
+        """Run, on this thread, the queued ops up to ``future``'s, if it is still queued and no
+        other thread runs one of the group's ops; else return at once. Order and the
+        watchdog's view are kept; only the thread (and its callbacks' thread) changes."""
         while not future.done():
             with self._cond:
                 if not any(item[0] is future for item in self._items):
@@ -757,11 +707,9 @@ class Engine:
 
     def run_before_queued(self, rec: list[Any]) -> None:
         """``rec``, an op issued on the runner thread (a callback's), runs now, before the ops
-        queued at this moment: it takes the sequence number of the first of them and theirs
-        move one on, so that sequence numbers follow the order the ops run in, which is the
-        same on every rank (a rank whose callback ran on the attaching thread instead, its
-        op done already, issued and numbered them in that order; mpidist._check.mismatch compares
-        sequence numbers)."""
+        queued: it takes the first one's sequence number and theirs move one on, so that
+        sequence numbers follow the run order, the same on every rank (the mismatch check
+        compares them)."""
         with self._cond:
             queued = [item[3] for item in self._items if item[3] is not None]
             if queued:
@@ -809,10 +757,8 @@ class Engine:
     def abort(self, reason: str) -> None:
         """Refuse every later op (``broken = reason``, no inline paths), fail the queued ops'
         futures with DistError without running them, and fail the future of the op in
-        progress on the runner, if any: MPI cannot interrupt it, so it goes on (its output
-        arrays may still be written) on a thread nobody waits for any more, and its end is
-        not watched by the timeout watchdog (its recorder entry says failed). Returns at
-        once; the engine thread ends by itself once that call returns. Idempotent."""
+        progress, if any (MPI cannot interrupt it: it goes on, unwatched, and may still write
+        its outputs). Returns at once; the engine thread ends by itself. Idempotent."""
         with self._cond:
             self.broken = reason
             self.aborted = True

@@ -1,30 +1,10 @@
 """init_process_group's collective argument check: every rank fails alike, or none does.
 
-An error found on one rank only (a ``rank=`` that contradicts MPI, a bad ``device_id`` on
-one node, an environment that differs) used to be raised on that rank while the others
-entered init's first collective and waited there forever. Now each rank first checks its
-own arguments *without communicating* and keeps the error; then the ranks exchange one
-row of 7 int64 (:func:`exchange`: a non-blocking ``MPI_Iallgather`` on MPI_COMM_WORLD,
-waited for at most the init timeout) and every rank takes the same decision from the
-same rows (:func:`verdict`); only when some rank has an error text to share does a second
-(pickled) allgather follow. So every rank raises the same exception with the same
-message (after its own ``[rank r/n]`` prefix), at once.
-
-The rules for ``rank``/``world_size`` (docs/api.md, init_process_group's docstring):
-
-* MPI backend names (``"mpi"``, ``"cpu:mpi"``, ... as torch spells them, and
-  ``"cpu:mpi,cuda:nccl"``): as torch's MPI
-  backend, the values are assigned by MPI and a value that differs is ignored with one
-  warning ("For MPI backend, world_size (0) and rank (0) are ignored ..."), except when
-  the ranks passed are all different and each names a rank of the job (0 <= rank < n):
-  then they are a renumbering that mpidist cannot honour, and every rank raises.
-* Other names (None, ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ...): the values
-  are meant (torch uses them for its rendezvous), so any contradiction with MPI raises on
-  every rank; a world size other than MPI's says how to launch that many processes.
-* Either way: RANK / WORLD_SIZE in the environment (as the launcher left them) that say
-  a larger world than MPI launched (a torchrun habit) raise on every rank, saying how to
-  launch with mpiexec/srun.
-
+Each rank checks its own arguments without communicating and keeps the error (:class:`Mine`);
+the ranks exchange one row of 7 int64 (:func:`exchange`, bounded by the init timeout), plus a
+pickled allgather of the error texts when there are any, and every rank takes the same
+decision from the same rows (:func:`verdict`). The rules for ``rank``/``world_size`` and
+RANK/WORLD_SIZE: init_process_group's docstring, docs/api.md; docs/reliability.md, section 1a.
 Imports nothing of mpidist.
 """
 

@@ -1,58 +1,15 @@
-"""Mismatched collectives never give wrong data silently: the members of a group compare
-each call's signature before running it. Also torch's debug-level API.
+"""The mismatch check: the members of a group compare each collective call's signature
+(:mod:`mpidist._check.signature`) before running it, so that mismatched collectives never give
+wrong data silently. Also torch's debug-level API (:class:`DebugLevel`).
 
-**The check** (every level; ``_dispatch.launch`` and the inline paths run it right before
-the op, in the group's op order, on the thread that runs the op). A call's signature is
-its key (:mod:`mpidist._check.signature`: op, count where every member passes the same one,
-dtype, root, reduction, list of sizes). Each group has a cache of the keys its members
-agreed on (:class:`GroupCheck`, made with the group: :func:`prepare`).
-
-* A key in the cache: the op runs at once (one dict lookup; none for a key equal to the
-  last call's, which the op paths test themselves, the 8-byte all_reduce path by identity).
-* A new key: the members exchange fingerprints (one nonblocking MPI_Iallgather of
-  :data:`~mpidist._check.signature.WORDS` int64 on a duplicate of the group's communicator,
-  so it never meets the op's own messages). All equal: every member adds the key and
-  runs the op. Otherwise every member raises the same ValueError naming the op, the
-  fields that differ and each rank's call; nobody runs the op, the group stays usable.
-
-The caches stay identical on every member: a key is added only after an exchange in
-which all agreed (agreeing keys are equal), and a full cache is cleared everywhere at the
-same call. So when the members' calls agree, either all have the key (none exchanges) or
-none has (all exchange). When they differ, one member may have its key cached while
-another's is new: the first runs the op, the second waits in the exchange. The waiting
-member then asks the others, through the timeout watchdog's channel (answered by their
-watchdog threads while their callers sit in MPI), whether they passed this sequence
-number without an exchange; one that did made another call (its own key was cached, the
-waiter's was not). The waiter raises the ValueError, and the other member's watchdog ends
-its op with the same text, as a timeout does: the job is aborted, or with
-MPIDIST_ABORT_ON_TIMEOUT=0 its caller gets a DistError and the group is unusable.
-Peers are asked after 50 ms, then at doubling intervals up to 2 s; no answer (no
-MPI_THREAD_MULTIPLE, or a dead peer) leaves the timeout to end the wait.
-
-**The running hash** (every level): every checked call extends the group's running hash of
-its calls (:func:`mpidist._check.signature.fold`); each exchange carries the hash of the calls
-before it. A call equal to the one before records only how far the rank decided: such
-calls form a run, added to the hash (and to the keys kept for naming a difference) in one
-step when the run closes (:func:`check`, "Runs"), before any comparison. The members
-compare at points that cannot differ between them: the sequence numbers :data:`PERIOD`
-(K = 4096), 2K, ... (every member posts an exchange there, cached call or not, verified at
-the next multiple: :func:`_periodic`), and the final comparison (:func:`compare_final`:
-destroy_process_group, the exit of a process that did not destroy its groups,
-``check_collectives``). So calls whose keys are all
-cached but differ (e.g. two sizes used alternately, out of step between ranks) are caught
-within 2K calls or at the end, and every member raises the same ValueError naming the first
-call that differs (from the members' last K calls). An exchange that meets one from
-another point (a member waiting with a new key while another makes its final comparison)
-is described from the rows alone. Until a comparison, such calls run (wrong results, or
-MPI's own errors). Sizes that may differ between ranks (a gather's, a scatter's, the
-all-to-alls') are checked against the root's or the peers' expectation when the key is
-new only. docs/reliability.md, section 4.
-
-**DEBUG levels** (torch's ``DebugLevel``): ``OFF`` and ``INFO`` run the check above;
-``DETAIL`` exchanges fingerprints before every collective (a blocking MPI_Allgather), so
-it also catches what the cache cannot, and keeps the inline latency paths off. Set by
-``MPIDIST_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG`` (read when mpidist is imported and by
-init_process_group), or :func:`set_debug_level`. Every rank must use the same level.
+Each group's :class:`GroupCheck` (made by :func:`prepare`) caches the keys its members agreed
+on: a cached key runs at once; a new one is compared in one MPI_Iallgather on a duplicate of
+the group's communicator, and on a difference every member raises the same ValueError. A
+member stalled in an exchange asks its peers through the watchdog's channel (:func:`_wait`).
+Every checked call extends the group's running hash (:func:`mpidist._check.signature.fold`),
+compared every :data:`PERIOD` calls (:func:`_periodic`) and at the final comparison
+(:func:`compare_final`). DETAIL compares every call. The design, what is not caught, and the
+costs: docs/reliability.md, section 4; docs/architecture.md, "Mismatched calls".
 """
 
 from __future__ import annotations
@@ -96,8 +53,8 @@ __all__ = [
 class DebugLevel(enum.Enum):
     """The debug level (``torch.distributed.DebugLevel``): OFF, INFO, DETAIL.
 
-    mpidist: OFF and INFO check each collective's signature the first time the group
-    uses it; DETAIL checks every call (see :func:`set_debug_level`).
+    OFF and INFO compare a collective's signature the first time the group uses it;
+    DETAIL compares every call (:func:`set_debug_level`).
     """
 
     OFF = 0
@@ -116,18 +73,13 @@ CHECK = True
 _level = DebugLevel.OFF
 _ENV = ("MPIDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG")  # the first that is set (not empty) wins
 _MAX_AGREED = 4096  # keys per group; a full cache is cleared (at the same call on every member)
-#: K: the members compare the running hash of their calls on a group at its sequence numbers
-#: K, 2K, ... (a power of two), so calls agreed on before but made out of step are caught within
-#: K calls. The exchange there costs about one small collective through the op's full path
-#: (~200 us on the 2-core VM: code run once per period runs cold, benchmarks/results/latency_np2.md),
-#: ~0.05 us per call over 4096 calls.
+#: K: the members compare the running hash of their calls at sequence numbers K, 2K, ... (a
+#: power of two). Why 4096: docs/reliability.md, section 4, "Cost".
 PERIOD = 4096
 PERIOD_MASK = PERIOD - 1
-#: Calls whose keys are kept (two periods: the exchange at a multiple of PERIOD is verified at
-#: the next one, naming the first call that differed since the one before).
+#: Calls whose keys are kept (two periods: a periodic exchange is verified at the next one).
 KEYS_MASK = 2 * PERIOD - 1
-#: The ops of the final comparison (:func:`compare_final`), which never run a collective of
-#: their own: the exchange is the op.
+#: The ops of the final comparison (:func:`compare_final`): the exchange is the op.
 FINAL_OPS = frozenset({"destroy_process_group", "exit", "check_collectives"})
 
 _SPINS = 200  # tests of the exchange before yielding between tests
@@ -147,11 +99,10 @@ def get_debug_level() -> DebugLevel:
 def set_debug_level(level: DebugLevel) -> None:
     """Set the debug level (``torch.distributed.set_debug_level``).
 
-    ``DebugLevel.OFF`` / ``INFO``: a collective's signature (op, count, dtype, root,
-    reduction) is compared across the group the first time the group uses it;
-    ``DETAIL``: before every call, and the inline latency paths are off. Every rank must
-    set the same level at the same point of its program (DETAIL adds a collective to
-    every collective).
+    ``OFF`` / ``INFO``: a collective's signature (op, count, dtype, root, reduction) is
+    compared across the group the first time the group uses it; ``DETAIL``: before every
+    call (one more collective each; the inline latency paths are off). Every rank must set
+    the same level at the same point of its program (docs/reliability.md, section 4).
 
     Raises:
         TypeError: ``level`` is not a :class:`DebugLevel` (as torch).
@@ -163,9 +114,8 @@ def set_debug_level(level: DebugLevel) -> None:
 
 def set_debug_level_from_env() -> None:
     """Set the level from ``MPIDIST_DEBUG``, else ``TORCH_DISTRIBUTED_DEBUG``
-    (``torch.distributed.set_debug_level_from_env``): OFF, INFO or DETAIL, any case;
-    OFF when neither is set (an empty value counts as unset). ``MPIDIST_DEBUG`` takes
-    precedence when both are set.
+    (``torch.distributed.set_debug_level_from_env``): OFF, INFO or DETAIL, any case; OFF
+    when neither is set (an empty value counts as unset).
 
     Raises:
         ValueError: the deciding variable holds another value.
@@ -195,11 +145,10 @@ def _apply(level: DebugLevel) -> None:
 
 
 def _set_checks(on: bool) -> None:
-    """Benchmarks only: ``False`` skips every check (the unchecked baseline). Every rank
-    must switch at the same point; :class:`~mpidist.algorithms.ShmAllReduce`'s header has
-    its own switch (``verify``). Called between ops, on the thread that runs them: the open
-    runs close here, at the last checked call (the 8-byte path goes on noting how far the rank
-    got on the group's engine while checks are off: those calls must not join a run)."""
+    """Benchmarks only: ``False`` skips every check (the unchecked baseline); every rank
+    switches at the same point, between ops, on the thread that runs them. The open runs
+    close here (calls made while checks are off must not join a run). ShmAllReduce's header
+    check has its own switch (``verify``)."""
     global CHECK
     for chk in list(STATES.values()):
         _close(chk)
@@ -220,17 +169,13 @@ def _forget() -> None:
             eng.lat = work._NO_RUN
 
 
-#: Runs a final comparison as an op of the group (``_dispatch.compare_final`` registers itself
-#: here: the op machinery is above this module).
+#: Runs a final comparison as an op of the group (``_dispatch.compare_final`` registers here).
 FINAL_RUN: list[Callable[[Any, str], None]] = []
 
 
 def compare_final(g: Any, what: str) -> None:
-    """The final comparison of the calls made on ``g`` (collective over its members): the
-    members exchange the running hash of their calls and their last call, in the group's op
-    order, so that a run whose members made different calls never ends unnoticed.
-    ``what``: one of :data:`FINAL_OPS` (destroy_process_group, exit, check_collectives).
-    Raises the mismatch ValueError on every member when they differ."""
+    """The final comparison of the calls made on ``g`` (collective over its members; ``what``:
+    one of :data:`FINAL_OPS`). Raises the mismatch ValueError on every member when they differ."""
     for run in FINAL_RUN:
         run(g, what)
 
@@ -243,8 +188,7 @@ except ValueError:
 
 
 # -- the per-group state -------------------------------------------------------------------
-#: group -> its GroupCheck, from the state's making to the group's free (never rebound:
-#: ``_dispatch`` keeps its ``get``)
+#: group -> its GroupCheck until the group is freed (never rebound: ``_dispatch`` keeps its ``get``)
 STATES: dict[Any, GroupCheck] = {}
 #: The key of an op that is not compared (monitored_barrier): the check only notes it.
 NOTE = ("(not compared)",)
@@ -252,11 +196,9 @@ _ABANDONED: list = []  # exchanges given up on (requests with their buffers): ke
 
 
 class GroupCheck:
-    """A group's resource ``"check"`` (``ProcessGroup.resource``, made collectively with the
-    group (:func:`prepare`), or by its first checked collective if checks were off then;
-    freed with it): the duplicate communicator the exchanges use, the
-    keys the members agreed on, and what this rank decided last (for the peers' questions).
-    """
+    """A group's resource ``"check"`` (made with the group by :func:`prepare`, or by its first
+    checked collective; freed with it): the exchanges' communicators, the agreed keys, the
+    running hash, and what this rank decided last (for the peers' questions)."""
 
     __slots__ = (
         "group",
@@ -281,39 +223,31 @@ class GroupCheck:
         self.group = g
         self.eng = g.engine
         self.comm: Optional[MPI.Comm] = g.comm.Dup()
-        #: the final comparison's own duplicate, and the one on which the members exchange their
-        #: calls after a periodic comparison found a difference (made here, while every member
-        #: is present)
+        #: the final comparison's own duplicate, and the one that names a periodic difference
         self.final_comm: Optional[MPI.Comm] = g.comm.Dup()
         self.report_comm: Optional[MPI.Comm] = g.comm.Dup()
-        #: the periodic comparison posted at the last multiple of PERIOD, verified at the next
-        #: (or at any exchange before it): (request, own row, rows, sequence number, key)
+        #: the periodic comparison posted last, verified at the next (or any exchange before):
+        #: (request, own row, rows, sequence number, key)
         self.pending: Optional[tuple] = None
         #: an exchange on its communicators was given up on (they are never freed then)
         self.stale = False
         #: key -> its hash (mpidist._check.signature.key_hash), for the keys the members agreed on
         self.agreed: dict = {}
-        #: the open run (see :func:`check`): ``(first sequence number, key, its hash)`` of the
-        #: calls with that key made since the last one recorded in ``keys`` and ``h``, up to
-        #: ``decided``; None when closed. Written, and closed (:func:`_close`), only by the
-        #: thread running the group's ops; replaced whole, so a reader sees one or the other.
+        #: the open run (:func:`check`): ``(first sequence number, key, its hash)``, up to
+        #: ``decided``; None when closed. Written only by the thread running the group's ops;
+        #: replaced whole, so a reader sees one or the other.
         self.run: Optional[tuple] = None
-        #: the open run's key, for the repeated-call tests of the op paths (equality on the
-        #: generic path, identity on the 8-byte one): a call equal to it continues the run and
-        #: records nothing but ``decided``. None where every call must come to :func:`check`
-        #: (no run, DETAIL, a cleared cache, after :func:`_forget`).
+        #: the open run's key, for the op paths' repeated-call tests (a call equal to it records
+        #: only ``decided``); None where every call must come to :func:`check`
         self.lkey: Optional[tuple] = None
-        #: key -> its fingerprint (sequence number, hash and own count to be filled in), for the
-        #: periodic exchanges of agreed keys
+        #: key -> its fingerprint template, for the periodic exchanges of agreed keys
         self.fps: dict = {}
-        #: the running hash of every call checked on the group (mpidist._check.signature.fold), but
-        #: the open run's (added when it closes)
+        #: the running hash of the calls checked on the group, but the open run's (signature.fold)
         self.h = 0
         #: the sequence number of the last exchange in which the members agreed
         self.base = -1
-        #: the key of call ``seq`` at ``keys[seq % (2 PERIOD)]`` (None: not compared, or refused
-        #: on every member), for naming the first call that differs; the open run's calls are
-        #: written when it closes (:func:`_recent` reads both)
+        #: the key of call ``seq`` at ``keys[seq % (2 PERIOD)]`` (None: not compared, or refused),
+        #: for naming the first call that differs; the open run's are written when it closes
         self.keys: list = [None] * (KEYS_MASK + 1)
         #: (sequence number, key) of this rank's last exchange of a call
         self.exchanging: tuple = (-1, None)
@@ -323,9 +257,8 @@ class GroupCheck:
 
     @property
     def decided(self) -> int:
-        """The sequence number of the last call this rank checked: it has decided up to there
-        (its key: ``keys`` or the open run, stored first; while it is exchanged: ``exchanging``).
-        Kept on the group's engine (``Engine.decided``), where the op paths store it."""
+        """The sequence number of the last call this rank checked (kept on the group's engine,
+        ``Engine.decided``, where the op paths store it)."""
         return cast(int, self.eng.decided)
 
     @decided.setter
@@ -343,10 +276,8 @@ class GroupCheck:
             _ABANDONED.append(self.pending)
             self.pending = None
         if self.stale or self.group.engine.broken is not None:
-            # An exchange left pending on them (given up on, or still awaited by a timed-out
-            # op's thread): freeing a communicator under a pending nonblocking collective
-            # corrupted the heap (MPICH 5.0.2: torch's barrier-timeout tests, then the next
-            # test crashed). Kept, unused, for the process's life: a few context ids.
+            # An exchange is pending on them: freeing a communicator under a pending nonblocking
+            # collective corrupted the heap (MPICH 5.0.2, torch's barrier-timeout tests). Kept.
             _ABANDONED.append(comms)
             return
         for comm in comms:
@@ -355,8 +286,7 @@ class GroupCheck:
 
 
 class _Unchecked:
-    """Stands for a group's state where nothing is checked (one rank, or checks off): the
-    8-byte all_reduce path never calls :func:`check` with it."""
+    """A group's state where nothing is checked (one rank, or checks off)."""
 
     __slots__ = ()
 
@@ -365,21 +295,16 @@ _UNCHECKED = _Unchecked()
 
 
 def prepare(g: Any) -> None:
-    """Make group ``g``'s check state (its duplicated communicators) now, where the group is
-    made, in the parent group's op order (collective over ``g``), rather than at its first
-    op on its own thread: with Open MPI, communicators made concurrently on two threads of
-    a process (a new group's first op duplicating its communicator while the main thread
-    makes another group) deadlock. Nothing where no check runs on ``g``. (Not for the
-    default group: init_process_group's collectives after its bounded exchange would grow,
-    and a rank stopped among them would hang the others; its first op makes them, watched.)"""
+    """Make ``g``'s check state (collective over ``g``) where the group is made, in the parent's
+    op order: Open MPI deadlocks on communicators made on two threads at once (docs/hpc.md,
+    "MPIs"). Not for the default group: its first op makes them, watched by the timeout."""
     if CHECK and len(g.ranks) > 1:
         g.resource("check", GroupCheck)
 
 
 def agreed(g: Any, key: tuple) -> Any:
-    """The group's state if its members agreed on ``key`` before (or nothing is checked
-    on ``g``: then a stand-in), else None. Used by the 8-byte all_reduce path, which then
-    continues the group's open run itself (``Engine.decided``) or calls :func:`check`."""
+    """The group's state if its members agreed on ``key`` before (a stand-in where nothing is
+    checked on ``g``), else None. For the 8-byte all_reduce path."""
     if not CHECK or len(g.ranks) == 1:
         return _UNCHECKED
     chk = STATES.get(g)  # (never made here: making it is collective, and this thread may not run the op)
@@ -388,13 +313,10 @@ def agreed(g: Any, key: tuple) -> Any:
 
 
 # -- the 8-byte all_reduce path's notes (mpidist._backends.mpi.collectives.all_reduce) --------
-#: The last all_reduce the latency path found agreed, ``(plan, nbytes, group's check state,
-#: key, group)`` (:func:`agree_all_reduce`); forgotten whenever the agreements may have
-#: changed (:func:`_forget`). The same tuple is the group's ``Engine.lat`` while the group's
-#: open run of calls is that all_reduce's (a call then records only ``Engine.decided``): noted
-#: by the path once the check opened the run (:func:`note_run`), dropped when the run closes
-#: (:func:`_close`) or the agreements may have changed (every noted engine: ``_NOTED``, id ->
-#: weak reference).
+#: The last all_reduce the latency path found agreed, ``(plan, nbytes, check state, key,
+#: group)`` (:func:`agree_all_reduce`); forgotten by :func:`_forget`. The same tuple is the
+#: group's ``Engine.lat`` while the open run is that all_reduce's (:func:`note_run`; dropped by
+#: :func:`_close`; ``_NOTED``: id -> weak reference of every noted engine).
 known: tuple = work._NO_RUN
 _NOTED: dict = {}
 
@@ -420,23 +342,18 @@ def note_run(eng: Any, ok: tuple) -> None:
 
 
 def check(g: Any, rec: list, key: tuple, parts: Optional[tuple] = None) -> None:
-    """Check call ``key`` (recorded as ``rec``) against the other members of ``g``; run
-    right before the op, in the group's op order. Returns when they agree; raises the
-    mismatch ValueError on every member otherwise (see the module docstring).
+    """Check call ``key`` (recorded as ``rec``) against the other members of ``g``, right
+    before the op, in the group's op order. Returns when they agree; raises the mismatch
+    ValueError on every member otherwise.
 
-    ``key`` :data:`NOTE`: an op that is not compared (monitored_barrier, whose point is to
-    report the ranks that never come); only noted. ``parts``: for the ops whose counts may differ
-    between ranks, what the new-key
-    exchange also checks: ``("gather" | "scatter", own count, root's list of counts or
-    None)`` or ``("pairs", send counts, receive counts)`` (the all-to-alls).
+    ``key`` :data:`NOTE`: not compared (monitored_barrier), only noted. ``parts``: for ops
+    whose counts may differ between ranks, what a new key's exchange also checks:
+    ``("gather" | "scatter", own count, root's counts or None)`` or ``("pairs", send counts,
+    receive counts)``.
 
-    **Runs.** The calls a group's members agreed on are recorded (the running hash ``h``,
-    ``keys``) a run at a time: a call whose key equals the last one's (``lkey``) and is not
-    at a multiple of PERIOD records only ``decided``, on the op paths themselves
-    (``_dispatch._guarded``, the 8-byte all_reduce path); the run's calls are added to
-    ``h`` and ``keys`` when it closes, here, at the next call with another key, at the
-    next multiple of PERIOD, or before any exchange. Both are then what recording every
-    call would have made them (:func:`_close`), so the comparisons see the same values.
+    Runs: a call equal to the last one (``lkey``), not at a multiple of PERIOD, records only
+    ``decided`` on the op paths; the run is added to ``h`` and ``keys`` when it closes
+    (:func:`_close`), as recording each call would have (docs/reliability.md, section 4).
     """
     seq = rec[R.SEQ]
     if key is NOTE:  # an op that is not compared (monitored_barrier): note how far this rank got
@@ -477,11 +394,9 @@ def _open(chk: GroupCheck, seq: int, key: tuple, kh: int) -> None:
 
 
 def _close(chk: GroupCheck) -> None:
-    """Add the open run's calls (its first sequence number to ``decided``) to the running
-    hash and the kept keys, as recording each call would have (:func:`mpidist._check.signature.fold`);
-    the run is then closed. Only on the thread running the group's ops: the keys are
-    written before the run is dropped, so a reader (:func:`_recent`) finds every call in one
-    or the other."""
+    """Add the open run's calls (up to ``decided``) to the running hash and the kept keys, then
+    close it. Only on the thread running the group's ops; the keys are written before the run
+    is dropped, so :func:`_recent` finds every call in one or the other."""
     run = chk.run
     if run is None:
         return
@@ -511,10 +426,8 @@ def _weights(n: int) -> int:
 
 
 def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple, kh: int) -> None:
-    """At a multiple of PERIOD, with a call the members agreed on (the run closed): verify
-    the comparison posted at the last multiple (long complete: no wait), then post this
-    one's (its row: this call and the running hash of the calls before it) and go on
-    without waiting, with a run of ``key`` open after it."""
+    """At a multiple of PERIOD, with an agreed call: verify the comparison posted last (long
+    complete), post this one's without waiting, and open a run of ``key``."""
     _settle(g, chk, rec)
     seq = rec[R.SEQ]
     hb = chk.h & S.MASK
@@ -536,8 +449,7 @@ def _periodic(g: Any, chk: GroupCheck, rec: list, key: tuple, kh: int) -> None:
 
 def _settle(g: Any, chk: GroupCheck, rec: list) -> None:
     """Verify the periodic comparison posted last, if any (raises the mismatch ValueError on
-    every member; the members' calls since the comparison before it are exchanged on the
-    group's report communicator to name the first that differs)."""
+    every member, naming the first call that differs)."""
     pending, chk.pending = chk.pending, None
     if pending is None:
         return
@@ -552,11 +464,9 @@ def _settle(g: Any, chk: GroupCheck, rec: list) -> None:
 
 # -- the exchange --------------------------------------------------------------------------
 def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tuple], kh: Optional[int] = None) -> None:
-    """Compare with the other members: this call (``key``; new to the group, or at a
-    sequence number that is a multiple of :data:`PERIOD`) and the running hash of the
-    calls before it; or, for a final comparison (``key[OP]`` in :data:`FINAL_OPS`), the
-    running hash of every call and the last call. The run is closed (:func:`_close`); an
-    agreed call opens one after it, but at DETAIL."""
+    """Compare with the other members this call (``key``) and the running hash of the calls
+    before it; for a final comparison (``key[OP]`` in :data:`FINAL_OPS`), the hash of every
+    call and the last call. An agreed call opens a run after it, but at DETAIL."""
     _settle(g, chk, rec)
     seq, n = rec[R.SEQ], g.size()
     final = key[S.OP] in FINAL_OPS
@@ -585,9 +495,7 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
     chk.exchanging = (seq, key)
     chk.exchanged.append(seq)  # (before ``decided``: a peer that reads ``decided`` finds it here)
     chk.decided = seq
-    # The final comparison has a communicator of its own: it must never meet an exchange that a
-    # peer's op left waiting (torch's barrier-timeout tests: one rank waits alone until its
-    # timeout while the others go on to destroy_process_group); such a peer is found by asking.
+    # The final comparison has a communicator of its own (docs/reliability.md, section 4).
     comm = cast(MPI.Comm, chk.final_comm if final else chk.comm)  # None only after free()
     if DETAIL and not final:
         comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
@@ -613,10 +521,9 @@ def _exchange(g: Any, chk: GroupCheck, rec: list, key: tuple, parts: Optional[tu
 
 
 def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, comm: MPI.Comm) -> None:
-    """Raise the ValueError for the differing ``rows`` (the same on every member, so every
-    member raises the same text). Members at the same exchange take part in one more
-    collective (their calls or their histories); members at different points (one compares
-    a call, another its final comparison) are described from the rows alone."""
+    """Raise the ValueError for the differing ``rows`` (the same on every member). Members at
+    the same exchange run one more collective to name the calls; members at different points
+    are described from the rows alone."""
     op, name = key[S.OP], g.group_name
     if not S.same_point(rows):
         broken(g, f"a mismatched collective before sequence number {seq}")
@@ -643,9 +550,8 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
 
 
 def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
-    """The key of call ``s`` when it is among the last kept before ``seq`` (else None).
-    ``seq`` <= ``decided`` read before (another thread may be running the group's ops: a
-    run that closes writes its keys before it is dropped)."""
+    """The key of call ``s`` when it is among the last kept before ``seq`` (else None);
+    ``seq`` <= ``decided`` read before (safe while another thread runs the group's ops)."""
     if not (0 <= s and seq - KEYS_MASK <= s <= seq):
         return None
     run = chk.run
@@ -655,8 +561,7 @@ def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
 
 
 def _last_call(chk: GroupCheck, seq: int) -> tuple:
-    """(sequence number, key) of the last call before ``seq`` that ran; ``(seq, None)`` if none
-    (the run closed)."""
+    """(sequence number, key) of the last call before ``seq`` that ran; ``(seq, None)`` if none."""
     for s in range(seq - 1, max(-1, seq - KEYS_MASK - 1), -1):
         k = chk.keys[s & KEYS_MASK]
         if k is not None:
@@ -666,7 +571,7 @@ def _last_call(chk: GroupCheck, seq: int) -> tuple:
 
 def _first_text(g: Any, chk: GroupCheck, seq: int, comm: MPI.Comm) -> str:
     """The first call since the last agreement at which the members differ, with each
-    member's call there (collective over the group: every member exchanges its history)."""
+    member's call there (collective: the members exchange their histories)."""
     mine = [
         (s, S.key_hash(k), S.describe(k, s))
         for s in range(max(chk.base + 1, seq - KEYS_MASK), seq)
@@ -718,19 +623,14 @@ def _mismatch_text(g: Any, op: str, differ: list, calls: list) -> str:
 
 
 def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs: tuple, final: bool = False) -> bool:
-    """Until the exchange ``req`` completes (True). While it stalls, ask the peers (after
+    """Wait until the exchange ``req`` completes (True). While it stalls, ask the peers (after
     50 ms, then at doubling intervals) whether one ran this sequence number without an
-    exchange: then raise the mismatch (:func:`_diverged`). Past the op's timeout the
-    watchdog acts as for any op (aborts the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller
-    raises and this thread keeps waiting, as it would inside a stuck MPI call, so the op
-    still completes if the peers come).
+    exchange: then raise the mismatch (:func:`_diverged`). Past the op's timeout the watchdog
+    acts as for any op (with MPIDIST_ABORT_ON_TIMEOUT=0 this thread keeps waiting).
 
-    A ``final`` comparison (its op is not watched: :func:`_dispatch.compare_final`) gives up
-    and returns False, leaving the exchange behind, when a peer says it has left the group
-    (destroyed it, or it is unusable there: aborted, or broken by a mismatch), when no peer
-    answered for :data:`_FINAL_SILENT` seconds (gone: its watchdog stopped), or past the
-    group's timeout: the group is going away, and a comparison that cannot happen must not
-    hold the process."""
+    A ``final`` comparison (not watched) gives up and returns False, leaving the exchange
+    behind, when a peer has left the group, when no peer answered for :data:`_FINAL_SILENT`
+    seconds, or past the group's timeout (docs/reliability.md, section 4)."""
     for _ in range(_SPINS):
         if req.Test():
             return True
@@ -773,16 +673,14 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
 
 
 def _final_timed_out(g: Any, rec: list, answered: set, waited: float, limit: float) -> None:
-    """A final comparison gave up past its group's timeout (no peer had left the group): say so
-    on stderr, naming the peers that never answered a question (stopped or dead, or where no
-    channel can carry one: then every peer), and, for a group of every rank, bound MPI_Finalize
-    by the grace alone (:func:`mpidist._launch.mpi_init.peers_had_their_timeout`)."""
+    """A final comparison gave up past its group's timeout: say so on stderr, naming the peers
+    that never answered, and, for a group of every rank, bound MPI_Finalize by the grace alone
+    (:func:`mpidist._launch.mpi_init.peers_had_their_timeout`; docs/reliability.md, section 11)."""
     st = current.state
     me = st.rank if st is not None else -1
     silent = [p for p in g.ranks if p != me and p not in answered]
     who = f"rank(s) {silent} (no answer to any question: stopped or dead?)" if silent else "a peer"
-    # only for a group of every rank: after a sub-group's, the process may go on for long with
-    # other groups, and its end keeps the usual bound
+    # only for a group of every rank: after a sub-group's the process may go on for long
     bound = mpi_init.peers_had_their_timeout() if st is not None and len(g.ranks) == st.world_size else None
     after = (
         f"; MPI_Finalize is now bounded by {bound:g} s (MPIDIST_INIT_FINALIZE_GRACE), not by the timeout again"
@@ -797,11 +695,9 @@ def _final_timed_out(g: Any, rec: list, answered: set, waited: float, limit: flo
 
 
 def _answers(g: Any, seq: int) -> dict:
-    """What the other members say about collective ``seq`` of ``g`` (by global rank; only
-    those that answered: none without MPI_THREAD_MULTIPLE, or from a peer that is gone)."""
+    """What the other members that answered say about collective ``seq`` of ``g``, by global
+    rank (a short wait: a live peer answers within milliseconds)."""
     wd = current.watchdog
-    # A short wait: a live peer answers within milliseconds, and the exchange being waited on
-    # is tested again only once this returns (a peer that left stops answering).
     return wd.check_probe(g, seq, _ANSWER_WAIT) if wd is not None else {}
 
 
@@ -819,8 +715,8 @@ def _skipped(answers: dict, seq: int) -> dict:
 
 
 def broken(g: Any, why: str) -> None:
-    """Mark ``g`` unusable (its ops raise DistError at once, the inline paths included):
-    a mismatch left an op or an exchange pending on some member. Any thread."""
+    """Mark ``g`` unusable (its ops raise DistError at once): a mismatch left an op or an
+    exchange pending on some member. Any thread."""
     g.engine.broken = why
     _forget()
 
@@ -843,9 +739,9 @@ def probe_answer(g: Any, seq: int) -> dict:
 
 
 def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
-    """Raise the mismatch found by asking: this rank exchanges at ``rec``'s sequence number
-    (its call is new to the group) while the peers ``skipped`` ran it without one (theirs
-    were agreed on before). Each of them is told, and ends its op with the same text."""
+    """Raise the mismatch found by asking: this rank's call at ``rec``'s sequence number is new
+    while the peers ``skipped`` ran theirs (agreed before) without an exchange. Each of them is
+    told, and ends its op with the same text."""
     seq, me = rec[R.SEQ], g.ranks[g.rank()]
     others, differ = [], set()
     for p, info in sorted(skipped.items()):
@@ -881,8 +777,8 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
 
 # -- counts that may differ between ranks -------------------------------------------------
 def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, rows: np.ndarray) -> None:
-    """The sizes of gather / scatter / the all-to-alls, against what the root or the peers
-    expect (every member is in the same op here: the fingerprints agreed)."""
+    """The sizes of gather / scatter / the all-to-alls against what the root or the peers
+    expect (every member is in the same op: the fingerprints agreed)."""
     n, op = g.size(), key[S.OP]
     comm = cast(MPI.Comm, chk.comm)  # None only after free(), when no op of the group runs
     bad: list = []
@@ -917,9 +813,9 @@ def _check_parts(g: Any, chk: GroupCheck, key: tuple, seq: int, parts: tuple, ro
 
 
 def shm_mismatch(g: Any, calls: list, seq: int) -> ValueError:
-    """The mismatch ValueError for what the shared-memory all-reduce's header check found:
-    ``calls[r]`` = (count, dtype text, reduction name) of group rank r (the same list on
-    every member). Nobody ran the call: it leaves the running hash of the group's calls."""
+    """The mismatch ValueError for the shared-memory all-reduce's header check: ``calls[r]`` =
+    (count, dtype text, reduction name) of group rank r. Nobody ran the call: it leaves the
+    running hash."""
     chk = STATES.get(g)
     if chk is not None and chk.decided == seq:
         run = chk.run

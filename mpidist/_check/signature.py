@@ -1,28 +1,17 @@
 """A collective call's signature: what every member of a group must pass alike, as a key
 (compared within a rank) and as fixed-size fingerprint words (compared across ranks).
 
-A *key* is the tuple ``(op, count, dtype, root, redop, layout)``:
+A *key* is ``(op, count, dtype, root, redop, layout)``: the op's name; the element count
+every member must pass (-1 where counts may differ: gather, scatter, the all-to-alls); a
+numpy dtype or None; the root's global rank or -1; the reduction's name (``"premul_sum"``
+whatever the factor) or None; a tuple of ints every member passes alike (all_gather's sizes,
+the multi-array forms' array count) or None. Keys of calls that agree are equal on every
+member (:mod:`mpidist._check.mismatch` caches them).
 
-* ``op``: the op's name (``"all_reduce"``);
-* ``count``: the element count every member must pass, -1 where counts may differ
-  between ranks (gather, scatter, the all-to-alls);
-* ``dtype``: a numpy dtype, or None (object collectives, barrier);
-* ``root``: the root's global rank, -1 if none;
-* ``redop``: the reduction's name (``"sum"``; ``"premul_sum"`` whatever the factor,
-  which may differ between ranks as in torch), or None;
-* ``layout``: a tuple of ints every member must pass alike (all_gather's list of
-  sizes, the number of arrays of the multi-array forms), or None.
-
-Keys of calls that agree are equal on every member, so a group's members can cache the
-keys they agreed on and all make the same decision the next time (:mod:`mpidist._check.mismatch`).
-
-The fingerprint packs a key, the group's sequence number and size, and a count that may
-legitimately differ between ranks (``own``: this rank's part in a gather or scatter)
-into :data:`WORDS` int64; all but ``own`` must be equal on every member. It is built
-from ints and bytes only, so it is the same in every process (Python's ``hash`` of a
-tuple of ints is not salted).
-
-Imports nothing of the package: a leaf that the check (``_debug``) and the watchdog use.
+The fingerprint packs a key, the sequence number, the group size and ``own`` (this rank's
+count in a gather or scatter, which may differ) into :data:`WORDS` int64; all but ``own``
+must be equal on every member. Built from ints and bytes only, so it is the same in every
+process (Python's ``hash`` of a tuple of ints is not salted). Imports nothing of mpidist.
 """
 
 from __future__ import annotations
@@ -136,11 +125,8 @@ def key_hash(key: tuple) -> int:
 
 def fold(h: int, kh: int, seq: int, period: int) -> int:
     """The running hash ``h`` of a group's calls, extended by call number ``seq`` of hash
-    ``kh``: ``h + kh * (seq % period)``, a sum weighted by the call's place in its period
-    (the members compare it at every multiple of ``period``, so two calls swapped within a
-    period, or a call skipped, change it; the call at the multiple itself is compared
-    word by word). Small ints: one multiply and one add, the cheapest record a call can
-    leave (inlined on the hot paths). Reduced to 63 bits at each comparison (:data:`MASK`)."""
+    ``kh``: ``h + kh * (seq % period)`` (swapped or skipped calls change it; inlined on the hot
+    paths; reduced to 63 bits, :data:`MASK`, at each comparison). docs/reliability.md, section 4."""
     return h + kh * (seq % period)
 
 

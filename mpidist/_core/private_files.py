@@ -1,16 +1,10 @@
 """Private directories and files: the flight recorder's dumps, written without trusting the
 file system (a root job must not be made to overwrite a file through a planted link).
 
-A directory is used only if it is a real directory (opened with ``O_NOFOLLOW``, so not a
-symbolic link), owned by this user, and writable by nobody else (``mode & 0o022 == 0``);
-a missing one is created with mode 0700. A file is created inside that directory through
-the directory's descriptor (``openat``: a path swapped after the check cannot redirect
-it) with ``O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`` and mode 0600, written, and renamed onto
-its name (``renameat``, which replaces a link planted there instead of following it).
-Names of new directories are unguessable (:func:`fresh_name`: 64 random bits from
-:mod:`secrets`).
-
-Imports nothing of mpidist. POSIX only (as MPI jobs are).
+A directory must be a real directory owned by this user and writable by nobody else (a
+missing one is created 0700); a file is created through the directory's descriptor with
+``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place. The rules and why:
+docs/reliability.md, section 3. Imports nothing of mpidist. POSIX only (as MPI jobs are).
 """
 
 from __future__ import annotations
@@ -79,8 +73,8 @@ def open_private_dir(path: str) -> int:
 
 
 def write_private_file(directory: str, name: str, data: bytes) -> str:
-    """Write ``data`` to ``<directory>/<name>`` (mode 0600) atomically, as the module docstring
-    says; return the path. Raises UnsafeDirectory or OSError (the temporary file is removed)."""
+    """Write ``data`` to ``<directory>/<name>`` (mode 0600) atomically; return the path.
+    Raises UnsafeDirectory or OSError (the temporary file is removed)."""
     dir_fd = open_private_dir(directory)
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:

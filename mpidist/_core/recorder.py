@@ -1,32 +1,11 @@
 """The flight recorder: per rank, a ring buffer of the last N ops, dumped as JSON on failure.
 
-Every op that goes through :func:`mpidist._dispatch.dispatch.launch` (all collectives), the
-all_reduce latency path and every point-to-point op appends one *entry* to a
-``collections.deque(maxlen=N)``: a preallocated-size ring that drops its oldest entry
-in C, so recording costs one list literal, one clock read at issue and one at
-completion (about 0.3 us per op on the 2-core test VM, measured in
-docs/reliability.md). It is therefore always on; ``MPIDIST_TRACE_BUFFER=0`` keeps no
-history (the timeout watchdog still works: it watches the entries in flight, not the
-ring).
-
-An entry is a list (indices below): the group's collective sequence number (every
-member numbers its collectives on a group the same way; point-to-point ops have
-their own per-group counter), op name, group, shapes, dtype, root or peer (global
-rank, -1 if none), issue / start / end times (``time.monotonic``), state, timeout
-(seconds) and extra text (the timeout message). States go scheduled (queued on the
-group's engine) -> started -> completed | failed | timed out.
-
-:func:`dump` writes the ring to ``<dir>/rank<r>.json`` on a timeout, an abort (an
-unhandled exception, ``python -m mpidist``), SIGTERM, or when a peer that timed out asks
-for it; ``python -m mpidist.tools.trace DIR`` lines the ranks up. The directory is
-``MPIDIST_TRACE_DIR``, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` with a
-name rank 0 chose at init_process_group (so every rank of a job writes to the same
-directory on a shared file system). It is created only when a dump happens, so a job
-that does not fail leaves nothing behind. Dumps are written safely
-(:mod:`mpidist._core.private_files`): the directory must be a real directory owned by this user and
-writable by nobody else (created with mode 0700), the file is created through the
-directory's descriptor with ``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place; an
-unsafe directory is refused (nothing is written, :data:`last_error` says why).
+Every collective, the all_reduce latency path and every point-to-point op appends one entry
+(a list: the indices below) to a ``collections.deque(maxlen=N)``; always on
+(``MPIDIST_TRACE_BUFFER=0`` keeps no history; the watchdog watches the entries in flight, not
+the ring). :func:`dump` writes ``<dir>/rank<r>.json`` through
+:mod:`mpidist._core.private_files`; :data:`last_error` says why a dump failed. What is
+recorded, when it is dumped, where, and the cost: docs/reliability.md, section 3.
 """
 
 from __future__ import annotations
@@ -121,12 +100,10 @@ def configure(seconds: float, buffer: int, directory: Optional[str]) -> None:
 def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED, number: bool = True) -> list:
     """Record a collective issued on group ``g`` and return its entry.
 
-    ``state=STARTED`` (it runs now, on this thread) also makes it the group's op in
-    flight (``g.engine.current``), which the watchdog watches; an op queued on the
-    engine is SCHEDULED and becomes current when the engine starts it.
-    ``number=False``: its sequence number (-1 until then) is given under the engine's
-    lock, where it is queued or where a callback's op is put before the queued ones
-    (:meth:`mpidist.work.Engine.number`).
+    ``state=STARTED`` (it runs now, on this thread) also makes it ``g.engine.current``, which
+    the watchdog watches; a queued op is SCHEDULED until the engine starts it.
+    ``number=False``: the sequence number (-1 until then) is given under the engine's lock
+    (:meth:`mpidist.work.Engine.submit`, :meth:`mpidist.work.Engine.run_before_queued`).
     """
     eng = g.engine
     if number:
@@ -166,12 +143,9 @@ def fail(rec: list) -> None:
 
 
 def group_key(g: Any) -> str:
-    """A name for ``g`` that is the same on every member: ``"world"``, or its global ranks
-    and how many groups with those ranks this process made before it (``"[0, 1]#0"``,
-    set by new_group, destroyed groups counted, so a key is never reused).
-
-    Groups are made in the same order on every rank, so the key matches across ranks
-    even where ``group_name`` does not. Cached on the group's engine.
+    """A name for ``g`` that is the same on every member (groups are made in the same order
+    on every rank): ``"world"``, or its global ranks and how many groups with those ranks
+    this process made before it (``"[0, 1]#0"``; never reused). Cached on the group's engine.
     """
     key = g.engine.key
     if key is None:

@@ -1,16 +1,10 @@
 """The tag layout on a group's communicator, in one place.
 
-User array messages (send/recv/isend/irecv, P2POp) take tags ``0 .. USER_TAG_MAX``.
-Above them mpidist reserves, so its own messages never match a user's:
-
-* ``MONITORED_BARRIER_TAGS`` tags just below MPI_TAG_UB for monitored_barrier (call k
-  of a group uses ``TAG_UB - 1 - k % MONITORED_BARRIER_TAGS``);
-* ``CREATE_GROUP_TAG = TAG_UB - 1 - MONITORED_BARRIER_TAGS``, below them, for the
-  members-only creation of a group's communicator (``MPI_Comm_create_group`` on the
-  default group's communicator, whose tag Open MPI sends point-to-point there);
-* ``OBJECT_TAG = MPI_TAG_UB`` for send_object_list / recv_object_list.
-
-MPI guarantees MPI_TAG_UB >= 32767, so users always keep at least 28,671 tags.
+User messages take tags ``0 .. USER_TAG_MAX``; above them mpidist reserves, from the top:
+``OBJECT_TAG = MPI_TAG_UB`` (send/recv_object_list), ``MONITORED_BARRIER_TAGS`` tags for
+monitored_barrier (:func:`monitored_barrier_tag`), then ``CREATE_GROUP_TAG`` for the
+members-only ``MPI_Comm_create_group`` of a group's communicator (whose tag Open MPI sends
+point-to-point). MPI guarantees MPI_TAG_UB >= 32767, so users keep at least 28,671 tags.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """The one interface every communication backend implements: run one op of the public API,
 its arguments validated as far as the public function goes, on one group.
 
-Implementations, one per way an array can travel:
-
-* the MPI backend (:data:`mpidist._backends.mpi.MPI`): host arrays, with its algorithms (ring,
-  shared memory) for all_reduce; also what the two device backends below end in;
-* MPI on device memory (:data:`mpidist._backends.device.cuda_aware.CUDA_AWARE`): the device arrays
-  themselves handed to a CUDA-aware MPI, through the MPI backend's bodies;
-* host staging (:data:`mpidist._backends.device.staging.STAGING`): device arrays copied to pinned host
-  buffers, the MPI backend's body, the results copied back;
-* NCCL (the module :mod:`mpidist._backends.device.nccl`, whose :func:`~mpidist._backends.device.nccl.run` is
-  the method): device arrays on a group whose backend names NCCL.
-
-The router (:mod:`mpidist._backends.device.route`) picks one for each call on device arrays from the
-group's backend, the MPI's CUDA-awareness and the call (:func:`mpidist._backends.device.paths.choose`);
-the public functions call the MPI backend's bodies directly for host arrays (one call, no
-table lookup: the 8-byte all_reduce keeps its speed, benchmarks/results/latency_layers.md).
-Every backend lives below the public functions and the router and never calls them
-(docs/architecture.md).
+Implementations: the MPI backend (:data:`mpidist._backends.mpi.MPI`, host arrays; what the
+device backends end in), MPI on device memory
+(:data:`mpidist._backends.device.cuda_aware.CUDA_AWARE`), host staging
+(:data:`mpidist._backends.device.staging.STAGING`) and NCCL
+(:func:`mpidist._backends.device.nccl.run`). The router (:mod:`mpidist._backends.device.route`)
+picks one per device call; host arrays go straight to the MPI backend's bodies, with no table
+lookup, so the 8-byte all_reduce keeps its speed (benchmarks/results/latency_layers.md).
+docs/architecture.md, "The path of one all_reduce".
 """
 
 from __future__ import annotations

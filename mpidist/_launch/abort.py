@@ -1,25 +1,11 @@
 """Ending the whole job when one rank fails, so that its peers do not wait for it.
 
-Without this, an unhandled exception on one rank of an MPI job ends that rank while the
-others wait in their next collective (until the timeout watchdog aborts them, 30 min by
-default). Two entry points share :func:`end_job`:
-
-* :func:`install_excepthook`, called by ``init_process_group`` (unless
-  ``MPIDIST_ABORT_ON_EXCEPTION=0``): a ``sys.excepthook`` that prints the traceback with
-  every line prefixed ``[rank r]``, asks every rank to write its flight recorder, and
-  calls ``MPI_Abort`` (exit code 1; 130 for KeyboardInterrupt). ``destroy_process_group``
-  removes it (:func:`remove_excepthook`).
-* ``python -m mpidist`` (:mod:`mpidist.run`), which also covers ``sys.exit(code)`` and
-  exceptions raised before ``init_process_group``.
-
-Source: mpi4py's ``python -m mpi4py`` (``mpi4py.run``), which turns an unhandled
-exception into ``MPI_Abort`` for the same reason; torch's ``init_process_group``
-installs a ``sys.excepthook`` too (it only prefixes the traceback with the rank).
-
-Only the main thread's unhandled exceptions end the job: an exception in another thread
-ends that thread only (Python's rule, kept: the program may join the thread and handle
-its failure), and if the main thread then waits for a peer forever, the timeout catches
-it. Imports nothing of mpidist: callers pass what they need (the dump function).
+Two entry points share :func:`end_job`: :func:`install_excepthook` (init_process_group's
+``sys.excepthook``: the traceback prefixed ``[rank r]``, every rank's flight recorder, then
+``MPI_Abort`` with 1, or 130 for KeyboardInterrupt) and ``python -m mpidist``
+(:mod:`mpidist.run`). Only the main thread's unhandled exceptions end the job (Python's
+rule). Source: mpi4py's ``python -m mpi4py`` (``mpi4py.run``). docs/reliability.md, section 1.
+Imports nothing of mpidist: callers pass what they need (the dump function).
 """
 
 from __future__ import annotations
@@ -39,9 +25,8 @@ class _Capture(io.StringIO):
 
 
 def _stderr() -> Any:
-    """``sys.stderr``, unless someone else's in-memory buffer stands in for it (torch's
-    excepthook swaps one in to prefix the output of the hook it wraps, ours): then the
-    process's real stderr, since a job that is being aborted would never print that buffer."""
+    """``sys.stderr``, or the real stderr where another hook's in-memory buffer stands in for
+    it (torch's, wrapping ours): an aborted job would never print that buffer."""
     if isinstance(sys.stderr, io.StringIO) and not isinstance(sys.stderr, _Capture) and sys.__stderr__ is not None:
         return sys.__stderr__
     return sys.stderr
@@ -68,13 +53,9 @@ def abort_job(code: int) -> None:
 
 
 def end_job(rank: int, size: int, code: int, reason: str, dump: Optional[Callable[[str], str]] = None) -> None:
-    """End a failing multi-rank job: ``dump("abort: " + reason)`` (every rank writes its
-    flight recorder; it returns the line to print: where, or why not; None when mpidist is
-    not initialized), then MPI_Abort(code).
-
-    In a one-rank run (``size == 1``) nothing is written or aborted and this returns: the
-    caller exits with ``code`` as a plain Python program would.
-    """
+    """End a failing multi-rank job: ``dump("abort: " + reason)`` (every rank's flight recorder;
+    returns the line to print; ``dump`` None when mpidist is not initialized), then
+    MPI_Abort(code). With ``size == 1`` nothing is done: the caller exits with ``code``."""
     if size <= 1:
         return
     if dump is not None:

@@ -1,26 +1,12 @@
 """RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE: exported for code written for torchrun,
-and the values the user's launcher left, kept for init_process_group's check.
+and the values the user's launcher left, kept for init_process_group's check; also what the
+launchers set (:func:`launcher_rank`, :func:`without_launcher`) and :func:`supervised`.
 
-When each is set (docs/hpc.md):
-
-* at ``import mpidist`` (:func:`export_at_import`): RANK and WORLD_SIZE from
-  MPI_COMM_WORLD (mpi4py initializes MPI when it is imported), and LOCAL_RANK /
-  LOCAL_WORLD_SIZE from the launcher's own variables where it sets them (MPICH's hydra:
-  ``MPI_LOCALRANKID`` / ``MPI_LOCALNRANKS``; Open MPI: ``OMPI_COMM_WORLD_LOCAL_RANK`` /
-  ``OMPI_COMM_WORLD_LOCAL_SIZE``; ``srun``: ``SLURM_LOCALID``, with the node's task count
-  from ``SLURM_STEP_TASKS_PER_NODE``, used only when srun itself started every rank), or
-  0 / 1 in a one-process run. Nothing is exported at import when the environment's
-  RANK/WORLD_SIZE say a larger world than MPI launched (init_process_group then fails
-  with a message saying how to launch).
-* at ``init_process_group``: all four again, LOCAL_* from MPI's shared-memory split (the
-  authority; a launcher without local-rank variables gets them here).
-
-``MPIDIST_ENV_EXPORTED`` records what mpidist exported. A process started from an
-mpidist rank (``subprocess.run(["python", "tool.py"])``) inherits its RANK/WORLD_SIZE;
-values equal to the recorded ones are treated as mpidist's, not as the user's, so such a
-child is not mistaken for a torchrun-style launch.
-
-Imports nothing of mpidist.
+Exported at ``import mpidist`` (:func:`export_at_import`: LOCAL_* from the launcher's variables,
+nothing when RANK/WORLD_SIZE say a larger world than MPI's) and again at init_process_group.
+:data:`MARKER` records what mpidist exported, so a child process's inherited values are not
+taken for a torchrun-style launch. When each is set and why: docs/hpc.md, "RANK, WORLD_SIZE,
+LOCAL_RANK: when they are set". Imports nothing of mpidist.
 """
 
 from __future__ import annotations
@@ -144,11 +130,8 @@ SUPERVISE_ENV = "MPIDIST_SUPERVISE"
 def supervised(argv: Optional[Sequence[str]] = None, env: Mapping[str, str] = os.environ) -> bool:
     """Whether mpidist owns this process's launch: :data:`SUPERVISE_ENV` is "1", or it is unset
     and the interpreter was started as ``python [options] -m mpidist ...`` (``argv``:
-    ``sys.orig_argv``), as the job scripts of jobs/, the chaos suite and ``make test`` start it.
-    Only then does ``import mpidist`` supervise the process beyond its own calls
-    (:mod:`mpidist._launch.mpi_init`): the watcher of MPI_Init, the removal of the launcher's
-    files, SIGUSR1 recorded from import on, the exit watcher's line. The variable is for a
-    program that must run code before ``import mpidist`` (``python -m mpidist`` imports it first)."""
+    ``sys.orig_argv``). Only then does ``import mpidist`` supervise the process
+    (docs/reliability.md, section 11, "Supervision")."""
     setting = env.get(SUPERVISE_ENV, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
@@ -169,9 +152,7 @@ def supervised(argv: Optional[Sequence[str]] = None, env: Mapping[str, str] = os
 
 def launcher_rank(env: Mapping[str, str] = os.environ) -> Optional[tuple[int, int]]:
     """(rank, world size) as the launcher set them for this process, before or without MPI
-    (hydra: ``PMI_RANK``/``PMI_SIZE``; Open MPI: ``OMPI_COMM_WORLD_RANK``/``_SIZE``; srun:
-    ``SLURM_PROCID``/``SLURM_NTASKS``; torchrun, or an export of mpidist's: ``RANK``/``WORLD_SIZE``);
-    None if no launcher set a consistent pair."""
+    (the first consistent pair of :data:`_RANK_PAIRS`), or None."""
     for rank_var, size_var in _RANK_PAIRS:
         rank, size = _int(env.get(rank_var)), _int(env.get(size_var))
         if rank is not None and size is not None and 0 <= rank < size:
@@ -190,8 +171,7 @@ _LAUNCHER_MCA = ("OMPI_MCA_num_procs", "OMPI_MCA_initial_wdir", "OMPI_MCA_cpu_ty
 
 def without_launcher(env: Mapping[str, str] = os.environ) -> dict:
     """``env`` without the variables an MPI launcher sets for each rank: the environment for a
-    child process that must not join this rank's job (one that inherits them tries to: under
-    Open MPI it hangs, then fails), or that starts a job of its own."""
+    child process that must not join this rank's job (docs/hpc.md: child processes)."""
     return {
         k: v
         for k, v in env.items()

@@ -1,27 +1,13 @@
 """A watcher of a rank's exit: the line that says why the bound on ``MPI_Finalize`` ended it.
 
-:mod:`mpidist._launch.mpi_init` bounds what is left of a rank once its exit handlers run
-(``MPI_Finalize`` above all, which waits for every rank of the job) with ``alarm()``: past the
-bound the kernel ends the rank ("Alarm clock"). No code of the rank can say why at that moment:
-mpi4py calls ``MPI_Finalize`` after Python's finalization, so no thread, signal handler or
-faulthandler of its own is left. The launcher's report of the job's end did not say it either:
-a chaos trial (issue 27; SIGSTOP to rank 1 of 4 after its ``destroy_process_group``) ended
-within its bound, but hydra named the stopped rank's end by the SIGTERM of its own clean-up,
-and nothing in the output said that a rank had timed out.
-
-:func:`start`, called by that exit handler, starts a **watcher** (:mod:`mpidist._launch.helper_process`):
-``/bin/sh`` running :data:`SCRIPT`, a child of the rank that holds a pipe's read end and the
-rank's standard error, nothing else of it. ``timeout(1)`` runs ``cat`` on the pipe: when the
-rank exits, the pipe reaches end-of-file and the three processes exit (in 1-3 ms). If the rank
-is still there at the bound (the watcher's parent is still the rank: no other process that took
-its number), the watcher writes the rank's message to its standard error and sends it SIGALRM,
-whose default action :mod:`mpidist._launch.mpi_init` set: the rank ends as the alarm would have ended
-it, after a line that says so. The rank's own ``alarm()`` stays, one second later, where the
-watcher could not start (no ``/bin/sh`` or ``timeout``).
-
-Cost: one ``posix_spawn`` per rank at exit and three short-lived processes (``sh``, ``timeout``,
-``cat``: ~3 ms of CPU in all on the test machine; a Python interpreter would take ~20 ms).
-Linux (``/proc``) only; elsewhere the alarm alone, as before.
+No code of the rank can say it (mpi4py calls ``MPI_Finalize`` after Python's finalization),
+so :func:`start` spawns ``/bin/sh`` running :data:`SCRIPT` (:mod:`mpidist._launch.helper_process`),
+holding only a pipe's read end and the rank's stderr: when the rank exits the pipe reaches
+end-of-file and the watcher exits (1-3 ms); if its parent is still the rank at the bound, it
+writes the rank's line and sends it SIGALRM. The rank's own ``alarm()``
+(:mod:`mpidist._launch.mpi_init`), one second later, covers a watcher that could not start.
+~3 ms of CPU per rank at exit (a Python interpreter would take ~20 ms). Linux (``/proc``)
+only. Why and when: docs/reliability.md, section 11.
 """
 
 from __future__ import annotations

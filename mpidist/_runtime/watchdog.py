@@ -1,16 +1,12 @@
 """The timeout watchdog: one daemon thread per process while initialized.
 
-Every tick it looks at each group's op in flight (engine.current) and at the blocking
-point-to-point calls (:data:`mpidist._core.recorder.watched`); one older than its timeout trips
-it. It also answers its peers' probes on a communicator of its own (a duplicate of the
-world made at init), so a rank that timed out learns where every other rank is; and it
-wakes up at once on SIGTERM through ``signal.set_wakeup_fd``, so a rank stuck inside MPI
-still writes its flight recorder when it is terminated. The mismatch check
-(:mod:`mpidist._check.mismatch`) asks and tells the other ranks through it
-(:meth:`_Watchdog.check_probe`, :meth:`_Watchdog.notify_mismatch`).
-
-:mod:`mpidist._runtime.world` starts it at init_process_group and stops it at
-destroy_process_group; the running one is :data:`mpidist._core.current.watchdog`.
+Every tick it trips an op in flight (each group's ``engine.current``, and
+:data:`mpidist._core.recorder.watched`) older than its timeout; it answers its peers' probes
+on a duplicate of the world (and the mismatch check's questions: :meth:`_Watchdog.check_probe`,
+:meth:`_Watchdog.notify_mismatch`), and sees SIGTERM through ``signal.set_wakeup_fd``, so a
+rank stuck in MPI still writes its flight recorder. Started and stopped by
+:mod:`mpidist._runtime.world`; the running one is :data:`mpidist._core.current.watchdog`.
+docs/reliability.md, sections 2 and 3.
 """
 
 from __future__ import annotations
@@ -205,10 +201,8 @@ class _Watchdog:
             self._mismatch(src, *msg[2:])
 
     def _mismatch(self, src: int, key: str, seq: int, text: str) -> None:
-        """Peer ``src`` found that this rank ran collective ``seq`` of group ``key`` while it
-        checked another call there (``text``, with both calls): end this rank's op as a
-        timeout does (abort the job; with MPIDIST_ABORT_ON_TIMEOUT=0 the caller raises
-        DistError, and the group is unusable)."""
+        """Peer ``src`` found that this rank's collective ``seq`` of group ``key`` mismatches its
+        own (``text``): end this rank's op as a timeout does."""
         g = _group_of(key)
         if g is None:
             return
@@ -359,11 +353,9 @@ class _Watchdog:
             for s in self.sends:  # sends to a peer that is gone may never complete: let go
                 with contextlib.suppress(MPI.Exception):
                     s.Free()
-            # Not freed: a peer's question or answer may still be on its way here (a peer's
-            # final comparison asks until it gives up). Freed, the communicator's context id
-            # would be reused by a later one, whose receives would match that stale message
-            # (seen: torch's suite, a test's irecv(tag=1) got a watchdog probe of the test
-            # before). Kept for the process's life: one context id per init_process_group.
+            # Not freed: a peer's message may still be on its way, and a later communicator
+            # reusing the context id would receive it (seen in torch's suite: a test's
+            # irecv(tag=1) got an earlier test's probe). One context id per init.
             _RETIRED.append(self.comm)
             self.comm = None
 

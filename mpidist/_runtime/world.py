@@ -1,26 +1,9 @@
 """The process-wide state: MPI bootstrap, the default group, local rank, env export,
 and the timeout watchdog.
 
-Rank and world size come from MPI_COMM_WORLD (mpi4py initializes MPI with
-``MPI_THREAD_MULTIPLE`` when it is imported), so there is no rendezvous, no
-MASTER_ADDR, and mpidist opens no listening socket (the MPI launcher and the MPI
-library's transports do: docs/hpc.md). The local rank is the rank in the
-shared-memory split of MPI_COMM_WORLD (``MPI_COMM_TYPE_SHARED``). RANK and
-WORLD_SIZE are exported at import (:mod:`mpidist._launch.environment`), all four variables again
-at init_process_group.
-
-Reliability settings, read by init_process_group (docs/reliability.md):
-
-* ``MPIDIST_TIMEOUT`` (seconds): overrides init_process_group's ``timeout`` (default
-  30 min) for every blocking collective, ``Work.wait()`` and blocking point-to-point.
-* ``MPIDIST_ABORT_ON_TIMEOUT=0``: on a timeout the caller raises DistError instead of
-  the job being aborted (sync ops then run on the group's engine thread).
-* ``MPIDIST_DEBUG`` (else ``TORCH_DISTRIBUTED_DEBUG``) ``=DETAIL``: compare every collective's
-  signature across the group first, not only new ones (:mod:`mpidist._check.mismatch`).
-* ``MPIDIST_TRACE_BUFFER`` (entries, default 2048) and ``MPIDIST_TRACE_DIR``: the flight
-  recorder (:mod:`mpidist._core.recorder`).
-* ``MPIDIST_ABORT_ON_EXCEPTION=0``: do not install the hook that aborts the job when a
-  rank has an unhandled exception (:mod:`mpidist._launch.abort`).
+Rank and world size come from MPI_COMM_WORLD (no rendezvous, no listening socket); the local
+rank from its ``MPI_COMM_TYPE_SHARED`` split. Design: docs/architecture.md, "Bootstrap"; the
+``MPIDIST_*`` reliability settings init_process_group reads: docs/reliability.md, "Settings".
 """
 
 from __future__ import annotations
@@ -152,9 +135,7 @@ def canonical_backend(backend: Optional[str], where: str = "init_process_group:"
     ``"cpu:mpi,cuda:mpi"`` (-> ``"mpi"``); ``"nccl"``/``"cuda:nccl"`` (-> ``"nccl"``);
     ``"gloo"``/``"cpu:gloo"``/``"cuda:gloo"`` (-> ``"gloo"``); ``"cpu:mpi,cuda:nccl"`` and
     ``"cpu:gloo,cuda:nccl"`` in either order (a mixed ``"cpu:gloo,cuda:mpi"`` is kept so).
-    Host arrays always travel over MPI, whatever the backend; ``"gloo"`` is MPI under
-    torch's name (one warning per process, :func:`_warn_gloo`), so that programs written for
-    torch run and ``get_backend() == "gloo"`` stays true for them.
+    ``"gloo"`` is MPI under torch's name (one warning per process, :func:`_warn_gloo`).
 
     Raises:
         ValueError: any other backend (ucc, "cpu:nccl", a device other than cpu/cuda, a
@@ -234,52 +215,35 @@ def init_process_group(
     """Create the default process group from MPI_COMM_WORLD (collective over it).
 
     Same signature as ``torch.distributed.init_process_group``. Rank and world size come
-    from MPI: launch with ``mpiexec -n N python script.py`` or ``srun -n N ...``; a plain
-    ``python script.py`` is a world of size 1. ``store`` is not used; ``tcp://`` and
-    ``file://`` init methods are accepted with a warning and ignored.
+    from MPI: launch with ``mpiexec -n N`` or ``srun -n N``; a plain ``python script.py`` is
+    a world of size 1. ``store`` is not used; ``tcp://`` and ``file://`` init methods are
+    accepted with a warning and ignored.
 
     ``backend``: ``"mpi"`` (default), ``"nccl"``, ``"cpu:mpi,cuda:nccl"``, or torch's gloo
-    names ``"gloo"`` / ``"cpu:gloo,cuda:nccl"``, which run over MPI (one warning per
-    process; :func:`get_backend` returns the gloo name, as torch would) -- see
-    :func:`canonical_backend`. NCCL is loaded only when a device array first meets it, so
-    ``"nccl"`` initializes on a CPU-only machine too (torch refuses). Device binding: where
-    CuPy and a GPU exist, the device ``device_id`` (an int, ``"cuda:N"`` or a
-    ``torch.device``-like object with ``.index``), else env ``MPIDIST_DEVICE``, else
-    ``local_rank % device_count`` becomes the current device (``cupy.cuda.Device(d).use()``),
-    as torch's launch convention. CUDA-awareness of MPI is detected here
-    (``MPIDIST_CUDA_AWARE=0|1`` overrides; docs/device.md).
+    names, which run over MPI (:func:`canonical_backend`). NCCL is loaded only when a device
+    array first meets it, so ``"nccl"`` initializes on a CPU-only machine too (torch
+    refuses). Where CuPy and a GPU exist, ``device_id`` (an int, ``"cuda:N"`` or an object
+    with ``.index``), else ``MPIDIST_DEVICE``, else ``local_rank % device_count`` becomes the
+    current device; CUDA-awareness of MPI is detected here (docs/device.md).
 
     ``rank`` / ``world_size`` (-1: take MPI's):
 
-    * with an MPI backend name (``"mpi"``, ``"cpu:mpi"``, ..., and ``"cpu:mpi,cuda:nccl"``,
-      which names MPI for host arrays; torch's backend ``"mpidist"`` starts mpidist with
-      one of these), as torch's MPI backend, they
-      are assigned by MPI: values that differ from MPI's are ignored with a warning ("For
-      MPI backend, world_size (0) and rank (0) are ignored since they are assigned by the MPI
-      runtime", e.g. the tutorials' ``init_process(0, 0, run, backend='mpi')``). Exception:
-      ranks that are all different and each a rank of the job (0 <= rank < n) but not MPI's
-      would renumber the processes, which mpidist cannot do: every rank raises ValueError.
-    * with any other name (None, ``"gloo"``, ``"nccl"``, ...) they are meant (torch uses
-      them for its rendezvous): a world_size other than MPI's, or a rank other than the one
-      MPI gave the process, raises ValueError on every rank, saying how to launch that many
-      processes (``mpiexec -n W`` / ``srun -n W``).
+    * with an MPI backend name (``"mpi"``, ``"cpu:mpi"``, ``"cpu:mpi,cuda:nccl"``), as torch's
+      MPI backend: values that differ from MPI's are ignored with torch's warning ("For MPI
+      backend, world_size (0) and rank (0) are ignored ..."), except ranks that are all
+      different, each in 0..n-1, but not MPI's (a renumbering): ValueError.
+    * with any other name (None, ``"gloo"``, ``"nccl"``, ...) they must match MPI, else
+      ValueError saying how to launch (``mpiexec -n W`` / ``srun -n W``).
 
-    RANK / WORLD_SIZE in the environment, as the launcher left them (torchrun's variables),
-    that say a larger world than MPI launched raise ValueError on every rank, saying how to
-    launch. Exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (RANK and WORLD_SIZE
-    are already exported at ``import mpidist``; docs/hpc.md says when each is set).
+    RANK / WORLD_SIZE in the environment that say a larger world than MPI launched
+    (torchrun's habit) raise ValueError saying how to launch. Exports RANK, WORLD_SIZE,
+    LOCAL_RANK and LOCAL_WORLD_SIZE (docs/hpc.md).
 
-    Every check runs on every rank before the first collective and the ranks exchange the
-    outcome (one MPI_Iallgather of 7 int64, :mod:`mpidist._check.init_args`), so an error on one
-    rank raises the same error, with the same message, on every rank at once. A rank that
-    does not reach init_process_group within the timeout ends the job (MPI_Abort after a
-    message; with ``MPIDIST_ABORT_ON_TIMEOUT=0`` the others raise DistError).
-
-    Installs a ``sys.excepthook`` (unless ``MPIDIST_ABORT_ON_EXCEPTION=0``): an unhandled
-    exception on any rank prints its traceback with every line prefixed ``[rank r]``, asks
-    every rank to write its flight recorder, and aborts the job with ``MPI_Abort`` (exit
-    code 1; 130 for KeyboardInterrupt), as ``python -m mpidist`` does (docs/reliability.md).
-    torch installs a hook that only prefixes the traceback. Removed by destroy_process_group.
+    Every error is raised on every rank with the same message (the checks are exchanged in
+    one MPI_Iallgather, :mod:`mpidist._check.init_args`); a rank that does not call it within
+    the timeout ends the job (docs/reliability.md, section 1a). Installs a ``sys.excepthook``
+    that aborts the job on an unhandled exception (unless ``MPIDIST_ABORT_ON_EXCEPTION=0``;
+    docs/reliability.md, section 1); destroy_process_group removes it.
 
     Raises:
         ValueError: already initialized ("trying to initialize the default process
@@ -406,8 +370,8 @@ _exit_check_registered = False
 
 
 def _register_exit_check() -> None:
-    """Register :func:`_compare_at_exit` (once; after the watchdog's own exit handler, so it
-    runs before that one and before mpi4py finalizes MPI)."""
+    """Register :func:`_compare_at_exit` (once; after the watchdog's exit handler, so it runs
+    before it)."""
     global _exit_check_registered
     if not _exit_check_registered:
         atexit.register(_compare_at_exit)
@@ -415,11 +379,9 @@ def _register_exit_check() -> None:
 
 
 def _compare_at_exit() -> None:
-    """A process that leaves without destroy_process_group: its groups' final comparison
-    (mpidist._check.mismatch.compare_final), so that a run whose members made different calls does
-    not end with exit status 0. On a difference every member prints the mismatch and the
-    job is aborted (MPI_Abort, exit status 1). Nothing when the runtime was destroyed, or
-    when the process leaves on an unhandled exception (its status says so already)."""
+    """A process that leaves without destroy_process_group: its groups' final comparison; on
+    a difference it prints the mismatch and aborts the job (exit status 1). Nothing after
+    destroy, or on an unhandled exception (docs/reliability.md, section 4)."""
     st = _current.state
     if st is None or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
         return
@@ -436,14 +398,13 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 
     Collective over the group's members. After destroying the default group,
     init_process_group may be called again; using a destroyed group raises ValueError.
+    Destroying the default group also removes init_process_group's ``sys.excepthook`` and
+    the watchdog (and its SIGTERM handler).
 
-    First the members compare the calls they made on each group destroyed (the running
-    hash of every call, and the last one: docs/reliability.md, section 4), so that a run
-    whose members made different calls never ends unnoticed: on a difference every member
-    raises the same ValueError naming the first call that differs (a group where a mismatch
-    was found already is not compared again).
-    Destroying the default group also removes init_process_group's ``sys.excepthook``
-    and the watchdog (and its SIGTERM handler).
+    Raises:
+        ValueError: the members made different calls on a group destroyed (its final
+            comparison, docs/reliability.md, section 4): on every member, naming the first
+            call that differs (a group already broken by a mismatch is not compared again).
     """
     st = state()
     if group is None or group is st.world:
@@ -465,11 +426,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 def check_collectives(group: Optional[ProcessGroup] = None) -> None:
     """Compare the calls every member made on ``group`` (default: the default group) so far.
 
-    An mpidist extension (torch has no equivalent), collective over the group's members:
-    they exchange the running hash of their calls and their last call (docs/reliability.md,
-    section 4), as destroy_process_group and the exit of the process do. Call it before
-    writing a checkpoint, so that a run whose members made different calls is not saved as if
-    it were sound. Costs one small exchange (MPI_Iallgather of 17 int64 per member).
+    An mpidist extension, collective over the group's members: the final comparison of
+    destroy_process_group (docs/reliability.md, section 4). Call it before writing a
+    checkpoint. Costs one MPI_Iallgather of 17 int64 per member.
 
     Raises:
         ValueError: the members made different calls; on every member, with the same text,
@@ -498,10 +457,9 @@ def get_backend(group: Optional[ProcessGroup] = None) -> str:
     """The backend of ``group`` (default: the default group), as torch spells it: ``"mpi"``,
     ``"nccl"`` or ``"cpu:mpi,cuda:nccl"`` (see :func:`canonical_backend`).
 
-    It says where device arrays go (docs/device.md): NCCL for ``"nccl"`` and
-    ``"cpu:mpi,cuda:nccl"``; for ``"mpi"``, CUDA-aware MPI if
-    :func:`mpidist.cuda_aware_mpi`, else host staging. Host arrays always use MPI (torch
-    refuses CPU tensors on a pure ``"nccl"`` group; mpidist sends them over MPI).
+    Device arrays go to NCCL for ``"nccl"`` and ``"cpu:mpi,cuda:nccl"``; for ``"mpi"``, to
+    CUDA-aware MPI if :func:`mpidist.cuda_aware_mpi`, else host staging (docs/device.md).
+    Host arrays always use MPI.
     """
     return resolve_group(group).backend
 
@@ -581,9 +539,8 @@ def _env_flag(name: str, where: str) -> bool:
 
 
 def _trace_dir(comm: MPI.Comm) -> str:
-    """MPIDIST_TRACE_DIR, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` (collective:
-    rank 0 names it, so every rank of the job dumps into the same directory). Nothing is
-    created here: the first dump creates it, private (:mod:`mpidist._core.private_files`)."""
+    """MPIDIST_TRACE_DIR, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` named by
+    rank 0 (collective). Nothing is created here (docs/reliability.md, section 3)."""
     import tempfile  # noqa: PLC0415
 
     name = comm.bcast(fresh_name(R.TRACE_PREFIX) if comm.Get_rank() == 0 else None, 0)

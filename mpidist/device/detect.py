@@ -1,18 +1,10 @@
 """Is the MPI library CUDA-aware (may MPI be handed a device pointer)?
 
-Decided once per process, at init_process_group, in this order:
-
-1. ``MPIDIST_CUDA_AWARE=1`` or ``0``: the user's word (anything else: ValueError).
-2. ``MPIX_Query_cuda_support()`` called through ctypes on the MPI library this process
-   loaded (found in ``/proc/self/maps``, else through the mpi4py extension's own
-   linkage): Open MPI and MPICH >= 4 export it; 1 means CUDA-aware.
-3. The MPI-4.1 info key ``mpi_memory_alloc_kinds`` of MPI_COMM_WORLD: a kind ``cuda``
-   (all of CUDA memory) or ``cuda:device`` / ``cuda:managed`` means CUDA-aware.
-
-2 and 3 are asked together: either one saying yes is a yes. The answer and where it
-came from are kept (:func:`detection`) and reported (:func:`cuda_aware_mpi`, the
-staging warning). Getting it wrong in the "yes" direction makes MPI dereference a
-device pointer and segfault, so without a positive answer the answer is no.
+Decided once per process, at init_process_group: ``MPIDIST_CUDA_AWARE=1``/``0`` if set, else
+yes if ``MPIX_Query_cuda_support()`` of the loaded MPI library or the MPI-4.1 info key
+``mpi_memory_alloc_kinds`` says so (docs/device.md, "CUDA-aware MPI: detection and override").
+A wrong yes makes MPI dereference a device pointer and segfault, so without a positive answer
+the answer is no. :func:`detection` keeps the answer and its source.
 """
 
 from __future__ import annotations
@@ -155,8 +147,8 @@ def cuda_aware_mpi() -> bool:
 
     Decided at :func:`init_process_group`: ``MPIDIST_CUDA_AWARE=0|1`` if set, else the
     MPI library's ``MPIX_Query_cuda_support()`` or its MPI-4.1 ``mpi_memory_alloc_kinds``
-    info key (see docs/device.md). ``mpidist.device.detect.detection().source`` says
-    which. mpidist extension: torch has no such query (its MPI backend checks Open MPI
-    only). Raises ValueError if ``MPIDIST_CUDA_AWARE`` is neither 0 nor 1.
+    info key (docs/device.md); ``mpidist.device.detect.detection().source`` says which.
+    mpidist extension (torch has no such query). Raises ValueError if
+    ``MPIDIST_CUDA_AWARE`` is neither 0 nor 1.
     """
     return detection().aware

@@ -37,11 +37,8 @@ __all__ = ["BACKEND_NAME", "MPIStore", "ProcessGroupMpidist", "TorchWork", "crea
 
 def register() -> None:
     """Register backend ``"mpidist"`` (cpu and cuda) and rendezvous ``mpi://`` with torch,
-    and make backend ``"mpi"`` mpidist on a torch built without MPI
-    (:mod:`mpidist.torch._mpi_name`).
-
-    Runs on import; calling it again does nothing.
-    """
+    and make backend ``"mpi"`` mpidist on a torch built without MPI. Runs on import;
+    calling it again does nothing."""
     _dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
     declare_self_recording(BACKEND_NAME)
     rendezvous.register()

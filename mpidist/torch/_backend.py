@@ -1,21 +1,10 @@
 """The backend creator torch calls for every ``"mpidist"`` group.
 
-torch calls :func:`create` (registered with ``extended_api=True``) with a
-``_DistributedBackendOptions``: the group's rank and size, its timeout, and
-``global_ranks_in_group`` (empty for the default group). It calls it on the group's
-members only, so a sub-group is made with mpidist's members-only
-``new_group(ranks, use_local_synchronization=True)`` (``MPI_Comm_create_group``).
-
-The default group runs on mpidist's default group. If mpidist is not initialized yet,
-torch's rendezvous (:mod:`mpidist.torch.rendezvous`) initializes it through
-:func:`start_runtime` (``mpidist.init_process_group`` with torch's timeout, ``rank`` and
-``world_size``, so mpidist's collective argument check applies: the same error on every
-rank), or, when torch was given a ``store`` and skips the rendezvous, the creator does;
-and the torch group *owns* that runtime: destroying it destroys mpidist's runtime too
-(:meth:`ProcessGroupMpidist.shutdown`), so a later ``init_process_group`` starts afresh.
-If mpidist was initialized before (by ``mpidist.init_process_group``, e.g. to choose its
-backend for CUDA tensors), the torch group uses it and leaves it running when torch
-destroys its groups; its timeout is the one mpidist was initialized with.
+torch calls :func:`create` (``extended_api=True``) on the group's members only, so a sub-group
+is mpidist's members-only ``new_group(..., use_local_synchronization=True)``. The default group
+runs on mpidist's default group: started by the rendezvous (:func:`start_runtime`) or, when
+torch skipped it (a ``store`` given), by the creator, and then owned by the torch group; or
+found running, then left running. docs/torch.md, "mpidist's own API in the same process".
 """
 
 from __future__ import annotations
@@ -37,31 +26,19 @@ _started: Optional[ProcessGroup] = None
 
 
 def declare_self_recording(name: str) -> None:
-    """Tell torch that backend ``name`` records its own ops (mpidist's flight recorder,
-    :mod:`mpidist._core.recorder`), so that torch does not attach its own to the group.
-
-    torch 2.15 attaches a flight-recorder hook to every group whose backend is not in
-    ``distributed_c10d._FR_SELF_RECORDING_BACKENDS`` and reports device types
-    (``_maybe_attach_flight_recorder``, 2.15.0 distributed_c10d.py:2893-2930); the hook reads
-    the group's C++ backend, which a ProcessGroup made in Python (mpidist's) has not, and
-    ``init_process_group`` fails ("Could not find the default backend type 0"). A torch
-    without that set (before 2.15) needs nothing.
-    """
+    """Add backend ``name`` to torch's ``_FR_SELF_RECORDING_BACKENDS`` (torch >= 2.15), so
+    that torch attaches no flight recorder of its own, which fails on a Python group
+    (docs/torch.md, "Versions and the private torch APIs it relies on")."""
     names = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
     if isinstance(names, set):
         names.add(name)
 
 
 def _device_backend() -> str:
-    """mpidist's backend for a runtime the torch backend starts: CUDA tensors through NCCL
-    where CuPy has it and NCCL can run this node's ranks, else MPI (CUDA-aware where
-    detected, host staging otherwise).
-
-    NCCL can run them when there are no more ranks on the node than GPUs torch sees (each
-    rank on a GPU of its own), or when NCCL lets ranks share a GPU (>= 2.30 with
-    NCCL_MULTI_RANK_GPU_ENABLE=1); an older NCCL fails every collective of ranks sharing a
-    GPU (seen with NCCL 2.28.9, two ranks on one H200). Collective over MPI_COMM_WORLD (one
-    ``Split_type`` to count the node's ranks, when CuPy has NCCL).
+    """mpidist's backend for a runtime the torch backend starts: ``"cpu:mpi,cuda:nccl"``
+    where CuPy has NCCL and NCCL can run this node's ranks (no more ranks than GPUs, or a
+    shared GPU allowed), else ``"mpi"`` (docs/torch.md, "CUDA tensors"). Collective over
+    MPI_COMM_WORLD when CuPy has NCCL (one ``Split_type``).
     """
     if not mpidist.is_nccl_available():
         return "mpi"
@@ -83,11 +60,9 @@ def _device_backend() -> str:
 def start_runtime(timeout: Any, rank: int = -1, world_size: int = -1) -> None:
     """Initialize mpidist for torch's default group (collective over MPI_COMM_WORLD).
 
-    ``rank``/``world_size`` are torch's arguments (-1: not given), checked by mpidist's
-    rule for MPI backend names, as torch's own MPI backend treats them: values that differ
-    from MPI's are ignored with torch's warning, a renumbering of the processes raises
-    ValueError on every rank, and so do RANK/WORLD_SIZE in the environment that say a
-    larger world than MPI launched (``mpidist.init_process_group``).
+    ``rank``/``world_size``: torch's arguments (-1: not given), checked as for torch's MPI
+    backend by ``mpidist.init_process_group`` (ValueError on every rank; docs/torch.md,
+    "Launching").
     """
     global _started
     mpidist.init_process_group(_device_backend(), timeout=timeout, rank=rank, world_size=world_size)
@@ -116,12 +91,11 @@ def make(
     ranks: list, timeout: Any, name: str, given: Optional[tuple] = None, desc: Optional[str] = None
 ) -> ProcessGroupMpidist:
     """The torch group over mpidist for global ``ranks`` (empty: the default group), called
-    on its members only, for backend ``name`` ("mpidist", or "mpi": :mod:`mpidist.torch._mpi_name`).
+    on its members only, for backend ``name`` ("mpidist" or "mpi").
 
-    ``timeout``: the group's (torch's ``timeout=``; the default group's starts mpidist's
-    runtime when it is not running). ``given``: torch's (rank, size) for the group, checked
-    against MPI's for the default group (None: MPI's, as torch's MPI backend takes them).
-    ``desc``: the mpidist group's name until torch sets the group's description.
+    ``timeout``: the group's. ``given``: torch's (rank, size), checked against MPI's for the
+    default group (None: not checked). ``desc``: the mpidist group's name until torch sets
+    the group's description.
     """
     global _started
     if not ranks:  # the default group

@@ -1,20 +1,11 @@
 """CUDA tensors through mpidist's device router, in torch's stream order.
 
-A CUDA tensor reaches an mpidist op as a :class:`CudaTensor`: its memory (a
-``__cuda_array_interface__`` version 3 whose ``"stream"`` is the torch stream that was
-current when the op was issued, so every path waits for the kernels that produced the
-data), its dtype as numpy / ml_dtypes spell it (bfloat16 included), and its DLPack
-device. mpidist's router (:mod:`mpidist._backends.device.route`) then picks the path it picks
-for any device array: NCCL on a group whose backend names it, a CUDA-aware MPI where
-one was detected (with CuPy), else host staging through pinned buffers. A device
-pointer never reaches an MPI that is not CUDA-aware.
-
-:class:`TorchRuntime` is mpidist's device runtime for these arrays (registered on
-import): copies, pinned buffers and stream synchronization with torch's own CUDA
-calls, so host staging needs no CuPy and handles bfloat16, which CuPy lacks. The NCCL
-and CUDA-aware paths need CuPy, as for any device array; they run with CuPy's current
-stream set to torch's current stream (:func:`current_stream`), so a sync op's results
-are ordered before the kernels torch enqueues next, as torch's NCCL backend orders them.
+A CUDA tensor reaches an mpidist op as a :class:`CudaTensor` (a ``__cuda_array_interface__``
+version 3 whose ``"stream"`` is torch's current stream at issue, its numpy/ml_dtypes dtype,
+its DLPack device); the router (:mod:`mpidist._backends.device.route`) picks its path as for
+any device array. :class:`TorchRuntime` does host staging with torch's own CUDA calls (no
+CuPy; bfloat16 included); the NCCL and CUDA-aware paths need CuPy and run with CuPy's current
+stream set to torch's (:func:`current_stream`). docs/torch.md, "CUDA tensors".
 """
 
 from __future__ import annotations
@@ -83,12 +74,9 @@ def _numpy_dtype(dtype: torch.dtype, op: str, arg: str) -> np.dtype:
 
 
 class CudaTensor:
-    """A contiguous CUDA tensor as an mpidist device array.
-
-    ``tensor`` (detached, C-contiguous), ``stream`` (the torch stream its data is ready
-    on) and ``dtype`` (numpy's or ml_dtypes' dtype for ``tensor.dtype``). Exposes
-    ``__cuda_array_interface__`` (version 3, with the stream), ``__dlpack_device__``,
-    ``shape``, ``dtype``, ``nbytes`` and ``flags.c_contiguous``.
+    """A contiguous CUDA tensor as an mpidist device array: ``tensor`` (detached,
+    C-contiguous), ``stream`` (the torch stream its data is ready on), ``dtype`` (numpy's or
+    ml_dtypes'); exposes ``__cuda_array_interface__`` and ``__dlpack_device__``.
     """
 
     __slots__ = ("tensor", "stream", "dtype", "shape", "device", "__cuda_array_interface__")
@@ -128,9 +116,8 @@ class CudaTensor:
 
 def device_array(t: torch.Tensor, staged: Any, write: bool, op: str, arg: str) -> CudaTensor:
     """``t`` (a CUDA tensor) as a :class:`CudaTensor`; a non-contiguous (or conj/neg) one
-    through a contiguous temporary, copied back when the op completes if ``write``
-    (``staged``: the call's :class:`mpidist.torch._views.Staged`, whose ``stream`` this sets:
-    the call runs in torch's current stream of the first CUDA tensor's device)."""
+    through a temporary, copied back when the op completes if ``write``. Sets
+    ``staged.stream`` (:class:`mpidist.torch._views.Staged`) to the first tensor's stream."""
     dtype = _numpy_dtype(t.dtype, op, arg)
     base = t.detach()
     stream = stream_of(base.device)
@@ -150,10 +137,8 @@ _cupy: Any = None
 
 def nccl_dev(t: torch.Tensor) -> Optional[tuple]:
     """(the NCCL path's array, the CuPy stream of torch's current stream) for CUDA tensor
-    ``t`` where it can go to the NCCL path as it is (dense, contiguous, no conjugate or
-    negative bit, a dtype mpidist knows), skipping the generic array layers (~15 us of a
-    call on an H200 host); None otherwise (the general path then checks, stages or refuses
-    it). Needs CuPy, as the NCCL path does."""
+    ``t`` that can go to the NCCL path as it is (dense, contiguous, a known dtype; needs
+    CuPy), skipping the generic array layers (~15 us of a call on an H200 host); else None."""
 
     if t.layout is not torch.strided or t.is_quantized or not t.is_contiguous() or t.is_conj() or t.is_neg():
         return None
@@ -169,10 +154,8 @@ def nccl_dev(t: torch.Tensor) -> Optional[tuple]:
 
 
 def current_stream(stream: Any) -> Any:
-    """A context manager that makes torch stream ``stream`` CuPy's current stream (the NCCL
-    and CUDA-aware paths order their work after, and before, what runs on it): CuPy's own
-    stream object for its handle, made once (:func:`mpidist.device._streams.wrap`); a
-    no-op without CuPy (host staging synchronizes the tensors' own streams)."""
+    """A context manager that makes torch stream ``stream`` CuPy's current stream (one
+    CuPy object per handle: :func:`mpidist.device._streams.wrap`); a no-op without CuPy."""
     global _cupy
     if _cupy is None:
         try:

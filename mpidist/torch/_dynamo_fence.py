@@ -1,29 +1,12 @@
 """Keep torch.compile (TorchDynamo) out of mpidist's Python: the one fence.
 
-A Python ProcessGroup is called from torch's C++ (DDP's reducer broadcasts and
-all-reduces, a Work's ``wait``, a future's callbacks) while a compiled frame may be
-active. Dynamo then treats each Python frame it enters as a new frame to compile: with
-torch's gloo or NCCL those calls stay in C++, with mpidist they reach its Python, and
-Dynamo would trace the op, the mismatch check and the flight recorder, fail on torch's
-opaque option objects (``UnsafeScriptObjectError``), or worse, compile bookkeeping that
-must run exactly once per call. In compiled code that calls a c10d op itself
-(``dist.broadcast`` inside a ``torch.compile``'d function), Dynamo would try to inline
-the group's method instead.
-
-:func:`fence_package` marks every function of every loaded ``mpidist`` module (classes'
-methods, properties and nested functions included) twice, as ``torch.compiler.disable``
-does, but without a wrapper (no per-call cost) and without importing ``torch._dynamo``
-(1.7 s):
-
-* its code object gets the frame strategy "skip this frame and everything it calls"
-  (``torch._C._dynamo.eval_frame.set_code_exec_strategy``, torch >= 2.6), so a frame
-  entered from C++ runs eagerly and so do all the frames it calls, mpidist's and
-  torch's alike;
-* the function gets ``_torchdynamo_disable = True``, the flag by which Dynamo's inliner
-  recognises a disabled function: the compiled caller graph-breaks at the call and runs
-  it eagerly, as it does for gloo's C++ methods.
-
-What compiles, what graph-breaks, and why: docs/torch.md, "torch.compile".
+:func:`fence_package` marks every function of every loaded ``mpidist`` module (methods,
+properties, nested functions included) as ``torch.compiler.disable`` would, without a wrapper
+(no per-call cost) and without importing ``torch._dynamo`` (1.7 s): its code object gets the
+frame strategy "skip this frame and everything it calls"
+(``torch._C._dynamo.eval_frame.set_code_exec_strategy``, torch >= 2.6), and the function gets
+``_torchdynamo_disable = True``, which makes Dynamo's inliner graph-break at the call.
+Why: docs/torch.md, "torch.compile".
 """
 
 from __future__ import annotations

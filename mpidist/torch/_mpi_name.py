@@ -1,27 +1,12 @@
 """Backend name ``"mpi"`` on torch wheels, which are built without MPI.
 
-torch's own MPI backend exists only in source builds: on a wheel
-``torch.distributed.is_mpi_available()`` is False and ``init_process_group("mpi")``
-fails with "Distributed package doesn't have MPI built in". Yet ``"mpi"`` is the name
-the tutorials use (``init_process(0, 0, run, backend="mpi")`` under ``mpirun -n 4``),
-and the one Accelerate picks on its own for multi-process CPU runs when
-``is_mpi_available()`` is True (transformers' ``ddp_backend`` offers it too).
-
-:func:`install` (run by ``import mpidist.torch``) fills torch's slot for its MPI backend
-with mpidist: ``distributed_c10d._MPI_AVAILABLE`` becomes True and
-``distributed_c10d.ProcessGroupMPI`` is :class:`ProcessGroupMPI`, whose ``create(ranks)``
-torch calls for the default group and each ``new_group`` (torch 2.13's
-``_new_process_group_helper``). The rest is torch's own MPI path, so its semantics are
-torch's MPI backend's: no rendezvous and no store (ranks from MPI; no MASTER_ADDR, RANK or
-WORLD_SIZE), ``rank=``/``world_size=`` ignored with torch's warning, ``get_backend()``
-gives ``"mpi"``, ``new_group(use_local_synchronization=True)`` refused by torch, and
-``TORCH_DIST_INIT_BARRIER=1`` is a ``barrier()``. Every op runs through mpidist's group
-(:class:`~mpidist.torch._process_group.ProcessGroupMpidist`), as for ``"mpidist"``.
-
-A torch that has its own MPI backend is left alone. A torch whose internals differ from
-what this relies on (the two names above, and ``_new_process_group_helper`` calling
-``ProcessGroupMPI``) keeps ``"mpi"`` unavailable and says so in one warning;
-``"mpidist"`` works either way.
+:func:`install` (run by ``import mpidist.torch``) fills torch's slot for its MPI backend:
+``distributed_c10d._MPI_AVAILABLE`` becomes True and ``distributed_c10d.ProcessGroupMPI`` is
+:class:`ProcessGroupMPI`, whose ``create(ranks)`` torch calls for the default group and each
+``new_group``. The rest is torch's own MPI path, with its semantics (docs/torch.md, "Which
+name to use when"); every op runs through
+:class:`~mpidist.torch._process_group.ProcessGroupMpidist`. A torch with its own MPI backend
+is left alone; one whose internals differ keeps ``"mpi"`` unavailable, with one warning.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The torch ``ProcessGroup`` that runs every op through mpidist.
 
-:class:`ProcessGroupMpidist` is what the backend creator returns for each group (the
-default one and every ``new_group``). torch's front end (``dist.all_reduce`` ...), its
-C++ callers (DDP's reducer, functional collectives) and its higher layers (FSDP2,
-DTensor) call its methods with torch's backend signatures; each method turns the
-tensors into zero-copy arrays (:mod:`mpidist.torch._views`), translates group ranks to
-mpidist's global ranks, calls the mpidist op of the same meaning and returns None
-(``opts.asyncOp`` False: the op is done) or a :class:`~mpidist.torch._work.TorchWork`
-(always, on torch < 2.8: see ``_ASYNC_IN_OPTS``).
-
-The op table (torch method -> mpidist op): allreduce -> all_reduce (several tensors:
-all_reduce_multigpu); allreduce_coalesced -> all_reduce per tensor; broadcast ->
-broadcast (broadcast_multigpu); reduce -> reduce (reduce_multigpu); allgather ->
-all_gather (all_gather_multigpu); allgather_coalesced -> all_gather per input;
-_allgather_base / all_gather_single -> all_gather_into_tensor (and their _coalesced
-forms, per pair); reduce_scatter -> reduce_scatter; _reduce_scatter_base /
-reduce_scatter_single -> reduce_scatter_tensor (and _coalesced); gather, scatter,
-alltoall -> all_to_all; alltoall_base / all_to_all_single -> all_to_all_single;
-barrier; send / recv / recv_anysource -> isend / irecv; monitored_barrier.
+:class:`ProcessGroupMpidist` is what the backend creator returns for each group. Each method
+(torch's backend signature) turns the tensors into zero-copy arrays
+(:mod:`mpidist.torch._views`), translates group ranks to global ranks, calls the mpidist op of
+the same meaning (several tensors: its ``*_multigpu`` form; ``*_coalesced``: one op per tensor
+or pair; ``_allgather_base``/``_reduce_scatter_base``: the ``*_tensor`` ops; send/recv:
+isend/irecv) and returns None (a sync op, done) or a :class:`~mpidist.torch._work.TorchWork`.
 """
 
 from __future__ import annotations
@@ -70,12 +58,8 @@ _OPS = {
 _SUM, _PREMUL = dist.ReduceOp.SUM, int(_RedOpType.PREMUL_SUM)
 _MSUM, _MAVG = mpidist.ReduceOp.SUM, mpidist.ReduceOp.AVG
 
-#: Whether torch's options say if the op is async (``opts.asyncOp``) and its front end takes
-#: None back from a sync op (torch >= 2.8: distributed_c10d.py:2911 sets
-#: ``AllreduceOptions.asyncOp``, :2926-2929 waits only on a Work that is not None, in
-#: 2.8.0). Before 2.8 most options have no ``asyncOp`` and the front end calls
-#: ``work.wait()`` on whatever a sync op returns (2.7.1 :2810-2815; also for the ops whose
-#: options have ``asyncOp`` since 2.2), so every op returns a Work there.
+#: Whether torch's options carry ``asyncOp`` and its front end takes None from a sync op
+#: (torch >= 2.8); before, every op returns a Work (docs/torch.md, "Versions ...": torch < 2.8)
 _ASYNC_IN_OPTS = hasattr(AllreduceOptions(), "asyncOp")
 #: ``opts.asyncOp`` (torch >= 2.8), else True: the op returns a Work for torch to wait on
 #: (allreduce, broadcast and reduce test ``_ASYNC_IN_OPTS`` inline: no call on their path)
@@ -153,18 +137,14 @@ def _options(opts: Any, cls: Any, **legacy: Any) -> Any:
 class ProcessGroupMpidist(dist.ProcessGroup):
     """A torch process group over the mpidist group ``group``.
 
-    ``rank`` and ``size`` are the caller's rank in the group and the group's size (torch
-    reads them through ``rank()`` / ``size()``); ``owns_runtime``: this group started
-    mpidist's runtime (the default group of ``init_process_group("mpidist")`` when
-    mpidist was not initialized yet) and stops it on ``shutdown()``; ``backend_name``: the
-    name torch knows the backend by (``"mpidist"``, or ``"mpi"`` on a torch without MPI:
-    :mod:`mpidist.torch._mpi_name`).
+    ``rank`` and ``size``: the caller's rank in the group and the group's size;
+    ``owns_runtime``: this group started mpidist's runtime and stops it on ``shutdown()``;
+    ``backend_name``: ``"mpidist"``, or ``"mpi"`` (:mod:`mpidist.torch._mpi_name`).
 
-    Semantics are torch's for a backend: root and peer ranks in the options are group
-    ranks; sync calls (``opts.asyncOp`` False) return None once the op is done; async
-    calls (and, on torch < 2.8, every call) return a Work. Errors are mpidist's:
-    TypeError/ValueError for bad arguments, DistError (a RuntimeError) for communication
-    failures and timeouts.
+    Root and peer ranks in the options are group ranks; sync calls return None once the op
+    is done, async ones (every one on torch < 2.8) a Work. Errors: TypeError/ValueError for
+    bad arguments, DistError (a RuntimeError) for communication failures and timeouts
+    (docs/torch.md, "Semantics").
     """
 
     def __init__(
@@ -226,10 +206,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
 
     @property
     def _device_types(self) -> list:
-        """The devices whose tensors the group takes (torch's ``ProcessGroup._device_types``,
-        which lists a C++ group's registered backends): CPU, and CUDA where torch has it.
-        torch's object collectives and ``torch.distributed.checkpoint.async_save`` (which
-        needs CPU) read it."""
+        """The devices whose tensors the group takes (torch's ``ProcessGroup._device_types``):
+        CPU, and CUDA where torch has it; read by torch's object collectives and ``async_save``."""
         cpu = torch.device("cpu")
         return [cpu, torch.device("cuda")] if torch.cuda.is_available() else [cpu]
 
@@ -238,13 +216,11 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._mg.engine.seq
 
     def shutdown(self) -> None:
-        """Free what the group holds (torch calls this from ``destroy_process_group``).
+        """Free what the group holds (torch's ``destroy_process_group``); idempotent.
 
         A sub-group's communicators are freed; the default group that started mpidist's
-        runtime destroys the runtime (with every mpidist group), so a later
-        ``init_process_group`` starts afresh; one that found mpidist initialized leaves
-        it running. Nothing happens if the runtime the group was made in is gone already
-        (destroyed, maybe initialized again). Idempotent.
+        runtime destroys it, one that found mpidist initialized leaves it running. Nothing
+        happens if the runtime the group was made in is gone already.
         """
         if self._released:
             return
@@ -252,10 +228,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         st = runtime.state_or_none()
         if st is None or st is not self._state:
             return
-        # A group whose op timed out (MPIDIST_ABORT_ON_TIMEOUT=0) or mismatched is unusable and may
-        # still have that call inside MPI, waiting for peers that never come: freeing it (collective,
-        # after its engine thread ends) would wait for ever, where torch's destroy_process_group returns
-        # (gloo's does). Abort it first (local): it is then only marked destroyed, nothing of it freed.
+        # A group whose op timed out or mismatched may still be inside MPI: freeing it would
+        # wait for ever, where torch's destroy returns; abort it first (local, frees nothing).
         for g in [st.world, *st.groups] if self._owns else [self._mg]:
             if g.engine.broken is not None and g.engine.pending and not g.destroyed:
                 g.abort()
@@ -265,10 +239,8 @@ class ProcessGroupMpidist(dist.ProcessGroup):
             mpidist.destroy_process_group(self._mg)
 
     def abort(self) -> None:
-        """torch's abort: local, at once (:meth:`mpidist.ProcessGroup.abort`): ops queued on
-        the group end with DistError, an op already inside MPI has its Work failed, and every
-        later op on the group raises DistError. Nothing is freed (freeing communicators is
-        collective): the process is expected to end, or to destroy the group collectively."""
+        """torch's abort: :meth:`mpidist.ProcessGroup.abort` (local, at once; queued and later
+        ops raise DistError; nothing is freed)."""
         if self._released:
             return
         self._released = True
@@ -323,10 +295,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(self._each(staged, async_op, calls), outs, staged)
 
     def _avg(self, red: Any, staged: Staged, outputs: list, written: bool = True) -> Any:
-        """``red``, except AVG of integer tensors: SUM, then each of ``outputs`` divided by
-        the group size rounding toward zero once the op completed (NCCL's integer AVG, which
-        Lightning's ``sync_dist`` sends; mpidist's own AVG takes floating point only).
-        ``written``: False where this rank gets no result (a reduce's non-root)."""
+        """``red``, except AVG of integer tensors: SUM, then ``outputs`` divided by the group
+        size rounding toward zero once the op completed (NCCL's integer AVG; mpidist's own
+        takes floating point only). ``written``: False where this rank gets no result."""
         if red is not _MAVG or not outputs or not _is_integer(outputs[0]):
             return red
         if written:
@@ -370,11 +341,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         return self._done(w, ts, staged)
 
     def _sparse_allreduce(self, ts: list, red: Any, async_op: bool) -> Any:
-        """all_reduce of one sparse COO tensor, as torch's gloo backend does it: the sum of
-        every member's tensor, coalesced, replaces the tensor on every member (its ``nnz``
-        may change). Every member's coalesced indices and values are gathered
-        (``all_gather_object``, in group-rank order) and summed in that order, so every
-        member gets the same tensor. SUM only.
+        """all_reduce of one sparse COO tensor, as gloo does it: the coalesced sum of every
+        member's tensor (gathered and summed in group-rank order, so every member gets the
+        same tensor) replaces it on every member (``nnz`` may change). SUM only.
 
         Raises:
             ValueError: an op other than SUM, several tensors, a tensor that is not sparse
@@ -721,10 +690,9 @@ class ProcessGroupMpidist(dist.ProcessGroup):
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """mpidist's ``monitored_barrier`` on this group (torch's front end only calls gloo's).
 
-        ``timeout``: a ``timedelta`` or seconds; None: the group's timeout. A timeout of 0
-        (or less) leaves group rank 0 no time to wait: it raises DistError at once, as
-        gloo's does ("Rank 0 timed out in monitoredBarrier"); the other members wait for
-        rank 0 up to the group's timeout, as gloo's do."""
+        ``timeout``: a ``timedelta`` or seconds; None: the group's timeout. A timeout <= 0
+        makes group rank 0 raise DistError at once, as gloo's; the others wait for rank 0 up
+        to the group's timeout."""
         limit = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         if limit is not None and limit <= 0:
             if self.rank() == 0:

@@ -1,23 +1,13 @@
-"""torch profiler events for the backend's ops, as torch's own backends record theirs.
+"""torch profiler events for the backend's ops, as gloo records its ``"gloo:<op>"`` events.
 
-gloo records each collective as an event named ``"gloo:all_reduce"``, ``"gloo:broadcast"``
-... with the op's input shapes, from the op's issue to its completion on gloo's worker
-thread (so the profiler marks it ``is_async``). :func:`profiled` does the same for a
-method of :class:`~mpidist.torch._process_group.ProcessGroupMpidist`: an event
-``"mpidist:<op>"`` (``"mpi:<op>"`` for backend "mpi") whose inputs are the op's input tensors (``record_shapes=True``
-shows their shapes), ended when the op completes, on the thread that completes it.
-
-Only while a torch profiler is recording (``torch.autograd.profiler.profile``,
-``torch.profiler.profile``); otherwise the op runs as it is, for the cost of one check.
-While recording, an op called synchronously is issued asynchronously and the caller's
-front end waits on its Work, as torch's front end does for every backend. An op issued
-so (a group of more than one rank, with ``MPI_THREAD_MULTIPLE``) has its event ended
-when its Work completes (before ``wait()`` returns or its future completes), off the
-caller's thread: on the thread that completed it, or, where the caller's ``wait`` ran it
-(mpidist's Work runs a queued op in the waiting thread), on one long-lived thread of this
-module's; so the profiler marks it ``is_async``, as it marks gloo's. An op that runs
-synchronously on the caller's thread (one rank, no ``MPI_THREAD_MULTIPLE``) ends there.
-Before torch 2.13 every event ends on the caller's thread (:data:`OFF_THREAD`).
+:func:`profiled` (and :func:`record`, which the hot ops call themselves) records a method of
+:class:`~mpidist.torch._process_group.ProcessGroupMpidist` as event ``"mpidist:<op>"``
+(``"mpi:<op>"`` for backend "mpi") with the op's input tensors, from issue to completion, only
+while a torch profiler records (otherwise one check). While recording, a synchronous call is
+issued asynchronously so that its event ends off the caller's thread, on the thread that
+completes the op (or on this module's one long-lived thread), and the profiler marks it
+``is_async`` as gloo's; before torch 2.13 events end on the caller's thread (:data:`OFF_THREAD`;
+docs/torch.md, "Versions and the private torch APIs it relies on").
 """
 
 from __future__ import annotations
@@ -36,10 +26,8 @@ __all__ = ["profiled", "record", "recording"]
 
 #: True while a torch profiler records (a C function: ~40 ns)
 recording = torch._C._autograd._profiler_enabled
-#: Whether this torch keeps an event ended on another thread than the one that began it:
-#: torch 2.13 and 2.14 do; 2.7.1 drops it (measured: no event at all). Versions between are
-#: not measured and treated as 2.7: there every event ends on the caller's thread, when the
-#: call returns (a sync op's event spans the op; an async op's only its issue).
+#: Whether this torch keeps an event ended on another thread than the one that began it
+#: (2.13 and later; 2.7.1 drops it, 2.8-2.12 not measured: docs/torch.md)
 OFF_THREAD = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 
 
@@ -71,10 +59,8 @@ def profiled(title: str, inputs: Optional[int]) -> Callable[[Callable[..., Any]]
 
 
 class _Ender:
-    """One long-lived thread that ends events for the callers' threads. (An event ended
-    on a short-lived thread is not reliably marked ``is_async`` by the profiler: measured
-    with torch 2.13, a fresh thread per event gave False for most events, one lasting
-    thread True for every one.)"""
+    """One long-lived thread that ends events for the callers' threads (torch 2.13 marked
+    most events ended on a fresh thread per event not ``is_async``; one lasting thread, all)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -104,10 +90,9 @@ _ENDER = _Ender()
 
 
 def record(title: str, inputs: Optional[int], method: Callable[..., Any], pg: Any, args: tuple, kwargs: dict) -> Any:
-    """``method(pg, *args, **kwargs)`` recorded as event ``"<pg's backend name>:<title>"``
-    (``mpidist:all_reduce``; ``mpi:all_reduce`` for backend "mpi"; see the module); for
-    the hot ops, which call it themselves when :func:`recording` (no wrapper's call on
-    their path), with a keyword in ``kwargs`` that stops the recursion."""
+    """``method(pg, *args, **kwargs)`` recorded as event ``"<pg's backend name>:<title>"``;
+    the hot ops call it themselves when :func:`recording`, with a keyword in ``kwargs`` that
+    stops the recursion."""
     rec = _RecordFunctionFast(
         f"{pg.getBackendName()}:{title}", _flat(args[inputs]) if inputs is not None and len(args) > inputs else []
     )

@@ -1,19 +1,10 @@
 """Torch tensors as the arrays mpidist's ops take: zero-copy views where possible.
 
-A contiguous CPU tensor of a dtype numpy has becomes ``tensor.numpy()``: the same
-memory, so an op writes its result straight into the tensor. Otherwise (a
-non-contiguous tensor, a conjugate or negative view, a dtype numpy lacks such as
-bfloat16 or the float8 types) the op gets:
-
-* for bfloat16 and float8: a reinterpreting view (``tensor.view(torch.int16).numpy()
-  .view(ml_dtypes.bfloat16)``: same memory, ml_dtypes' dtype, which mpidist reduces);
-* for a tensor that cannot be viewed (non-contiguous, conj/neg bit): a contiguous
-  temporary, copied back into the tensor when the op completes, for the tensors the op
-  writes (:class:`Staged` keeps the list).
-
-A CUDA tensor becomes a :class:`mpidist.torch._cuda.CudaTensor` (its memory, its
-dtype, the stream it is ready on), which mpidist's device router sends down the NCCL,
-CUDA-aware MPI or host-staging path: never to the host path.
+A contiguous CPU tensor becomes ``tensor.numpy()`` (same memory); bfloat16 and float8 a
+reinterpreting ml_dtypes view of the same memory; a tensor that cannot be viewed
+(non-contiguous, conj/neg bit) a contiguous temporary, copied back when the op completes
+if the op writes it (:class:`Staged`). A CUDA tensor becomes a
+:class:`mpidist.torch._cuda.CudaTensor`, for the device router, never the host path.
 """
 
 from __future__ import annotations
@@ -35,11 +26,9 @@ class SparseTensor(TypeError):
 
 
 class Staged:
-    """The copies one call needs around its op: output temporaries to copy back into the
-    caller's tensors once the op completes (``backs``); steps to run after those
-    (``after``: callables, e.g. integer AVG's division); and, when a CUDA tensor is among
-    the arguments, ``stream``: the context manager (:func:`mpidist.torch._cuda.current_stream`)
-    in which the call runs (torch's current stream); else None."""
+    """What one call needs around its op: ``backs`` (temporaries to copy back once the op
+    completes), ``after`` (callables run after those: integer AVG's division) and ``stream``
+    (:func:`mpidist.torch._cuda.current_stream`'s context for CUDA tensors, else None)."""
 
     __slots__ = ("backs", "after", "stream")
 

@@ -1,24 +1,12 @@
 """torch's ``Work`` over mpidist's: what the backend returns for an async op.
 
 :class:`TorchWork` subclasses ``torch.distributed._Work`` (torch calls its ``wait`` and
-``get_future`` from C++ through its Python trampoline, as DDP's reducer does). It wraps
-one mpidist :class:`~mpidist.Work`, or several for the coalesced and list forms.
-
-* ``wait(timeout)``: mpidist's ``Work.wait``: a thread that waits for a queued op runs
-  it itself (no thread hop); ``timeout`` (a ``timedelta``; torch's 0 means none) raises
-  mpidist's DistError past it; with none, the group's timeout applies (the watchdog).
-* ``get_future()``: a ``torch.futures.Future`` completed with the output tensors (as
-  torch's gloo backend: the list of tensors the op wrote) or the op's error, from the
-  done-callback of mpidist's future: on the thread running the group's ops, so a
-  ``then`` callback that issues another collective and waits on it (torch's PowerSGD
-  hook) runs it there at once instead of queueing behind itself.
-  An op on the NCCL path (CUDA tensors, every Work stream-ordered) gets torch's CUDA
-  future instead, as torch's own NCCL backend gives: completed at once, on a side stream
-  that waits (on the device) for the op, so ``wait()``/``value()`` make the caller's
-  current stream wait for it and never block the host. DDP's reducer waits on this
-  future at the end of every backward: a future completed by the host once the op is
-  done cost DDP a host round trip per step (1.9x NCCL's step time at 1 rank on an H200).
-* Temporaries (non-contiguous tensors) are copied back before either returns.
+``get_future`` from C++ through its trampoline) and wraps one mpidist :class:`~mpidist.Work`,
+or several for the coalesced and list forms. Its future completes on the thread running the
+group's ops, so a ``then`` callback that issues and waits on a collective (PowerSGD) runs it
+at once; on the NCCL path it is torch's CUDA future instead (docs/torch.md, "CUDA tensors").
+Temporaries (non-contiguous tensors) are copied back before ``wait`` returns or the future
+completes.
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """Rendezvous without a port: ranks from MPI_COMM_WORLD, a store served over MPI.
 
-Two ways in, both registered by ``import mpidist.torch``:
-
-* ``init_method="mpi://"``: :func:`mpi_rendezvous_handler` (torch's public
-  ``register_rendezvous_handler``).
-* ``init_process_group("mpidist")`` with no ``init_method`` (torch then uses
-  ``env://``): torch's env handler is wrapped (:func:`install_env_handler`; torch's
-  private ``rendezvous._rendezvous_handlers["env"]``) so that, *for backend
-  ``"mpidist"`` only*, ranks come from MPI as well. Other backends get torch's own env
-  handler unchanged. Which backend is being initialized is read from the
-  ``init_process_group`` frame on the stack (private: tested against each torch
-  version mpidist supports); where it cannot be found, torch's handler runs.
-
-Either way the rank and world size are MPI's: under ``mpiexec -n N`` or
-``srun --mpi=pmi2`` no MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE is needed, and a
-plain ``python script.py`` is a world of size 1. The store is an
-:class:`~mpidist.torch.store.MPIStore` (served by rank 0 over MPI; made collectively by
-every rank in the rendezvous): nothing of mpidist's listens on a socket, and the store is
-shared between the ranks, so torch's own backends work over it too:
-``init_process_group("gloo", init_method="mpi://")`` (and ``"nccl"``) take MPI's ranks
-with no MASTER_ADDR, and gloo groups beside an mpidist world (``new_group(backend="gloo")``)
-and ``TORCH_DIST_INIT_BARRIER=1`` meet in it. Where MPI gives less than
-``MPI_THREAD_MULTIPLE`` the store is a process-local ``HashStore``: backend ``"mpidist"``
-works, torch's own backends across ranks do not. For backend ``"mpidist"``
-the handler starts mpidist's runtime (``mpidist.init_process_group``, collective), whose
-check of the settings applies, with the same error on every rank: ``rank=``/``world_size=``
-as for torch's own MPI backend (values that differ from MPI's are ignored with torch's
-warning; a renumbering of the processes is an error), RANK/WORLD_SIZE in the environment
-that say a larger world than MPI launched are an error. MASTER_ADDR/MASTER_PORT are not
-needed and, when set, unused (said once, on rank 0, at debug level INFO or DETAIL:
-``MPIDIST_DEBUG``/``TORCH_DISTRIBUTED_DEBUG``; frameworks set them on their own).
+Two ways in, both registered by ``import mpidist.torch``: ``init_method="mpi://"``
+(:func:`mpi_rendezvous_handler`, through torch's public ``register_rendezvous_handler``), and
+``init_process_group("mpidist")`` with no ``init_method``: torch's private ``env://`` handler
+(``rendezvous._rendezvous_handlers["env"]``) is wrapped (:func:`install_env_handler`) so that,
+for backend ``"mpidist"`` only (read from the ``init_process_group`` frame on the stack; not
+found: torch's handler runs), ranks come from MPI too; every other backend gets torch's handler
+unchanged. The store is an :class:`~mpidist.torch.store.MPIStore` (a process-local
+``HashStore`` below ``MPI_THREAD_MULTIPLE``). For ``"mpidist"`` the handler starts mpidist's
+runtime, whose collective check of ``rank=``/``world_size=``/RANK/WORLD_SIZE applies. Why the
+wrapper: docs/architecture.md, "Bootstrap"; behaviour: docs/torch.md, "Launching".
 """
 
 from __future__ import annotations
@@ -117,12 +97,10 @@ def mpi_rendezvous_handler(
 ) -> Iterator[tuple[Any, int, int]]:
     """torch rendezvous handler for ``mpi://``: yields ``(store, MPI rank, MPI size)``.
 
-    ``url`` may carry ``rank=`` / ``world_size=`` (torch adds init_process_group's
-    arguments). For backend ``"mpidist"`` this starts mpidist's runtime unless it runs
-    already (collective over MPI_COMM_WORLD: every rank must get here), which checks them
-    and the RANK / WORLD_SIZE environment variables as for torch's MPI backend (see the
-    module's docstring); on a runtime started before, values that differ from MPI's are
-    ignored with torch's warning. The store: :func:`store` (a new MPIStore, collective).
+    ``url`` may carry ``rank=`` / ``world_size=``. For backend ``"mpidist"`` this starts
+    mpidist's runtime unless it runs already (collective over MPI_COMM_WORLD), which checks
+    them as for torch's MPI backend; on a runtime started before, values that differ from
+    MPI's are ignored with torch's warning. The store: :func:`store` (collective).
 
     Raises:
         ValueError: (on every rank) a renumbering of the processes, or an environment
@@ -173,9 +151,8 @@ def _in_use() -> set[int]:
 
 def close_unused() -> None:
     """Close the stores the rendezvous made that no group torch holds uses any more (local).
-    Called by each new rendezvous (torch gives a backend no call when it destroys a group
-    of another backend, so a store whose groups are gone is closed there); at exit every
-    store closes (:class:`MPIStore` registers that itself)."""
+    Called by each new rendezvous: torch tells no backend when it destroys a group of
+    another backend. At exit every :class:`MPIStore` closes itself."""
     used = _in_use()
     for old in [s for s in _stores if id(s) not in used]:
         _stores.remove(old)
@@ -185,9 +162,8 @@ def close_unused() -> None:
 
 def store(timeout: timedelta = _DEFAULT_TIMEOUT, shared: bool = True) -> Any:
     """A new store for a rendezvous, made collectively by every rank: an MPIStore, or
-    (``shared`` False) a process-local HashStore. Stores of earlier rendezvous stay open
-    while a group uses them (torch's stores from two rendezvous are independent); those no
-    group uses are closed first (:func:`close_unused`)."""
+    (``shared`` False) a process-local HashStore. Earlier stores no group uses are closed
+    first (:func:`close_unused`)."""
     close_unused()
     if shared:
         made: Any = MPIStore(timeout)

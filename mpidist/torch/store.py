@@ -1,37 +1,11 @@
 """A ``torch.distributed.Store`` served over MPI: no listening socket, no shared file system.
 
-torch's backends meet through a store: gloo and NCCL exchange their addresses and unique
-ids in it, ``new_group`` and ``TORCH_DIST_INIT_BARRIER=1`` count arrivals in it. torch's
-shared stores are a TCPStore (an unauthenticated port on rank 0) and a FileStore (a
-shared file system). :class:`MPIStore` is served by a thread on rank 0 of its own
-communicator (a duplicate of ``MPI_COMM_WORLD``), and every rank, rank 0 included, asks
-it over MPI point-to-point messages: nothing listens on a socket, and MPI's launcher
-already told every rank where the others are.
-
-Semantics are torch's (``torch.distributed.Store``): values are bytes (``str`` is
-encoded as UTF-8); ``get``/``multi_get``/``wait`` block until the keys exist or the
-store's timeout (``set_timeout``, or ``wait``'s own) passes, then raise
-``torch.distributed.DistStoreError`` naming the keys, on the caller only; ``add`` keeps a
-decimal integer; ``compare_set(key, expected, desired)`` sets ``desired`` when the key
-holds ``expected`` (or is absent and ``expected`` is empty) and returns the value now held;
-``append`` concatenates; ``check`` does not block. Operations are applied one at a time in
-the order rank 0's server receives them (each rank's own in its program order). As with
-torch's TCPStore, ``set``, ``multi_set`` and ``append`` return once sent, unanswered: the
-caller's own later requests see them; another rank sees them once it could know of them.
-
-Faults: a request that gets no answer within the timeout (rank 0 gone or stuck) raises
-``DistStoreError`` on the caller, and its late answer is discarded; a rank that dies
-leaves the others untouched; an exception in the caller's code leaves the store usable.
-Every rank must make the store (collective over ``MPI_COMM_WORLD``: the communicator
-is duplicated), which the ``mpi://`` rendezvous does for torch.
-
-Needs ``MPI_THREAD_MULTIPLE`` (rank 0 serves while its main thread works): mpi4py asks
-for it by default, and the pip MPICH and Open MPI give it. Seen with the pip MPICH: while
-rank 0's main thread is inside a reduction with a Python-defined op (mpi4py's object
-``comm.allreduce(x, op)``, which reduces pickled objects with a Python callback), the
-store thread gets no message through and the others' requests wait (and time out if it
-lasts); collectives on buffers (``Allreduce``, ``Barrier``, mpidist's and torch's) do not
-stall it.
+:class:`MPIStore` is served by a thread on rank 0 of a duplicate of ``MPI_COMM_WORLD``; every
+rank asks it over MPI point-to-point messages. Semantics are ``torch.distributed.Store``'s
+(values are bytes, ``str`` encoded as UTF-8; a blocking read past the timeout raises
+``torch.distributed.DistStoreError`` naming the keys, on the caller only). Making it is
+collective over the communicator; it needs ``MPI_THREAD_MULTIPLE``. Ordering, faults and the
+pip MPICH stall: docs/torch.md, "The store over MPI".
 """
 
 from __future__ import annotations
@@ -309,10 +283,8 @@ class MPIStore(dist.Store):
 
     def close(self) -> None:
         """Stop serving (rank 0) and refuse further requests. Local; at exit too. The
-        duplicated communicator is kept until MPI finalizes (freeing it while a rank's last
-        unanswered write may still be on its way to rank 0 could deliver that message to a
-        later communicator that reuses its context id): one communicator per store, i.e.
-        per ``init_process_group`` over ``mpi://``."""
+        communicator is kept until MPI finalizes: a last unanswered write still on its way
+        could otherwise reach a later communicator reusing its context id."""
         if self._closed:
             return
         self._closed = True

@@ -1,33 +1,9 @@
 """The NCCL path for device arrays: every public op, on CuPy's NCCL bindings.
 
-Entry point: :func:`run` ``(op, g, args)``, called by the public ops when a call's
-arrays live on a GPU and the group's device backend is NCCL. ``args`` are the public
-op's arguments by name (without ``group``: ``g`` is the resolved group, and the caller
-is a member); src/dst/peer are global ranks. Sync ops return None (``recv``: the
-sender's global rank, as the host ``recv``), ``async_op=True`` an
-:class:`~mpidist._backends.device.nccl_core.NcclWork`.
-
-How each op maps onto NCCL (as torch's ProcessGroupNCCL does):
-
-* all_reduce, broadcast, reduce, all_gather_into_tensor, reduce_scatter_tensor: the NCCL
-  collective of the same name, in place where torch's is.
-* all_gather: one ncclAllGather when the output arrays lie back to back in rank order
-  and have equal sizes, else one grouped ncclBroadcast per rank (unequal sizes too).
-* reduce_scatter: the inputs packed into one buffer (unless already back to back), then
-  ncclReduceScatter.
-* gather, scatter, all_to_all, all_to_all_single (split sizes too): ncclSend/ncclRecv
-  grouped in one ncclGroupStart/ncclGroupEnd; a rank's own part is a device copy.
-* send, recv, isend, irecv: ncclSend/ncclRecv on a 2-rank communicator per peer.
-* batch_isend_irecv: every op in one NCCL group on the group's communicator (torch: if it
-  is the group's first NCCL op, every member must call it).
-* barrier: a 1-element all_reduce, then the host waits for it.
-* the ``*_multigpu`` forms: one array per list (one GPU per process), else ValueError.
-
-Reductions: SUM, PRODUCT, MAX, MIN, AVG (ncclAvg from NCCL 2.10, else SUM and a
-division); ``make_premul_sum(factor)`` scales the input by the factor on the stream,
-then SUMs; bool reduces as uint8 with SUM -> MAX and PRODUCT -> MIN, complex as pairs
-of reals (SUM, AVG, PREMUL_SUM only); bitwise ops raise ValueError (NCCL has none).
-See docs/nccl.md.
+Entry point: :func:`run` ``(op, g, args)``, called when a call's arrays live on a GPU and the
+group's device backend is NCCL; src/dst/peer are global ranks. Each op maps onto NCCL as
+torch's ProcessGroupNCCL does; the op and reduction/dtype tables are in docs/nccl.md
+("Ops", "Reductions and dtypes").
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The machinery under :mod:`mpidist._backends.device.nccl`: dtype and op tables, device-array
 validation, the per-group NCCL communicators, stream ordering, completion and Work.
 
-Streams and completion follow torch's ProcessGroupNCCL (since torch 2.8, pytorch#150398).
-A sync op (``async_op=False``) is enqueued on the caller's current stream itself: it is
-ordered after everything the caller enqueued there and before everything it enqueues
-next, with no event between two streams, and the arrays it uses need no keeping alive
-(the caller's stream-ordered allocator cannot hand their memory to work that runs before
-the op). It records one *done* event there, for the flight recorder and the timeout
-watchdog only. An async op (``async_op=True``) runs on the communicator's own stream:
-it records an event on the caller's stream and makes the NCCL stream wait on it, enqueues
-its kernels, records its done event and returns an :class:`NcclWork` holding it; the
-arrays it uses (the caller's and its temporaries) are kept alive until it is done. A
-barrier also runs on the NCCL stream and blocks the host until done.
-
-Completion: the done events of sync ops are polled without a thread hand-off, oldest
-first, by the next op on the communicator (:meth:`NcclComm.retire`), and by a
-process-wide completion thread (:class:`_Reaper`) every 50 ms as a backstop for the last
-ops of a burst. Async ops are handed to that thread at once, which polls their events
-(0.1 ms, backing off to 5 ms while nothing completes) as torch's watchdog thread does:
-it completes their ``get_future()`` futures and releases their arrays. Either way the
-op's flight-recorder entry is marked completed then, and while it is in flight it is in
-``_recorder.watched``, so mpidist's timeout watchdog names it if it does not complete
-within the group's timeout.
+Streams and completion follow torch's ProcessGroupNCCL (since torch 2.8, pytorch#150398): a
+sync op is enqueued on the caller's current stream itself (its arrays need no keeping alive)
+and its done event is polled by the next op on the communicator (:meth:`NcclComm.retire`)
+or by the completion thread's backstop (:class:`_Reaper`, every 50 ms); an async op runs on
+the communicator's stream, ordered after the caller's, and the completion thread polls it,
+completes its futures and releases its arrays. In flight, an op's recorder entry is watched
+by mpidist's timeout watchdog. docs/device.md, "Per-call cost of a device call"; docs/nccl.md,
+"Streams, completion and Work".
 """
 
 from __future__ import annotations
@@ -100,11 +87,9 @@ _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 class Dev:
     """What the NCCL path needs of one device array: pointer, shape, dtype, sizes, device,
-    and ``stream``: the stream its ``__cuda_array_interface__`` (version 3) says its data
-    is ready on (1: the legacy default stream, 2: the per-thread default, else a handle),
-    None where it names none (no wait needed, or no such field: the caller's stream).
-
-    Duck-types the attributes the host helpers read (``shape``, ``ndim``, ``dtype``, ``size``).
+    and ``stream``: the stream its ``__cuda_array_interface__`` (version 3) says its data is
+    ready on (1: legacy default, 2: per-thread default, else a handle; None: no wait).
+    Duck-types ``shape``, ``ndim``, ``dtype`` and ``size`` for the host helpers.
     """
 
     __slots__ = ("obj", "ptr", "shape", "dtype", "size", "nbytes", "device", "stream")
@@ -135,11 +120,8 @@ def _c_contiguous(shape: tuple, strides: Optional[Sequence[int]], itemsize: int)
 
 
 def device_array(x: Any, op: str, arg: str, writable: bool, shim: Any) -> Dev:
-    """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype.
-
-    A DLPack-only device array (``__dlpack__`` and a CUDA ``__dlpack_device__``, no
-    ``__cuda_array_interface__``, e.g. a JAX array) is taken through ``shim.from_dlpack``:
-    a zero-copy view of the same memory, so results written to it land in ``x``.
+    """Validate ``x`` as a C-contiguous device array (writable if asked) of a numeric dtype;
+    a DLPack-only one (a JAX array) through a zero-copy ``shim.from_dlpack`` view.
 
     Raises:
         TypeError: ``x`` is not a device array (neither ``__cuda_array_interface__`` nor a
@@ -402,11 +384,9 @@ class Lane:
 
 
 class NcclGroupState:
-    """A group's NCCL resources (``ProcessGroup.resource("nccl")``): the group's communicator,
-    made by the first collective (every member takes part), and one 2-rank communicator
-    per peer for send/recv/isend/irecv (made by the first exchange with that peer, as
-    torch's ProcessGroupNCCL does, so a point-to-point op may be a group's first op).
-    Every communicator of a group sits on one device, the one of the first op's arrays."""
+    """A group's NCCL resources (``ProcessGroup.resource("nccl")``): the group's communicator
+    (made by the first collective) and one 2-rank communicator per peer for point-to-point,
+    all on the device of the first op's arrays (docs/nccl.md, "Communicators")."""
 
     def __init__(self, g: ProcessGroup) -> None:
         self.g = g
@@ -578,26 +558,14 @@ REAPER = _Reaper()
 
 
 class NcclWork(Work):
-    """The Work of an ``async_op=True`` NCCL op (torch's ``WorkNCCL`` semantics).
+    """The Work of an ``async_op=True`` NCCL op (torch's ``WorkNCCL`` semantics; the table
+    in docs/nccl.md, "Streams, completion and Work").
 
-    * ``wait()`` makes the caller's current stream wait on the op's done event and
-      returns True at once: the host is not blocked, work enqueued afterwards on that
-      stream runs after the op (torch's default). ``wait(timeout)`` also blocks the host
-      until the op completes, or raises :class:`DistError` after ``timeout`` seconds
-      (torch blocks the host when given a timeout too). A barrier's Work always blocks
-      the host, as torch's does. While the host blocks, the group's timeout applies
-      (MPIDIST_ABORT_ON_TIMEOUT=0: DistError once the watchdog declares it).
-    * ``is_completed()`` is True once the done event has happened (a non-blocking query).
-    * ``get_future()``: a future completed by the completion thread once the op is done,
-      with ``result()``'s list (the arrays the op wrote).
-    * ``exception()`` is None: NCCL reports asynchronous failures through the watchdog's
-      timeout, not through the Work.
-    * ``synchronize()``: the caller's current stream waits on the op; the host never blocks
-      (torch's ``WorkNCCL::synchronize``), a barrier's Work included.
-      ``get_future_result()``: SUCCESS once done, or TIMEOUT (:class:`mpidist.work.Work`).
-
-    The future, ``exception()`` and ``source_rank()`` are the host Work's
-    (:class:`mpidist.work.Work`): the completion thread calls ``_finished()``.
+    ``wait()`` makes the caller's current stream wait on the done event; ``wait(timeout)``
+    and a barrier's Work also block the host (DistError past ``timeout``). ``synchronize()``
+    never blocks the host (torch's ``WorkNCCL::synchronize``), a barrier's Work included. The
+    future, ``exception()`` (None) and ``source_rank()`` are :class:`mpidist.work.Work`'s;
+    the completion thread calls ``_finished()``.
     """
 
     def __init__(
@@ -667,21 +635,17 @@ def launch(
     devs: Sequence[Dev] = (),
     stream: Any = None,
 ) -> Optional[list]:
-    """Enqueue ``body(comm, *args)`` (see the module doc for the streams). Sync: on the
-    caller's current stream, ``body`` getting a :class:`Lane`; returns None. Async: on the
-    communicator's stream, ordered after the caller's; returns one NcclWork per entry of
-    ``handles``, all on the op's done event.
+    """Enqueue ``body(comm, *args)``. Sync: on the caller's current stream, ``body`` getting
+    a :class:`Lane`; returns None. Async: on the communicator's stream, ordered after the
+    caller's; returns one NcclWork per entry of ``handles``, all on the op's done event.
 
-    ``body`` enqueues NCCL calls (and kernels) on ``comm.stream`` and may return temporaries
-    to keep alive until the op is done (async); ``refs`` are the caller's arrays, kept
-    likewise. ``handles``: ``(op name, outputs, flight-recorder entries, source rank or
-    None)`` per Work (one, except for batch_isend_irecv). ``host_wait``: the op runs on the
-    NCCL stream and the host also waits for it (barrier; its Works' ``wait()`` too).
-    ``devs``: the caller's arrays as validated; the op is also ordered after each other
-    stream they say their data is ready on (``Dev.stream``: an event recorded there, waited
-    on by the op's stream, as the CUDA Array Interface asks of a consumer; a torch tensor
-    reports its current stream there). ``stream``: the caller's stream, if not the shim's
-    current stream (a front end that knows it: mpidist.torch passes torch's).
+    ``body`` enqueues on ``comm.stream`` and may return temporaries to keep alive until the
+    op is done; ``refs``: the caller's arrays, kept likewise. ``handles``: ``(op name,
+    outputs, flight-recorder entries, source rank or None)`` per Work. ``host_wait``: run on
+    the NCCL stream and block the host too (barrier). ``devs``: the validated arrays; the op
+    is also ordered after each other stream their ``Dev.stream`` names (as the CUDA Array
+    Interface asks of a consumer). ``stream``: the caller's stream, if not the shim's
+    current one (mpidist.torch passes torch's).
     """
     if g.engine.broken is not None:
         raise DistError(f"{prefix(name)} group {g.group_name!r} is unusable: {g.engine.broken}")

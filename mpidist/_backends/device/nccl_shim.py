@@ -1,20 +1,10 @@
 """Everything the NCCL path needs from CuPy, behind one small object that tests replace.
 
-:class:`CupyShim` is the only code of :mod:`mpidist._backends.device.nccl` that touches cupy: the
-``nccl`` module, streams, events, device selection, pointers, device-to-device copies
-and element-wise views of raw device memory. :func:`get` returns the shim in use (made
-on first use, so importing mpidist never imports cupy); :func:`use` installs another
-one (``tests/fake_nccl.py`` installs a host-memory fake) and returns the previous.
-
-CuPy 13 and 14 differ in two places the NCCL path meets, both handled here:
-
-* ``nccl.get_unique_id()`` returns a tuple of 128 ints in CuPy 13 and ``bytes`` in
-  CuPy 14, and ``NcclCommunicator`` takes the same form back. The id travels pickled
-  (either form survives), and :meth:`CupyShim.communicator` converts it to the other
-  form if the constructor refuses the one it got.
-* CuPy 14 only exposes ``NcclCommunicator.commSplit`` (NCCL >= 2.18); mpidist does not
-  use it (see docs/nccl.md: communicators are made lazily by a group's members only,
-  while a split is collective over the parent, non-members included).
+:class:`CupyShim` is the only code of the NCCL path that touches cupy. :func:`get` returns the
+shim in use (made on first use: importing mpidist never imports cupy); :func:`use` installs
+another (``tests/fake_nccl.py``) and returns the previous. CuPy 13's unique id is a tuple of
+128 ints, CuPy 14's ``bytes``: :meth:`CupyShim.communicator` converts it to the other form if
+refused. ``commSplit`` is not used (docs/nccl.md, "Communicators").
 """
 
 from __future__ import annotations
@@ -35,10 +25,8 @@ _MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
 
 
 class CupyShim:
-    """The CuPy implementation of the shim interface (the fake in tests has the same methods).
-
-    Streams and events are CuPy objects; ``stream.ptr`` is what NCCL is given.
-    """
+    """The CuPy implementation of the shim interface (the tests' fake has the same methods);
+    ``stream.ptr`` is what NCCL is given."""
 
     def __init__(self) -> None:
         import cupy  # noqa: PLC0415  (optional dependency: only the NCCL path needs it)

@@ -1,28 +1,12 @@
 """Pipelined host staging: large device arrays move through host memory in chunks, the
 copies of one chunk overlapping MPI on another.
 
-Plain staging (:mod:`mpidist._backends.device.staging`) copies a call's device arrays down, runs the
-host op, and copies the results up: three steps one after another. Here, for
-``all_reduce``, ``broadcast``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` of
-at least two chunks (:data:`CHUNK_VAR`, default :data:`DEFAULT_CHUNK` bytes of the
-array each rank contributes), the copies of every chunk to pinned host memory are
-enqueued at once on a copy stream, each followed by an event; then, chunk by chunk, the
-host waits for the chunk's event, runs the MPI step on it (all_reduce: mpidist's host
-algorithm for the chunk's size; broadcast: MPI_Bcast; all_gather: MPI_Allgather;
-reduce_scatter: MPI_Reduce_scatter_block, through mpidist's host bodies), and enqueues the
-chunk's copy back on a second copy stream. The device's copy engines run the copies
-down and up while the host runs MPI, as NCCL's and Horovod's staged paths overlap them.
-
-The call is one collective for mpidist's check and flight recorder, with the key of the
-unchunked call, so members that disagree on its size are told before any chunk moves
-(:func:`mpidist._dispatch.dispatch.launch`). It runs on the caller's thread (sync) or on the
-group's engine thread (``async_op=True``: the Work completes once the results are on the
-device). Host memory: the pinned pool's buffers, as plain staging. Arrays whose memory
-overlaps (in-place all_gather / reduce_scatter forms) take plain staging.
-
-Layouts: all_gather's host output and reduce_scatter's host input are chunk-major (the
-n pieces of chunk k side by side), so each chunk's MPI call takes contiguous buffers; the
-copies place the pieces.
+For :data:`OPS` of at least two chunks (:data:`CHUNK_VAR`), every chunk's copy down is enqueued
+at once on a copy stream, each followed by an event; chunk by chunk the host waits for its
+event, runs the MPI step on it and enqueues its copy up on a second stream. The call is one
+collective for the check and the recorder, keyed as the unchunked call. all_gather's host output
+and reduce_scatter's host input are chunk-major (the n pieces of chunk k side by side), so each
+chunk's MPI call takes contiguous buffers. docs/device.md, "Pipelined staging".
 """
 
 from __future__ import annotations
@@ -106,9 +90,8 @@ def _ranges(total: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def _pipeline(rt: DeviceRuntime, device: int, chunks: list, buffers: list) -> None:
-    """Run ``chunks`` ((copies down, host step, copies up) each) as the module doc says, then
-    give ``buffers`` back to the pool (and empty the list); the streams are drained first,
-    also on error."""
+    """Run ``chunks`` ((copies down, host step, copies up) each), then give ``buffers`` back
+    to the pool once the streams are drained, also on error."""
     with rt.on_device(device):
         down, up = rt.copy_streams(device)
         try:

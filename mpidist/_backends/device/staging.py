@@ -1,13 +1,7 @@
-"""Host staging: device arrays copied to reused pinned host buffers, the MPI backend's
-body (:mod:`mpidist._backends.mpi`), and the results copied back (:data:`STAGING`); and
-:class:`DeviceWork`, the Work of an async device call.
-
-The pool hands each array of a call its own buffer (sizes rounded up to a power of
-two, at least 4 KiB, so buffers are reused across nearby sizes). A buffer goes back
-to the pool when the op that uses it is complete: at once for a sync op, at
-``wait()`` / ``is_completed()`` / the future's completion for an async one — never
-while MPI may still read or write it. At most :data:`POOL_LIMIT` bytes of free
-buffers are kept; past it the largest free ones are dropped (freed by the runtime).
+"""Host staging: device arrays copied to pooled pinned host buffers, the MPI backend's body
+(:mod:`mpidist._backends.mpi`), the results copied back (:data:`STAGING`); and
+:class:`DeviceWork`, the Work of an async device call. A buffer goes back to the pool only once
+its op is complete (docs/device.md, "Host staging").
 """
 
 from __future__ import annotations
@@ -37,11 +31,9 @@ _MIN_BUFFER = 4096
 
 
 class PinnedPool:
-    """Free pinned host buffers of one runtime, by capacity. Thread-safe.
-
-    Counters for tests and tuning: ``allocated`` (buffers made), ``reused`` (buffers
-    handed out again), ``in_use`` (handed out, not yet back).
-    """
+    """Free pinned host buffers of one runtime, by capacity (powers of two, >= 4 KiB; at
+    most :data:`POOL_LIMIT` bytes kept, the largest dropped first). Thread-safe. Counters:
+    ``allocated``, ``reused``, ``in_use``."""
 
     def __init__(self, runtime: DeviceRuntime) -> None:
         self.runtime = runtime
@@ -123,10 +115,9 @@ def warn_once(cuda: Detection, op: str) -> None:
 class DeviceWork(Work):
     """The Work of an async call on device arrays: wraps the MPI backend's Work.
 
-    ``finish(ok)`` runs once, when the inner op completed: staging copies the outputs
-    back to the device and returns its buffers there (``ok`` False: the op failed, only
-    the buffers go back). So after ``wait()`` (or ``is_completed()`` returning True, or
-    the future's completion) the device outputs hold the result, as torch promises.
+    ``finish(ok)`` runs once, when the inner op completed (staging: copy the outputs back,
+    unless ``ok`` is False, and return the buffers), so after ``wait()``, a True
+    ``is_completed()`` or the future's completion the device outputs hold the result.
     ``result()`` lists the caller's device arrays (``outmap``: host array id -> device array).
     """
 
