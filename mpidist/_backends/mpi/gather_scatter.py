@@ -220,31 +220,35 @@ def _same_shape(a: np.ndarray, ref: np.ndarray, op: str, arg: str, ref_arg: str,
         raise ValueError(f"{prefix(op)} {arg} must have the shape of {ref_arg}, {ref.shape}{why}, got {a.shape}")
 
 
-def _root_list(
+def _rooted(
+    op: str,
+    tensor: Any,
     xs: Any,
     g: ProcessGroup,
     rank: Any,
     group_rank: Any,
-    tensor: np.ndarray,
-    op: str,
     arg: str,
     root_arg: str,
-    writable: bool,
+    gather: bool,
     why: str,
-) -> tuple[int, Optional[list[np.ndarray]]]:
-    """gather's/scatter's root (:func:`root_rank`: ``root_arg`` or group_``root_arg``, default 0)
-    and list ``arg``: on the root, group-size arrays of ``tensor``'s dtype
-    (:func:`~mpidist._arrays.buffers.array_list`), entry root of its shape; elsewhere None.
+) -> tuple[np.ndarray, int, Optional[list[np.ndarray]], Any, Any]:
+    """gather's/scatter's common start: ``tensor`` as a host array (read by gather, written by
+    scatter), the root's group rank (:func:`root_rank`: ``root_arg`` or group_``root_arg``,
+    default 0), list ``arg``, the MPI datatype and the communicator. The list: on the root,
+    group-size arrays of ``tensor``'s dtype (:func:`~mpidist._arrays.buffers.array_list`;
+    written by gather, read by scatter), entry root of ``tensor``'s shape; elsewhere None.
     ValueError when missing on the root or given elsewhere
     (:func:`mpidist._dispatch.dispatch.root_list`)."""
+    arr = host_array(tensor, op, "tensor", writable=not gather)
     root = root_rank(g, rank, group_rank, op, root_arg, f"group_{root_arg}", default=0)
     root_list(xs, g.rank() == root, op, arg, root_arg, g.ranks[root], g.size())
-    if g.rank() != root:
-        return root, None
-    arrs = array_list(xs, op, arg, g.size(), writable, "the group size", dtype_of=(tensor, "tensor"))
-    if arrs[root].shape != tensor.shape:
-        _same_shape(arrs[root], tensor, op, f"{arg}[{root}]", "tensor", why)
-    return root, arrs
+    comm, arrs = g.comm, None
+    assert comm is not None  # a member's (None on non-members only)
+    if g.rank() == root:
+        arrs = array_list(xs, op, arg, g.size(), gather, "the group size", dtype_of=(arr, "tensor"))
+        if arrs[root].shape != arr.shape:
+            _same_shape(arrs[root], arr, op, f"{arg}[{root}]", "tensor", why)
+    return arr, root, arrs, mpi_datatype(arr.dtype), comm
 
 
 # -- all-gather -----------------------------------------------------------------------------
@@ -410,13 +414,9 @@ def gather(
 ) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.gather`."""
     op = "gather"
-    inp = host_array(tensor, op, "tensor", writable=False)
-    root, outs = _root_list(
-        gather_list, g, dst, group_dst, inp, op, "gather_list", "dst", True, " (it receives dst's own tensor)"
+    inp, root, outs, dt, comm = _rooted(
+        op, tensor, gather_list, g, dst, group_dst, "gather_list", "dst", True, " (it receives dst's own tensor)"
     )
-    dst, dt = g.ranks[root], mpi_datatype(inp.dtype)
-    comm = g.comm
-    assert comm is not None  # a member's (None on non-members only)
     counts: Optional[tuple[int, ...]] = None
     fn, fn_args, outputs = comm.Gatherv, ([inp, dt], None, root), ()  # type: tuple[Callable[..., Any], tuple, tuple]
     if outs is not None:  # the root
@@ -425,7 +425,8 @@ def gather(
         buf, staged = _recv_buffer(outs, total)
         args = (_send_part(inp, buf, displs[root], dt), [buf, counts, displs, dt], root)
         fn, fn_args = _body(comm.Gatherv, args, buf if staged else None, outs, displs)
-        outputs = tuple(gather_list)  # type: ignore[arg-type]  # not None where outs is not (_root_list)
+        outputs = tuple(gather_list)  # type: ignore[arg-type]  # not None where outs is not (_rooted)
+    dst = g.ranks[root]
     return _run(g, op, fn, fn_args, async_op, outputs, inp.shape, inp.dtype, dst, parts=("gather", inp.size, counts))
 
 
@@ -439,13 +440,9 @@ def scatter(
 ) -> Optional[Work]:
     """The MPI backend's :func:`mpidist.scatter`."""
     op = "scatter"
-    out = host_array(tensor, op, "tensor", writable=True)
-    root, inps = _root_list(
-        scatter_list, g, src, group_src, out, op, "scatter_list", "src", False, " (it is src's own part)"
+    out, root, inps, dt, comm = _rooted(
+        op, tensor, scatter_list, g, src, group_src, "scatter_list", "src", False, " (it is src's own part)"
     )
-    src, dt = g.ranks[root], mpi_datatype(out.dtype)
-    comm = g.comm
-    assert comm is not None  # a member's (None on non-members only)
     counts: Optional[tuple[int, ...]] = None
     args: tuple = (None, [out, dt], root)
     if inps is not None:  # the root
@@ -456,6 +453,7 @@ def scatter(
         if slot is False:
             send = np.concatenate([a.reshape(-1) for a in inps])
         args = ([send, counts, displs, dt], MPI.IN_PLACE if slot else [out, dt], root)
+    src = g.ranks[root]
     return _run(
         g, op, comm.Scatterv, args, async_op, (tensor,), out.shape, out.dtype, src, parts=("scatter", out.size, counts)
     )
