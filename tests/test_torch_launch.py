@@ -199,6 +199,24 @@ else:
 """
 
 
+TYPO = """
+import torch.distributed as dist
+import mpidist.torch
+
+try:
+    dist.init_process_group("mpidst")
+except ValueError as exc:
+    print(f"ValueError: {exc}", flush=True)
+"""
+
+
+def test_a_misspelt_backend_is_named_with_the_known_ones_not_as_a_missing_master_addr(tmp_path):
+    rc, out, err, _ = _run(tmp_path, TYPO, n=0, limit=60)
+    assert rc == 0, err
+    assert "ValueError: [rank 0/1] init_process_group: unknown backend 'mpidst'" in out, out + err
+    assert "the registered backends are gloo," in out and "mpidist" in out.split("registered backends are")[1]
+
+
 def test_environment_of_a_larger_world_is_refused_on_every_rank(tmp_path):
     """torchrun's RANK/WORLD_SIZE that say a larger world than MPI launched: the same error on
     every rank (mpidist's collective init check), saying how to launch."""

@@ -180,7 +180,9 @@ _torch_env: Optional[Callable[..., Iterator[tuple[Any, int, int]]]] = None
 def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
     """torch's ``env://`` for every backend but ``"mpidist"``; for it, :func:`mpi_rendezvous_handler`."""
     assert _torch_env is not None
-    if not _is_ours(calling_backend()):
+    backend = calling_backend()
+    if not _is_ours(backend):
+        _known_or_raise(backend)
         return _torch_env(url, timeout=timeout, **kwargs)
     unused = [name for name in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(name)]
     # Lightning, Accelerate and DeepSpeed set them themselves: said only when asked for
@@ -194,6 +196,21 @@ def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any)
             stacklevel=_user_stacklevel(),
         )
     return mpi_rendezvous_handler(url, timeout=timeout, **kwargs)
+
+
+def _known_or_raise(backend: Optional[str]) -> None:
+    """ValueError for a backend name torch does not know (each part of a
+    ``"device:backend,..."`` string), where torch's ``env://`` would otherwise report only a
+    missing MASTER_ADDR: a typo of ``"mpidist"`` must not read as a need for one."""
+    if backend is None or os.environ.get("MASTER_ADDR"):
+        return
+    known = [name for name in dist.Backend.backend_list if name != dist.Backend.UNDEFINED]
+    if all(part.split(":")[-1].strip() in known for part in backend.lower().split(",")):
+        return
+    raise ValueError(
+        f"{_where()} unknown backend {backend!r}; the registered backends are {', '.join(known)} "
+        f"(backend {BACKEND!r} takes ranks from MPI and needs no MASTER_ADDR)"
+    )
 
 
 def install_env_handler() -> None:
