@@ -91,7 +91,7 @@ dist: $(TOOLS_STAMP)
 .PHONY: docs
 docs: $(TOOLS_STAMP)
 	$(VENV)/bin/sphinx-build -q -W --keep-going -c docs -b html . out/docs
-	@echo "docs: out/docs/docs/index.html"
+	@echo "docs: out/docs/index.html"
 
 # The wheel as users get it: installed (not the checkout) into a fresh venv with the mpich,
 # examples and torch extras, and used from outside the checkout (tests/wheel/run.sh).

@@ -50,8 +50,9 @@ def all_reduce_coalesced(
     all_reduce per array there).
 
     Raises:
-        TypeError: not arrays, or dtypes differ. ValueError: an empty list, an op the
-        dtype does not support, a read-only or non-contiguous array.
+        TypeError: not arrays, or dtypes differ.
+        ValueError: an empty list, an op the dtype does not support, a read-only or
+            non-contiguous array.
     """
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
@@ -83,7 +84,8 @@ def all_gather_coalesced(
     ValueError.
 
     Raises:
-        TypeError: not lists or arrays, or dtypes differ. ValueError: list lengths other
-        than the group size and ``len(input_tensor_list)``, own-row shapes that differ
-        from the inputs', read-only or non-contiguous outputs.
+        TypeError: not lists or arrays, or dtypes differ.
+        ValueError: list lengths other than the group size and ``len(input_tensor_list)``,
+            own-row shapes that differ from the inputs', read-only or non-contiguous
+            outputs.
     """

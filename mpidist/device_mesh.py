@@ -317,7 +317,8 @@ class DeviceMesh:
 
         Raises:
             ValueError: ``mesh_dim`` omitted on a mesh of several dimensions, or out of
-                range. KeyError: an unknown name (as torch).
+                range.
+            KeyError: an unknown name (as torch).
         """
         return self._groups[self._one_dim(mesh_dim, "DeviceMesh.get_group")]
 
@@ -345,8 +346,8 @@ class DeviceMesh:
         3-D one). The names must come in the mesh's dimension order. No communication.
 
         Raises:
-            ValueError: a mesh without mesh_dim_names. KeyError: an unknown name, or
-            names out of order (as torch).
+            ValueError: a mesh without mesh_dim_names.
+            KeyError: an unknown name, or names out of order (as torch).
         """
         op = "DeviceMesh.__getitem__"
         if not self._names:

@@ -58,9 +58,10 @@ def all_gather(
         None, or a Work (``result()`` is ``tensor_list``) when ``async_op``; None on non-members.
 
     Raises:
-        TypeError: a non-array, or dtypes differ. ValueError: ``len(tensor_list)`` is not
-        the group size, an output is non-contiguous or read-only, or
-        ``tensor_list[my_group_rank]`` has another shape than ``tensor``.
+        TypeError: a non-array, or dtypes differ.
+        ValueError: ``len(tensor_list)`` is not the group size, an output is
+            non-contiguous or read-only, or ``tensor_list[my_group_rank]`` has another
+            shape than ``tensor``.
 
     Source: torch.distributed.all_gather; MPI-4.1 §6.7 (MPI_Allgatherv).
     """
@@ -79,7 +80,8 @@ def all_gather_into_tensor(
     ``output_tensor`` (MPI_IN_PLACE); any other overlap is handled by sending a copy.
 
     Raises:
-        TypeError: dtypes differ. ValueError: ``output_tensor`` has the wrong size.
+        TypeError: dtypes differ.
+        ValueError: ``output_tensor`` has the wrong size.
 
     Source: torch.distributed.all_gather_into_tensor; MPI-4.1 §6.7 (MPI_Allgather).
     """
@@ -115,9 +117,9 @@ def gather(
 
     Raises:
         ValueError: ``dst`` not in the group, both ``dst`` and ``group_dst`` given;
-        ``gather_list`` missing on ``dst`` or given
-        on another rank (as torch); wrong length, shape, or a read-only or
-        non-contiguous output. TypeError: non-arrays or differing dtypes.
+            ``gather_list`` missing on ``dst`` or given on another rank (as torch); wrong
+            length, shape, or a read-only or non-contiguous output.
+        TypeError: non-arrays or differing dtypes.
 
     Source: torch.distributed.gather; MPI-4.1 §6.5 (MPI_Gatherv).
     """
@@ -152,9 +154,9 @@ def scatter(
 
     Raises:
         ValueError: ``src`` not in the group, both ``src`` and ``group_src`` given;
-        ``scatter_list`` missing on ``src`` or given
-        on another rank (as torch); wrong length or shape; ``tensor`` read-only or
-        non-contiguous. TypeError: non-arrays or differing dtypes.
+            ``scatter_list`` missing on ``src`` or given on another rank (as torch); wrong
+            length or shape; ``tensor`` read-only or non-contiguous.
+        TypeError: non-arrays or differing dtypes.
 
     Source: torch.distributed.scatter; MPI-4.1 §6.6 (MPI_Scatterv).
     """
@@ -187,9 +189,9 @@ def all_to_all(
         non-members.
 
     Raises:
-        TypeError: non-arrays or differing dtypes. ValueError: a list length is not the
-        group size; an output is read-only or non-contiguous; this rank's own parts
-        differ in size.
+        TypeError: non-arrays or differing dtypes.
+        ValueError: a list length is not the group size; an output is read-only or
+            non-contiguous; this rank's own parts differ in size.
 
     Source: torch.distributed.all_to_all; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
@@ -227,10 +229,10 @@ def all_to_all_single(
         None, or a Work (``result()`` is ``[output]``) when ``async_op``; None on non-members.
 
     Raises:
-        TypeError: non-arrays, dtypes differ, split sizes not a list of ints. ValueError: 0-d
-        arrays, dim 0 not divisible, split sizes of the wrong length, negative or not
-        summing to dim 0, this rank's own parts of different sizes, ``output``
-        read-only or non-contiguous.
+        TypeError: non-arrays, dtypes differ, split sizes not a list of ints.
+        ValueError: 0-d arrays, dim 0 not divisible, split sizes of the wrong length,
+            negative or not summing to dim 0, this rank's own parts of different sizes,
+            ``output`` read-only or non-contiguous.
 
     Source: torch.distributed.all_to_all_single; MPI-4.1 §6.8 (MPI_Alltoallv).
     """
@@ -260,8 +262,8 @@ def broadcast_multigpu(
     Raises:
         TypeError: non-arrays, differing dtypes, ``src``/``src_tensor`` not ints.
         ValueError: ``src`` not in the group, both or neither of ``src``/``group_src``,
-        an empty list, ``src_tensor`` out of range,
-        arrays of different sizes, a read-only or non-contiguous array.
+            an empty list, ``src_tensor`` out of range, arrays of different sizes, a
+            read-only or non-contiguous array.
 
     Source: torch.distributed.broadcast_multigpu (torch <= 2.1 docs); MPI-4.1 §6.4 (MPI_Bcast).
     """
@@ -291,8 +293,9 @@ def all_gather_multigpu(
     One MPI_Allgatherv fills ``output_tensor_lists[0]``; the other lists are copies.
 
     Raises:
-        TypeError: a non-list or non-array, dtypes differ. ValueError: wrong list lengths,
-        shapes as above, non-contiguous or read-only outputs.
+        TypeError: a non-list or non-array, dtypes differ.
+        ValueError: wrong list lengths, shapes as above, non-contiguous or read-only
+            outputs.
 
     Source: torch.distributed.all_gather_multigpu (torch <= 2.1 docs); MPI-4.1 §6.7.
     """

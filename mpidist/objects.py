@@ -207,11 +207,11 @@ def broadcast_object_list(
     2.4+); at most one of the two; neither: global rank 0.
 
     Raises:
-        TypeError: ``object_list`` is not a list; on every member: ``src`` could not pickle
-        its list; on a rank that cannot unpickle it: that failure (module doc).
+        TypeError: ``object_list`` is not a list; on every member: ``src`` could not
+            pickle its list; on a rank that cannot unpickle it: that failure (module doc).
         ValueError: ``src`` is not a member, both ``src`` and ``group_src`` given, or the
-        lengths differ (on every rank, before the broadcast: the members compare their
-        calls, docs/reliability.md).
+            lengths differ (on every rank, before the broadcast: the members compare
+            their calls, docs/reliability.md).
     """
     op = "broadcast_object_list"
     g = member(group)
@@ -233,7 +233,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Optional[ProcessG
     Raises:
         TypeError / ValueError: ``object_list`` is not a list of the group's size.
         TypeError: on every member if a member could not pickle its ``obj`` (the message
-        names each such rank); on a rank that cannot unpickle an object, there only.
+            names each such rank); on a rank that cannot unpickle an object, there only.
     """
     op = "all_gather_object"
     g = member(group)
@@ -261,9 +261,9 @@ def gather_object(
 
     Raises:
         TypeError / ValueError: a bad list on ``dst``, a non-empty list elsewhere, a
-        ``dst`` that is not a member, both ``dst`` and ``group_dst``. TypeError: on every
-        member if a member could not pickle its ``obj``, or ``dst`` could not unpickle
-        one (module doc).
+            ``dst`` that is not a member, both ``dst`` and ``group_dst``.
+        TypeError: on every member if a member could not pickle its ``obj``, or ``dst``
+            could not unpickle one (module doc).
     """
     op = "gather_object"
     g = member(group)
@@ -302,10 +302,10 @@ def scatter_object_list(
 
     Raises:
         TypeError / ValueError: an output list that is not a non-empty list, an input
-        list on ``src`` that is not a list of the group's size, a ``src`` not a member,
-        both ``src`` and ``group_src``. TypeError: on every member if ``src`` could not
-        pickle an item (no item is sent); on a rank that cannot unpickle its item, there
-        only.
+            list on ``src`` that is not a list of the group's size, a ``src`` not a
+            member, both ``src`` and ``group_src``.
+        TypeError: on every member if ``src`` could not pickle an item (no item is
+            sent); on a rank that cannot unpickle its item, there only.
     """
     op = "scatter_object_list"
     g = member(group)
@@ -338,9 +338,10 @@ def send_object_list(
 
     Raises:
         TypeError: ``object_list`` is not a list; ``object_list`` could not be pickled
-        (the receiver is sent the error and raises it too, so it never waits).
+            (the receiver is sent the error and raises it too, so it never waits).
         ValueError: ``dst`` is not another member of the group; both or neither of
-        ``dst``/``group_dst``. DistBackendError: MPI reported an error.
+            ``dst``/``group_dst``.
+        DistBackendError: MPI reported an error.
     """
     op = "send_object_list"
     g = member(group)
@@ -376,9 +377,9 @@ def recv_object_list(
 
     Raises:
         TypeError: ``object_list`` is not a list; the sender could not pickle its list,
-        or this rank cannot unpickle it (the message is consumed). ValueError: ``src``
-        is not another member, both ``src`` and ``group_src`` given, or the sender's
-        list has another length (the message is consumed).
+            or this rank cannot unpickle it (the message is consumed).
+        ValueError: ``src`` is not another member, both ``src`` and ``group_src`` given,
+            or the sender's list has another length (the message is consumed).
     """
     op = "recv_object_list"
     g = member(group)

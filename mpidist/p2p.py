@@ -76,8 +76,8 @@ def isend(
     exactly one of ``dst`` and ``group_dst``.
 
     Raises:
-        TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the caller);
-        both or neither of ``dst``/``group_dst``.
+        TypeError / ValueError: bad array, tag, or ``dst`` (not a member, or the
+            caller); both or neither of ``dst``/``group_dst``.
     """
 
 
@@ -109,8 +109,9 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     returned Work before reusing the arrays.
 
     Raises:
-        ValueError: the list is empty or holds something other than :class:`P2POp`;
-            TypeError / ValueError: a bad array, peer or tag (the message names the op's index).
+        ValueError: the list is empty or holds something other than :class:`P2POp`.
+        TypeError / ValueError: a bad array, peer or tag (the message names the op's
+            index).
     """
     op = "batch_isend_irecv"
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:

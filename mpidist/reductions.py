@@ -62,8 +62,8 @@ def reduce(
         None, or a Work when ``async_op`` (None on non-members).
 
     Raises:
-        TypeError / ValueError: bad array, op/dtype pair, ``dst`` not an int member rank,
-        both or neither of ``dst``/``group_dst``.
+        TypeError / ValueError: bad array, op/dtype pair, ``dst`` not an int member
+            rank, both or neither of ``dst``/``group_dst``.
         DistBackendError: MPI reported an error.
 
     Source: torch.distributed.reduce; MPI-4.1 §6.9.1 (MPI_Reduce, MPI_IN_PLACE at root).
@@ -117,8 +117,9 @@ def reduce_scatter_tensor(
         group, async_op: as in all_reduce.
 
     Raises:
-        TypeError: dtypes differ. ValueError: ``input`` has the wrong size; unsupported
-        op/dtype pair. DistBackendError: MPI reported an error.
+        TypeError: dtypes differ.
+        ValueError: ``input`` has the wrong size; unsupported op/dtype pair.
+        DistBackendError: MPI reported an error.
 
     Source: torch.distributed.reduce_scatter_tensor; MPI-4.1 §6.10.1 (MPI_Reduce_scatter_block).
     """
@@ -146,8 +147,10 @@ def all_reduce_multigpu(
         group, async_op: as in all_reduce.
 
     Raises:
-        TypeError: not a list, or dtypes differ. ValueError: empty list, shapes differ,
-        an array repeated, unsupported op/dtype pair. DistBackendError: MPI error.
+        TypeError: not a list, or dtypes differ.
+        ValueError: empty list, shapes differ, an array repeated, unsupported op/dtype
+            pair.
+        DistBackendError: MPI error.
 
     Source: torch.distributed.all_reduce_multigpu (torch <= 2.1; removed since).
     """
@@ -184,7 +187,8 @@ def reduce_multigpu(
     Raises:
         TypeError: not a list, dtypes differ, ``dst``/``dst_tensor`` not an int.
         ValueError: empty list, shapes differ, an array repeated, ``dst_tensor`` out of
-        range, ``dst`` not a member, unsupported op/dtype pair. DistBackendError: MPI error.
+            range, ``dst`` not a member, unsupported op/dtype pair.
+        DistBackendError: MPI error.
 
     Source: torch.distributed.reduce_multigpu (torch <= 2.1; removed since).
     """

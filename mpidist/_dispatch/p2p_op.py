@@ -43,7 +43,8 @@ class P2POp:
 
     Raises:
         ValueError: ``op`` is neither isend nor irecv; both ``peer`` and ``group_peer``,
-        or neither on an isend. TypeError / ValueError: a bad array.
+            or neither on an isend.
+        TypeError / ValueError: a bad array.
     """
 
     __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")

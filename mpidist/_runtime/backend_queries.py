@@ -136,8 +136,9 @@ class BackendConfig:
     config has no cpu entry). ``str()`` gives the ``"cpu:...,cuda:..."`` form.
 
     Raises:
-        TypeError: ``backend`` is not a string. ValueError: a malformed device:backend
-        string, or a device type other than cpu and cuda.
+        TypeError: ``backend`` is not a string.
+        ValueError: a malformed device:backend string, or a device type other than cpu
+            and cuda.
     """
 
     def __init__(self, backend: str) -> None:
