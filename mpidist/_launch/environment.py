@@ -28,6 +28,8 @@ __all__ = [
     "launcher_local",
     "contradiction",
     "byte_count",
+    "shm_min_bytes",
+    "SHM_MIN_BYTES_ENV",
     "launcher_rank",
     "without_launcher",
 ]
@@ -43,6 +45,24 @@ def byte_count(text: str) -> Optional[int]:
         return 0
     digits, unit = (text[:-1], _UNITS[text[-1].upper()]) if text and text[-1].upper() in _UNITS else (text, 1)
     return int(digits) * unit if digits.isdigit() else None
+
+
+SHM_MIN_BYTES_ENV = "MPIDIST_SHM_MIN_BYTES"
+
+
+def shm_min_bytes(where: str) -> Optional[int]:
+    """MPIDIST_SHM_MIN_BYTES: None when unset, 0 for ``off`` or 0, else the byte count.
+
+    Raises:
+        ValueError: a value :func:`byte_count` does not take, the message starting ``where``.
+    """
+    text = os.environ.get(SHM_MIN_BYTES_ENV, "").strip()
+    if not text:
+        return None
+    value = byte_count(text)
+    if value is None:
+        raise ValueError(f"{where} {SHM_MIN_BYTES_ENV} must be a byte count (65536, 64K, 1M), 0 or off, got {text!r}")
+    return value
 
 
 VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

@@ -26,7 +26,7 @@ from mpidist._core import current as _current, recorder as R
 from mpidist._core.current import live_groups
 from mpidist._core.group import ProcessGroup
 from mpidist._core.private_files import fresh_name
-from mpidist._launch import abort as _abort, environment, launcher_files
+from mpidist._launch import abort as _abort, environment, launcher_files, mpi_init
 from mpidist._launch.abort import abort_job
 from mpidist._runtime import watchdog as _watchdog
 from mpidist.device import binding, detect
@@ -351,6 +351,7 @@ def _check_locally(
         settings.timeout = env_timeout(where) or timeout or DEFAULT_TIMEOUT
         settings.abort, settings.level, settings.buffer = _env_reliability(where)
         settings.abort_on_exception = _env_flag("MPIDIST_ABORT_ON_EXCEPTION", where)
+        _check_launch_settings(where)
         try:
             detect.env_override(os.environ)
         except ValueError as exc:
@@ -536,6 +537,25 @@ def _env_flag(name: str, where: str) -> bool:
     if text not in ("0", "1", ""):
         raise ValueError(f"{where} {name} must be 0 or 1, got {text!r}")
     return text != "0"
+
+
+def _check_launch_settings(where: str) -> None:
+    """The settings read when mpidist is imported (docs/reliability.md, section 11), which read
+    leniently there (a bad value as the default): ValueError at init_process_group naming the
+    variable, its value and what is accepted. MPIDIST_SHM_MIN_BYTES too, read at the first
+    all_reduce that could use shared memory."""
+    for name in (mpi_init.ENV, launcher_files.ENV, environment.SUPERVISE_ENV):
+        text = os.environ.get(name, "").strip()
+        if text not in ("0", "1", ""):
+            raise ValueError(f"{where} {name} must be 0 or 1, got {text!r}")
+    text = os.environ.get(mpi_init.GRACE_ENV, "").strip()
+    try:
+        ok = not text or 0 <= float(text) < float("inf")
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{where} {mpi_init.GRACE_ENV} must be a number of seconds >= 0, got {text!r}")
+    environment.shm_min_bytes(where)
 
 
 def _trace_dir(comm: MPI.Comm) -> str:

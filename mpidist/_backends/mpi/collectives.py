@@ -30,7 +30,7 @@ from mpidist._core import recorder as R
 from mpidist._core.group import ProcessGroup
 from mpidist._core.tags import monitored_barrier_tag
 from mpidist._dispatch.dispatch import launch, root_rank
-from mpidist._launch.environment import byte_count
+from mpidist._launch.environment import shm_min_bytes
 from mpidist._runtime import world as runtime
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
@@ -301,20 +301,14 @@ SHM_OVER_MPI = {False: {2: (16 << 10, _NEVER)}, True: {4: (32 << 10, _NEVER)}}
 #: arithmetic is slow (the ring folds half); at 4 ranks it wins up to 4-8 MiB, and the two
 #: are within noise above
 SHM_OVER_RING = {False: {2: (0, 16 << 10)}, True: {4: (0, 4 << 20)}}
-_ENV = "MPIDIST_SHM_MIN_BYTES"
 _settings: Optional[tuple] = None  # (env value or None, floor vs MPI, floor vs ring), read once
 
 
 def _env_min_bytes() -> Optional[int]:
     """MPIDIST_SHM_MIN_BYTES: None when unset (use the measured tables), _NEVER for ``off``
     or 0, else the byte count (``65536``, ``64K``, ``1M``). Must be equal on every rank."""
-    text = os.environ.get(_ENV, "").strip()
-    if not text:
-        return None
-    value = byte_count(text)
-    if value is None:
-        raise ValueError(f"{prefix('all_reduce')} {_ENV} must be a byte count (65536, 64K, 1M), 0 or off, got {text!r}")
-    return value or _NEVER
+    value = shm_min_bytes(prefix("all_reduce"))
+    return value if value is None else value or _NEVER
 
 
 def _shm_floor(vs_mpi: bool) -> int:
