@@ -289,6 +289,7 @@ def check_stopped(out: Path, rc: int, stdout: str, stderr: str, n: int, signame:
     assert rc == 0, stdout + stderr
     assert f"stopped by {signame} after" in stdout and "continue with --resume" in stdout, stdout + stderr
     assert "Traceback" not in stderr, stderr
+    assert "flight recorder" not in stderr, stderr  # a clean stop writes none
     ckpt = load_checkpoint(out / "checkpoint.npz")
     epoch, step = int(ckpt["epoch"]), int(ckpt["step"])
     assert 3 <= epoch < EPOCHS and 0 <= step < STEPS, (epoch, step)

@@ -37,6 +37,9 @@ _PROBE, _REPLY, _ACK, _CHECK = 1, 2, 3, 4  # tags on the watchdog's communicator
 #: The communicators of stopped watchdogs (see :meth:`_Watchdog.stop`).
 _RETIRED: list = []
 _MAX_MSG = 1 << 16
+#: s after SIGTERM, caught by the program's own handler, that a process still alive writes its
+#: flight recorder: a rank stuck in MPI cannot run that handler; a clean stop has ended by then
+SIGTERM_GRACE = 10.0
 
 
 def _say(text: str) -> None:
@@ -57,6 +60,7 @@ class _Watchdog:
         self.lock = threading.Lock()
         self.nonce = 0
         self.sigterm_done = False
+        self.sigterm_at = 0.0  # when the program's own handler got SIGTERM (monotonic s; 0: not yet)
         self.check_lock = threading.Lock()  # one mismatch question at a time: answers of two would share the tag
         self.sigterm_lock = threading.RLock()  # RLock: the handler may interrupt its own thread
         self.own_handler = False
@@ -117,6 +121,9 @@ class _Watchdog:
             return
         if signal.SIGTERM not in data:
             return
+        if not self.own_handler:  # the program's: a clean stop (checkpoint, then exit) dumps nothing
+            self.sigterm_at = self.sigterm_at or time.monotonic()
+            return
         self._sigterm_dump()
         if self.own_handler and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             time.sleep(1.0)
@@ -141,6 +148,9 @@ class _Watchdog:
                 ready, _, _ = select.select([self.rsock], [], [], self.tick)
                 if ready:
                     self._signalled()
+                if self.sigterm_at and time.monotonic() - self.sigterm_at > SIGTERM_GRACE:
+                    self.sigterm_at = 0.0  # the program's handler has not ended it: stuck in MPI?
+                    self._sigterm_dump()
             else:
                 self.stopped.wait(self.tick)
             if self.stopped.is_set():
