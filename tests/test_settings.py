@@ -37,9 +37,10 @@ BAD = {
     "MPIDIST_REMOVE_LAUNCHER_FILES": ("maybe", "0 or 1"),
     "MPIDIST_SHM_MIN_BYTES": ("1MB", "a byte count (65536, 64K, 1M), 0 or off"),
     "MPIDIST_CUDA_AWARE": ("maybe", "0 or 1"),
+    "MPIDIST_STAGING_CHUNK": ("4MB", "a byte count (65536, 64K, 1M), 0 or off"),
 }
 #: the rows the table says are checked elsewhere (where they are used)
-ELSEWHERE = {"MPIDIST_TRACE_DIR", "MPIDIST_DEVICE", "MPIDIST_STAGING_CHUNK", "MPIDIST_TIMELINE", "MPIDIST_DATA_CACHE"}
+ELSEWHERE = {"MPIDIST_TRACE_DIR", "MPIDIST_DEVICE", "MPIDIST_TIMELINE", "MPIDIST_DATA_CACHE"}
 
 
 def test_the_table_lists_what_the_code_reads():

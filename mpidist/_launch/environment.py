@@ -28,8 +28,9 @@ __all__ = [
     "launcher_local",
     "contradiction",
     "byte_count",
-    "shm_min_bytes",
+    "byte_setting",
     "SHM_MIN_BYTES_ENV",
+    "STAGING_CHUNK_ENV",
     "launcher_rank",
     "without_launcher",
 ]
@@ -47,21 +48,15 @@ def byte_count(text: str) -> Optional[int]:
     return int(digits) * unit if digits.isdigit() else None
 
 
-SHM_MIN_BYTES_ENV = "MPIDIST_SHM_MIN_BYTES"
+SHM_MIN_BYTES_ENV, STAGING_CHUNK_ENV = "MPIDIST_SHM_MIN_BYTES", "MPIDIST_STAGING_CHUNK"
 
 
-def shm_min_bytes(where: str) -> Optional[int]:
-    """MPIDIST_SHM_MIN_BYTES: None when unset, 0 for ``off`` or 0, else the byte count.
-
-    Raises:
-        ValueError: a value :func:`byte_count` does not take, the message starting ``where``.
-    """
-    text = os.environ.get(SHM_MIN_BYTES_ENV, "").strip()
-    if not text:
-        return None
-    value = byte_count(text)
-    if value is None:
-        raise ValueError(f"{where} {SHM_MIN_BYTES_ENV} must be a byte count (65536, 64K, 1M), 0 or off, got {text!r}")
+def byte_setting(name: str, where: str) -> Optional[int]:
+    """Variable ``name`` by :func:`byte_count`, None when unset; ValueError for a value it does not take."""
+    text = os.environ.get(name, "").strip()
+    value = byte_count(text) if text else None
+    if text and value is None:
+        raise ValueError(f"{where} {name} must be a byte count (65536, 64K, 1M), 0 or off, got {text!r}")
     return value
 
 

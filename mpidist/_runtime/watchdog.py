@@ -37,8 +37,7 @@ _PROBE, _REPLY, _ACK, _CHECK = 1, 2, 3, 4  # tags on the watchdog's communicator
 #: The communicators of stopped watchdogs (see :meth:`_Watchdog.stop`).
 _RETIRED: list = []
 _MAX_MSG = 1 << 16
-#: s after SIGTERM, caught by the program's own handler, that a process still alive writes its
-#: flight recorder: a rank stuck in MPI cannot run that handler; a clean stop has ended by then
+#: s after a SIGTERM the program handles until a rank still alive (stuck in MPI?) writes its recorder
 SIGTERM_GRACE = 10.0
 
 

@@ -351,7 +351,6 @@ def _check_locally(
         settings.timeout = env_timeout(where) or timeout or DEFAULT_TIMEOUT
         settings.abort, settings.level, settings.buffer = _env_reliability(where)
         settings.abort_on_exception = _env_flag("MPIDIST_ABORT_ON_EXCEPTION", where)
-        _check_launch_settings(where)
         try:
             detect.env_override(os.environ)
         except ValueError as exc:
@@ -522,12 +521,23 @@ def env_timeout(where: str) -> Optional[datetime.timedelta]:
 
 def _env_reliability(where: str) -> tuple[bool, Optional[mismatch.DebugLevel], int]:
     """(abort on timeout, debug level or None when unset, flight recorder length) from the
-    environment."""
+    environment; the other settings init checks (docs/reliability.md, "Settings") checked."""
     abort = _env_flag("MPIDIST_ABORT_ON_TIMEOUT", where)
     level = mismatch.env_level(where)  # MPIDIST_DEBUG, else TORCH_DISTRIBUTED_DEBUG
     text = os.environ.get("MPIDIST_TRACE_BUFFER", str(R.DEFAULT_BUFFER)).strip()
     if not text.isdigit():
         raise ValueError(f"{where} MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got {text!r}")
+    for name in (mpi_init.ENV, launcher_files.ENV, environment.SUPERVISE_ENV):  # read leniently at import
+        _env_flag(name, where)
+    grace = os.environ.get(mpi_init.GRACE_ENV, "").strip()
+    try:
+        ok = not grace or 0 <= float(grace) < float("inf")
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{where} {mpi_init.GRACE_ENV} must be a number of seconds >= 0, got {grace!r}")
+    for name in (environment.SHM_MIN_BYTES_ENV, environment.STAGING_CHUNK_ENV):
+        environment.byte_setting(name, where)
     return abort, level, int(text)
 
 
@@ -537,25 +547,6 @@ def _env_flag(name: str, where: str) -> bool:
     if text not in ("0", "1", ""):
         raise ValueError(f"{where} {name} must be 0 or 1, got {text!r}")
     return text != "0"
-
-
-def _check_launch_settings(where: str) -> None:
-    """The settings read when mpidist is imported (docs/reliability.md, section 11), which read
-    leniently there (a bad value as the default): ValueError at init_process_group naming the
-    variable, its value and what is accepted. MPIDIST_SHM_MIN_BYTES too, read at the first
-    all_reduce that could use shared memory."""
-    for name in (mpi_init.ENV, launcher_files.ENV, environment.SUPERVISE_ENV):
-        text = os.environ.get(name, "").strip()
-        if text not in ("0", "1", ""):
-            raise ValueError(f"{where} {name} must be 0 or 1, got {text!r}")
-    text = os.environ.get(mpi_init.GRACE_ENV, "").strip()
-    try:
-        ok = not text or 0 <= float(text) < float("inf")
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{where} {mpi_init.GRACE_ENV} must be a number of seconds >= 0, got {text!r}")
-    environment.shm_min_bytes(where)
 
 
 def _trace_dir(comm: MPI.Comm) -> str:

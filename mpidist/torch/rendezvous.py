@@ -199,9 +199,7 @@ def _env_handler(url: str, timeout: timedelta = _DEFAULT_TIMEOUT, **kwargs: Any)
 
 
 def _known_or_raise(backend: Optional[str]) -> None:
-    """ValueError for a backend name torch does not know (each part of a
-    ``"device:backend,..."`` string), where torch's ``env://`` would otherwise report only a
-    missing MASTER_ADDR: a typo of ``"mpidist"`` must not read as a need for one."""
+    """ValueError for a backend name torch does not know, not torch's "MASTER_ADDR expected"."""
     if backend is None or os.environ.get("MASTER_ADDR"):
         return
     known = [name for name in dist.Backend.backend_list if name != dist.Backend.UNDEFINED]

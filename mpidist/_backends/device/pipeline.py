@@ -25,7 +25,7 @@ from mpidist._backends.mpi.collectives import reduce_body
 from mpidist._backends.mpi.reductions import _reduce_scatter_tensor
 from mpidist._core.group import ProcessGroup
 from mpidist._dispatch.dispatch import launch, root_rank
-from mpidist._launch.environment import byte_count
+from mpidist._launch.environment import STAGING_CHUNK_ENV, byte_setting
 from mpidist.device import op_args as A
 from mpidist.device.runtime import DeviceRuntime
 from mpidist.errors import prefix
@@ -42,7 +42,7 @@ _SIZED = {
 }
 OPS = frozenset(_SIZED)
 #: Bytes per chunk of the array each rank contributes; "0" or "off": no pipelining.
-CHUNK_VAR = "MPIDIST_STAGING_CHUNK"
+CHUNK_VAR = STAGING_CHUNK_ENV
 #: The default chunk (bytes), chosen by measurement on an H200 (docs/device.md, "Host staging").
 DEFAULT_CHUNK = 4 << 20
 
@@ -50,29 +50,20 @@ DEFAULT_CHUNK = 4 << 20
 _parsed: tuple = ("", DEFAULT_CHUNK)  # (the variable's text, its value): parsed once per text
 
 
-def chunk_bytes() -> int:
+def chunk_bytes(op: str = "staging") -> int:
     """The chunk size in bytes from :data:`CHUNK_VAR` (0: pipelining off).
 
     Raises:
-        ValueError: a value that is not a non-negative integer (bytes), "off" or a size
-            such as "4M".
+        ValueError: a value :func:`~mpidist._launch.environment.byte_count` does not take,
+            naming ``op``.
     """
     global _parsed
     text = os.environ.get(CHUNK_VAR, "")
     if text == _parsed[0]:
         return _parsed[1]
-    value = _parse(text.strip())
-    _parsed = (text, value)
-    return value
-
-
-def _parse(text: str) -> int:
-    if not text:
-        return DEFAULT_CHUNK
-    value = byte_count(text)
-    if value is None:
-        raise ValueError(f"{CHUNK_VAR}={text!r}: expected bytes (e.g. 4194304 or 4M), 0 or 'off'")
-    return value
+    value = byte_setting(CHUNK_VAR, prefix(op))
+    _parsed = (text, DEFAULT_CHUNK if value is None else value)
+    return _parsed[1]
 
 
 class _Copy:
@@ -134,7 +125,7 @@ def run(op: str, g: ProcessGroup, args: dict, rt: DeviceRuntime) -> Any:
     Returns what the public op returns (None, or a Work when ``async_op``). Raises what the
     host op raises for the call (its checks run on the host views, before anything moves).
     """
-    chunk = chunk_bytes()
+    chunk = chunk_bytes(op)
     if op not in OPS or not chunk:
         return NotImplemented
     x = args[_SIZED[op]]

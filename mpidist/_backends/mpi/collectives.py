@@ -30,7 +30,7 @@ from mpidist._core import recorder as R
 from mpidist._core.group import ProcessGroup
 from mpidist._core.tags import monitored_barrier_tag
 from mpidist._dispatch.dispatch import launch, root_rank
-from mpidist._launch.environment import shm_min_bytes
+from mpidist._launch.environment import SHM_MIN_BYTES_ENV, byte_setting
 from mpidist._runtime import world as runtime
 from mpidist.algorithms.ring import ring_all_reduce
 from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
@@ -306,8 +306,8 @@ _settings: Optional[tuple] = None  # (env value or None, floor vs MPI, floor vs 
 
 def _env_min_bytes() -> Optional[int]:
     """MPIDIST_SHM_MIN_BYTES: None when unset (use the measured tables), _NEVER for ``off``
-    or 0, else the byte count (``65536``, ``64K``, ``1M``). Must be equal on every rank."""
-    value = shm_min_bytes(prefix("all_reduce"))
+    or 0, else the byte count. Must be equal on every rank."""
+    value = byte_setting(SHM_MIN_BYTES_ENV, prefix("all_reduce"))
     return value if value is None else value or _NEVER
 
 
