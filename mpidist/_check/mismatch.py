@@ -771,6 +771,7 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
     wd = current.watchdog
     if wd is not None:
         wd.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
+        abort.told_until = time.monotonic() + 2.0
     broken(g, f"a mismatched collective at sequence number {seq}: {body}")
     raise ValueError(f"{prefix(key[S.OP])} {body}")
 

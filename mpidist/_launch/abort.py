@@ -41,14 +41,18 @@ def write(rank: Optional[int], text: str) -> None:
     stream.flush()
 
 
+#: monotonic s until which abort_job waits for peers told of this rank's error to abort with theirs
+told_until = 0.0
+
+
 def abort_job(code: int) -> None:
-    """MPI_Abort(MPI_COMM_WORLD, code), a moment after this rank's last output was flushed,
-    so that the launcher still forwards it before it kills the job."""
+    """MPI_Abort(MPI_COMM_WORLD, code), a moment (or until :data:`told_until`) after this rank's
+    last output was flushed, so that the launcher still forwards it before it kills the job."""
     from mpi4py import MPI  # noqa: PLC0415  (imported late: python -m mpidist imports this first)
 
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(0.25)
+    time.sleep(max(0.25, told_until - time.monotonic()))
     MPI.COMM_WORLD.Abort(code)
 
 

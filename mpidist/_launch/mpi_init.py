@@ -41,6 +41,7 @@ __all__ = [
     "import_mpi",
     "bound_seconds",
     "grace_seconds",
+    "env_seconds",
     "peers_had_their_timeout",
     "early_signals",
     "ENV",
@@ -53,9 +54,8 @@ GRACE = 10.0  # s, the default grace
 _DEFAULT_S = 30 * 60.0
 
 
-def _seconds(name: str, default: float, zero: bool) -> float:
-    """The environment variable ``name`` as seconds when it is a finite number > 0 (>= 0 with
-    ``zero``), else ``default``."""
+def env_seconds(name: str, default: float, zero: bool) -> float:
+    """``name`` in seconds if a finite number > 0 (>= 0 with ``zero``), else ``default``."""
     try:
         value = float(os.environ.get(name, "").strip())
     except ValueError:
@@ -67,7 +67,7 @@ def bound_seconds() -> float:
     """T + grace: T is MPIDIST_TIMEOUT when it is a positive finite number of seconds, else 30
     minutes (a bad value is reported by init_process_group, not here); the grace is
     MPIDIST_INIT_FINALIZE_GRACE when it is a finite number >= 0, else GRACE."""
-    return _seconds("MPIDIST_TIMEOUT", _DEFAULT_S, False) + grace_seconds()
+    return env_seconds("MPIDIST_TIMEOUT", _DEFAULT_S, False) + grace_seconds()
 
 
 _RECORDED = (signal.SIGUSR1,)  # what MPICH's MPI_Init would swallow
@@ -110,7 +110,7 @@ _waited = False
 
 def grace_seconds() -> float:
     """MPIDIST_INIT_FINALIZE_GRACE when it is a finite number >= 0, else GRACE."""
-    return _seconds(GRACE_ENV, GRACE, True)
+    return env_seconds(GRACE_ENV, GRACE, True)
 
 
 def peers_had_their_timeout() -> Optional[float]:

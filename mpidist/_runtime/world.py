@@ -530,11 +530,7 @@ def _env_reliability(where: str) -> tuple[bool, Optional[mismatch.DebugLevel], i
     for name in (mpi_init.ENV, launcher_files.ENV, environment.SUPERVISE_ENV):  # read leniently at import
         _env_flag(name, where)
     grace = os.environ.get(mpi_init.GRACE_ENV, "").strip()
-    try:
-        ok = not grace or 0 <= float(grace) < float("inf")
-    except ValueError:
-        ok = False
-    if not ok:
+    if grace and mpi_init.env_seconds(mpi_init.GRACE_ENV, -1.0, True) < 0:
         raise ValueError(f"{where} {mpi_init.GRACE_ENV} must be a number of seconds >= 0, got {grace!r}")
     for name in (environment.SHM_MIN_BYTES_ENV, environment.STAGING_CHUNK_ENV):
         environment.byte_setting(name, where)
