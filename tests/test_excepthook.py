@@ -89,6 +89,17 @@ def test_opt_out_leaves_the_peers_to_the_timeout(tmp_path):
     assert took > 3
 
 
+def test_a_raise_before_init_ends_the_job_within_15_s(tmp_path):
+    """Issue 41: plain mpiexec, the default 30-minute timeout; rank 1 raises before
+    init_process_group while rank 0 waits in it: the exit handler aborts the job."""
+    code = "import os, mpidist\nif os.environ['RANK'] == '1':\n    raise ValueError('bad config')\n"
+    code += "mpidist.init_process_group()"
+    out, took = job(2, code, limit=60, MPIDIST_TRACE_DIR=str(tmp_path))
+    assert out.returncode == 1 and took < 15, f"{took:.1f} s:\n{out.stderr}"
+    assert "ValueError: bad config" in out.stderr.splitlines()
+    assert "[rank 1] the unhandled exception above ended this rank, whose peers may wait for it" in out.stderr
+
+
 def test_python_m_mpidist_reports_once(tmp_path):
     """Under the runner the exception is its to report: the hook stays quiet."""
     out, took = job(

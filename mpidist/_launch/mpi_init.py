@@ -6,7 +6,9 @@ before either hung the job).
   ``faulthandler.dump_traceback_later(T, exit=True)``: past the bound the rank prints
   ``Timeout (h:mm:ss)!`` and a stack ending in
   ``_mpi_init_waits_for_every_rank_for_at_most_MPIDIST_TIMEOUT``, and exits with status 1.
-* An ``atexit`` handler arms ``alarm()`` at the bound on what is left of the rank (mpi4py calls
+* An ``atexit`` handler aborts the job when an unhandled exception ended a rank of several (one
+  that raised before init_process_group left its peers waiting in it), and arms ``alarm()`` at
+  the bound on what is left of the rank (mpi4py calls
   ``MPI_Finalize`` from ``Py_AtExit``, after faulthandler's thread has stopped), where SIGALRM
   has its default action; under supervision it also starts the exit watcher
   (:mod:`mpidist._launch.finalize_watcher`), whose line says why. After a final comparison that
@@ -35,7 +37,7 @@ import threading
 from types import ModuleType
 from typing import Optional
 
-from mpidist._launch import environment, finalize_watcher, init_watcher, launcher_files
+from mpidist._launch import abort, environment, finalize_watcher, init_watcher, launcher_files
 
 __all__ = [
     "import_mpi",
@@ -139,8 +141,11 @@ def _finalize_message(rank: int, size: int, seconds: float) -> str:
     )
 
 
-def _arm_finalize_alarm() -> None:
-    """atexit: bound what is left of this process, MPI_Finalize included: the exit watcher
+def _at_exit() -> None:
+    """atexit: a rank of a multi-rank job that an unhandled exception ends (Python set
+    ``sys.last_value`` and printed the traceback) aborts the job, since its peers may wait for it
+    (before init_process_group installs its hook: they wait in init); then, where the bounds
+    are on, it bounds what is left of this process, MPI_Finalize included: the exit watcher
     ends it at the bound, after a line that says why; the kernel's alarm one second later where
     no watcher could start."""
     MPI = sys.modules.get("mpi4py.MPI")
@@ -148,6 +153,14 @@ def _arm_finalize_alarm() -> None:
         return
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:  # no peer for MPI_Finalize to wait for: nothing to bound, no watcher
+        return
+    exc = getattr(sys, "last_value", None)
+    on = os.environ.get("MPIDIST_ABORT_ON_EXCEPTION", "1").strip() != "0"
+    if exc is not None and on and not sys.flags.interactive and not hasattr(sys, "ps1"):
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        abort.write(world.Get_rank(), "the unhandled exception above ended this rank, whose peers may wait for it")
+        abort.end_job(world.Get_rank(), world.Get_size(), code, "", None)
+    if not _enabled():
         return
     seconds = grace_seconds() if _waited else bound_seconds()
     if environment.supervised():
@@ -183,6 +196,5 @@ def import_mpi() -> ModuleType:
             if through:
                 launcher_files.remove_names()
             init_watcher.end(watch, through)
-    if bounded:
-        atexit.register(_arm_finalize_alarm)  # runs before mpi4py's MPI_Finalize (registered earlier)
+    atexit.register(_at_exit)  # runs before mpi4py's MPI_Finalize (registered earlier)
     return MPI
