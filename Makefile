@@ -250,8 +250,9 @@ OTHER_MPI_ENV   := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRT
 test-mpis: $(foreach m,$(OTHER_MPIS),test-mpi-on-$(m))
 
 # Left out there: the main jobs' own logic (MNIST files, divergence, resume's refusals, the gloo
-# comparison, usage errors), which no MPI changes and MPICH's serial pass covers.
-OTHER_MPI_SKIP  := not (mnist_idx or diverging or refuses or gloo_train_bitwise or usage_errors)
+# comparison, usage errors), which no MPI changes and MPICH's serial pass covers, and the minute
+# of the stall inspector's defaults (its short cases run).
+OTHER_MPI_SKIP  := not (mnist_idx or diverging or refuses or gloo_train_bitwise or usage_errors or stall_defaults)
 
 test-mpi-on-%: .venv-mpi-%/.installed-stamp
 	$(STARTED): the tests that start jobs, then pytest under mpiexec -n 2, on $*

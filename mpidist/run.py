@@ -10,6 +10,7 @@ Beyond init_process_group's ``sys.excepthook`` (:mod:`mpidist._launch.abort`) it
 exception raised before ``init_process_group`` and a non-zero ``sys.exit(code)``: the
 traceback prefixed ``[rank r]``, every rank's flight recorder written (if initialized), then
 MPI_Abort (exit code 1, 130 for KeyboardInterrupt, or ``code``); a one-rank run just exits.
+A :class:`JobExit`, which every rank raises together, ends the rank with its code unaborted.
 It is also where mpidist owns the launch (:func:`mpidist._launch.environment.supervised`).
 docs/reliability.md, sections 1 and 11. Source: mpi4py's ``mpi4py.run``.
 """
@@ -29,7 +30,7 @@ from typing import Any, NoReturn, Optional
 from mpidist._launch import abort as A
 from mpidist._launch.environment import launcher_rank
 
-__all__ = ["main", "USAGE"]
+__all__ = ["main", "USAGE", "JobExit"]
 
 USAGE = """\
 usage: python -m mpidist [-h] [--version] (script.py | -m module | -c code) [args ...]
@@ -62,12 +63,12 @@ def _rank_and_size() -> tuple[int, int]:
         return launcher_rank() or (0, 1)
 
 
-def _user_traceback(exc: BaseException) -> str:
+def _user_traceback(exc: BaseException) -> Any:
     """The traceback of ``exc`` without the runner's own frames (its first frames)."""
     tb = exc.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    return tb
 
 
 def _abort(code: int, reason: str) -> NoReturn:
@@ -127,6 +128,11 @@ class _UsageError(Exception):
     pass
 
 
+class JobExit(SystemExit):
+    """``raise JobExit(code)`` on every rank at once (the ranks agreed on it, e.g. on a usage
+    error: exit code 2): the runner lets each rank exit with ``code``, without MPI_Abort."""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of ``python -m mpidist``; ``argv`` defaults to ``sys.argv[1:]``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -145,14 +151,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(2)
     except SystemExit as exc:
         code = _exit_code(exc.code)
-        if code == 0:
+        if code == 0 or isinstance(exc, JobExit):
             raise
         if not isinstance(exc.code, (int, type(None))):
             sys.stderr.write(f"{exc.code}\n")
         _abort(code, f"sys.exit({exc.code!r})")
     except BaseException as exc:  # noqa: BLE001  (that is the point: any unhandled exception)
-        rank, _ = _rank_and_size()
-        A.write(rank, _user_traceback(exc))
-        if isinstance(exc, KeyboardInterrupt):
-            _abort(130, "KeyboardInterrupt")
-        _abort(1, f"{type(exc).__name__}: {exc}")
+        rank, size = _rank_and_size()
+        from mpidist._runtime import world as runtime  # noqa: PLC0415
+
+        tb = _user_traceback(exc)
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        debug = os.environ.get("MPIDIST_DEBUG", "").strip() or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "")
+        dump = runtime.dump_all_report if runtime.is_initialized() else None
+        sys.exit(A.report(rank, size, exc, tb, text, debug.strip().upper() not in ("", "OFF"), dump))

@@ -22,8 +22,8 @@ from mpidist._launch.environment import without_launcher
 
 #: The test session's temporary directory (TMPDIR of the tests and of every job they start),
 #: removed at the session's end: the jobs the tests fail on purpose leave their flight-recorder
-#: dumps (``mpidist-trace-*``, the path printed) in TMPDIR, as a user's would, and a run of the
-#: suite left ~20 of them in /tmp.
+#: dumps (``mpidist-traces-<uid>/mpidist-trace-*``, the path printed) in TMPDIR, as a user's
+#: would, and a run of the suite left ~20 of them in /tmp.
 _session_tmp: str | None = None
 
 

@@ -61,8 +61,9 @@ def test_an_exception_on_one_rank_ends_the_job_within_10_s(tmp_path, exc, code):
     assert f"[rank 1] {exc}: injected fault at step 20" in lines
     assert (
         f"[rank 1] flight recorder written to {trace_dir}/rank1.json (and by every rank that answered); run "
-        f"`python -m mpidist.tools.trace {trace_dir}`"
+        f"`python -m mpidist.tools.trace {trace_dir}`; this rank's full traceback: {trace_dir}/rank1.traceback.txt"
     ) in lines
+    assert (trace_dir / "rank1.traceback.txt").read_text().endswith(f"{exc}: injected fault at step 20\n")
     assert f"[rank 1] aborting the MPI job (MPI_Abort, exit code {code})" in lines
     assert sum("Traceback" in line for line in lines) == 1  # reported once
     docs = trace.load(str(trace_dir))
@@ -165,7 +166,7 @@ def test_a_hook_installed_before_formats_the_traceback(dist, monkeypatch, capsys
         sys.stderr.write(f"custom: {exc_type.__name__}: {exc}\n")
 
     monkeypatch.setattr(sys, "excepthook", previous)
-    hook = abort._Hook(3, 1, lambda reason: "")  # one rank: prints, then returns
+    hook = abort._Hook(3, 1, lambda reason, text: "", False)  # one rank: prints, then returns
     try:
         raise ValueError("x")
     except ValueError as e:
@@ -183,7 +184,7 @@ def test_a_hook_that_wraps_ours_and_captures_stderr_does_not_swallow_the_traceba
     import io
 
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)  # not the one init installed in this process
-    hook = abort._Hook(0, 1, lambda reason: "")
+    hook = abort._Hook(0, 1, lambda reason, text: "", False)
 
     def torch_like(*args):
         saved, sys.stderr = sys.stderr, io.StringIO()

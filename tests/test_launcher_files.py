@@ -15,6 +15,7 @@ import pytest
 from conftest import SINGLETON_LEFT, launcher_free_env, only_on
 from mpi4py import MPI
 
+from mpidist._core import recorder
 from mpidist._launch import init_watcher, launcher_files
 
 pytestmark = pytest.mark.launches  # starts MPI jobs or processes of its own: make test-mpis runs it on every MPI
@@ -25,13 +26,13 @@ MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 def entries() -> set[str]:
     """Every name in the directories an MPI job may leave files in (MPICH's mpich_shm_* and
     hydra_hwloc_xmlfile_*, Open MPI's sm_segment.* and ompi.*, Intel MPI's Intel_MPI_*, ...),
-    but the flight-recorder dumps a failed job writes on purpose (and prints)."""
+    but the directory of the flight-recorder dumps a failed job writes on purpose (and prints)."""
     return {
         os.path.join(d, e)
         for d in {"/tmp", tempfile.gettempdir(), "/dev/shm"}
         if os.path.isdir(d)
         for e in os.listdir(d)
-        if not e.startswith("mpidist-trace-")
+        if e != os.path.basename(recorder.user_dir())
     }
 
 

@@ -28,8 +28,10 @@ CODE = {
 BAD = {
     "MPIDIST_TIMEOUT": ("soon", "a positive number of seconds"),
     "MPIDIST_ABORT_ON_TIMEOUT": ("maybe", "0 or 1"),
+    "MPIDIST_STALL_WARNING": ("soon", "a number of seconds >= 0"),
     "MPIDIST_DEBUG": ("LOUD", "one of OFF, INFO, DETAIL"),
     "MPIDIST_TRACE_BUFFER": ("-1", "a number of entries >= 0"),
+    "MPIDIST_TRACE_KEEP": ("all", "a number of job directories >= 0"),
     "MPIDIST_ABORT_ON_EXCEPTION": ("maybe", "0 or 1"),
     "MPIDIST_BOUND_INIT_FINALIZE": ("maybe", "0 or 1"),
     "MPIDIST_INIT_FINALIZE_GRACE": ("soon", "a number of seconds >= 0"),

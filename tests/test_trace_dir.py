@@ -1,7 +1,9 @@
 """Flight-recorder dumps are written safely (issue 14 item 4): a fresh private directory
 with an unguessable name, made only when a dump happens; an existing or explicit
 directory used only if it is a real directory of this user that nobody else can write;
-files created without following links (O_EXCL|O_NOFOLLOW, 0600) and renamed into place."""
+files created without following links (O_EXCL|O_NOFOLLOW, 0600) and renamed into place.
+By default the job directories are in one private per-user directory, which keeps the
+newest MPIDIST_TRACE_KEEP of them (issue 41 item 4)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import re
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -81,6 +84,7 @@ def test_dump_into_an_unsafe_directory_writes_nothing_and_says_why(tmp_path, mon
     d.mkdir()
     d.chmod(0o777)
     monkeypatch.setattr(R, "_dir", str(d))
+    monkeypatch.setattr(R, "_root", None)
     assert R.dump("test") is None
     assert os.listdir(d) == []
     assert R.report(None) == (
@@ -99,15 +103,70 @@ def test_fresh_names_are_unguessable():
 
 
 @pytest.mark.mpi
-def test_the_job_directory_is_named_by_rank_0_and_not_created(dist, world, monkeypatch):
-    import tempfile
+def test_the_job_directory_is_named_by_rank_0_and_not_created(dist, world):
+    name = runtime._trace_name(runtime.state().world.comm)
+    assert MPI.COMM_WORLD.allgather(name) == [name] * world[1]
+    assert re.fullmatch(r"mpidist-trace-\d{8}-\d{6}-[0-9a-f]{16}", name) and re.fullmatch(R.JOB_DIR, name)
+    assert not os.path.exists(os.path.join(R.user_dir(), name))
 
+
+def default_dumps(monkeypatch, tmp_path, keep: int = R.DEFAULT_KEEP) -> Path:
+    """Dumps configured as init_process_group does without MPIDIST_TRACE_DIR, in ``tmp_path``
+    as the temporary directory; the per-user directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("MPIDIST_TRACE_DIR", raising=False)
-    path = runtime._trace_dir(runtime.state().world.comm)
-    assert MPI.COMM_WORLD.allgather(os.path.basename(path)) == [os.path.basename(path)] * world[1]
-    assert os.path.dirname(path) == tempfile.gettempdir()
-    assert re.fullmatch(r"mpidist-trace-\d{8}-\d{6}-[0-9a-f]{16}", os.path.basename(path))
-    assert not os.path.exists(path)
+    for name in ("_dir", "_root", "_keep"):
+        monkeypatch.setattr(R, name, getattr(R, name))
+    R.configure(R.timeout, R._ring.maxlen, P.fresh_name(R.TRACE_PREFIX), keep)
+    return tmp_path / f"mpidist-traces-{os.getuid()}"
+
+
+def old_job(root: Path, day: int, files=("rank0.json", "rank1.traceback.txt")) -> Path:
+    """A job directory of ``root`` dumped on 2020-01-<day> (its name and mtime)."""
+    d = root / f"mpidist-trace-202001{day:02d}-120000-{day:016x}"
+    d.mkdir(mode=0o700, parents=True)
+    for name in files:
+        (d / name).write_text("{}")
+    os.utime(d, (day * 86400, day * 86400))
+    return d
+
+
+def test_by_default_a_dump_goes_to_a_private_per_user_directory(tmp_path, monkeypatch):
+    root = default_dumps(monkeypatch, tmp_path)
+    path = R.dump("test")
+    assert path == str(root / os.path.basename(R.trace_dir()) / f"rank{MPI.COMM_WORLD.Get_rank()}.json")
+    assert os.listdir(tmp_path) == [root.name] and mode(root) == 0o700 and mode(os.path.dirname(path)) == 0o700
+    assert R.report(path).startswith(f"flight recorder written to {path} ")
+    root.chmod(0o777)  # an unsafe one is refused, as any other
+    assert R.dump("test") is None and R.last_error.startswith(f"{root} is writable by other users (mode 0777)")
+
+
+@pytest.mark.parametrize("keep", [3, 0])
+def test_a_new_job_directory_keeps_the_newest_trace_keep(tmp_path, monkeypatch, keep):
+    root = default_dumps(monkeypatch, tmp_path, keep)
+    old = [old_job(root, day) for day in range(5, 0, -1)]
+    os.utime(old[-1], (86400 * 9, 86400 * 9))  # the oldest name, dumped into last: kept (by mtime)
+    path = R.dump("test")
+    kept = {os.path.dirname(path), str(old[-1]), str(old[0])} if keep else {os.path.dirname(path), *map(str, old)}
+    assert {str(p) for p in root.iterdir()} == kept
+    R.dump("again")  # no new directory: nothing more is removed
+    assert {str(p) for p in root.iterdir()} == kept
+
+
+def test_pruning_leaves_links_and_foreign_files_alone(tmp_path, monkeypatch):
+    root = default_dumps(monkeypatch, tmp_path, 1)
+    odd = old_job(root, 2, ("rank0.json", "notes.txt"))  # a job directory with a file of somebody else
+    elsewhere = old_job(tmp_path / "elsewhere", 1)
+    (root / elsewhere.name).symlink_to(elsewhere)  # a link named as a job directory
+    writing = old_job(root, 3, ("rank0.json", ".rank1.json.7.abcd.tmp"))  # a dump being written
+    other = old_job(root, 4)
+    other.rename(root / "mine")  # not named as a job directory
+    removed = old_job(root, 5)
+    R.dump("test")
+    assert not removed.exists() and len(os.listdir(root)) == 5
+    assert sorted(os.listdir(elsewhere)) == ["rank0.json", "rank1.traceback.txt"]
+    assert (root / elsewhere.name).is_symlink() and "notes.txt" in os.listdir(odd)
+    assert len(os.listdir(writing)) == 2 and len(os.listdir(root / "mine")) == 2
 
 
 def test_a_clean_job_leaves_nothing_and_a_failed_one_its_dump(tmp_path):
@@ -140,11 +199,13 @@ def test_a_clean_job_leaves_nothing_and_a_failed_one_its_dump(tmp_path):
         env=launcher_free_env(TMPDIR=str(failed), MPIDIST_TIMEOUT="1"),
     )
     assert out.returncode != 0
-    (made,) = os.listdir(failed)
+    assert os.listdir(failed) == [f"mpidist-traces-{os.getuid()}"]
+    mine = failed / f"mpidist-traces-{os.getuid()}"
+    (made,) = os.listdir(mine)
     assert re.fullmatch(r"mpidist-trace-\d{8}-\d{6}-[0-9a-f]{16}", made)
-    assert mode(failed / made) == 0o700
-    assert sorted(os.listdir(failed / made)) == ["rank0.json", "rank1.json"]
-    assert f"flight recorder written to {failed / made}/rank0.json" in out.stderr
+    assert mode(mine) == 0o700 and mode(mine / made) == 0o700
+    assert sorted(os.listdir(mine / made)) == ["rank0.json", "rank1.json"]
+    assert f"flight recorder written to {mine / made}/rank0.json" in out.stderr
 
 
 def test_a_rank_that_cannot_dump_still_names_where_the_others_did(tmp_path, monkeypatch):

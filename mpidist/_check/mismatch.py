@@ -525,28 +525,30 @@ def _mismatch(g: Any, chk: GroupCheck, key: tuple, seq: int, rows: np.ndarray, c
     the same exchange run one more collective to name the calls; members at different points
     are described from the rows alone."""
     op, name = key[S.OP], g.group_name
-    if not S.same_point(rows):
-        broken(g, f"a mismatched collective before sequence number {seq}")
-        raise ValueError(f"{prefix(op)} {_mixed_text(g, rows)}")
     calls_differ = S.mismatched(
         np.concatenate([rows[:, : S.KIND], np.zeros((len(rows), S.WORDS - S.KIND), np.int64)], axis=1)
     )
     history_differs = bool((rows[:, S.HASH] != rows[0, S.HASH]).any())
-    if calls_differ and not (history_differs and key[S.OP] in FINAL_OPS):
+    if not S.same_point(rows):
+        broken(g, f"a mismatched collective before sequence number {seq}")
+        text = f"{prefix(op)} {_mixed_text(g, rows)}"
+    elif calls_differ and not (history_differs and key[S.OP] in FINAL_OPS):
         calls = comm.allgather(S.describe(key, seq) if key[S.OP] not in FINAL_OPS else S.decode(rows[g.rank()]))
         text = _mismatch_text(g, op, S.differ(rows), calls)
         if history_differs:
             broken(g, f"mismatched collectives before sequence number {seq}")
             text += f"; their calls before it differ too ({_first_text(g, chk, seq, comm)})"
-        raise ValueError(text)
-    # the same call (or final comparison) here, after calls that differed: find the first
-    first = _first_text(g, chk, seq, comm)
-    broken(g, f"mismatched collectives before sequence number {seq}")
-    raise ValueError(
-        f"{prefix(op)} the members of group {name!r} called mismatched collectives: {first} "
-        f"(found at sequence number {seq}, where they compare the calls made so far: every "
-        f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)"
-    )
+    else:  # the same call (or final comparison) here, after calls that differed: find the first
+        first = _first_text(g, chk, seq, comm)
+        broken(g, f"mismatched collectives before sequence number {seq}")
+        text = (
+            f"{prefix(op)} the members of group {name!r} called mismatched collectives: {first} "
+            f"(found at sequence number {seq}, where they compare the calls made so far: every "
+            f"{PERIOD} calls, in destroy_process_group, at exit and in check_collectives)"
+        )
+    err = ValueError(text)
+    setattr(err, abort.EVERY_MEMBER, min(g.ranks))  # every member raises it alike: the lowest reports it
+    raise err
 
 
 def _recent(chk: GroupCheck, seq: int, s: int) -> Optional[tuple]:
@@ -768,12 +770,13 @@ def _diverged(g: Any, rec: list, key: tuple, skipped: dict) -> None:
         f"{' (they differ in ' + ', '.join(fields) + ')' if fields else ''}: rank {me}: "
         f"{mine}; {'; '.join(others)}, a call the members agreed on before, run without comparing it"
     )
+    err = ValueError(f"{prefix(key[S.OP])} {body}")
     wd = current.watchdog
     if wd is not None:
         wd.notify_mismatch(g, sorted(skipped), seq, f"{body} (found by rank {me})")
-        abort.told_until = time.monotonic() + 2.0
+        setattr(err, abort.EVERY_MEMBER, min(skipped))  # told, it reports the mismatch for the job
     broken(g, f"a mismatched collective at sequence number {seq}: {body}")
-    raise ValueError(f"{prefix(key[S.OP])} {body}")
+    raise err
 
 
 # -- counts that may differ between ranks -------------------------------------------------

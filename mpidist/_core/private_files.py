@@ -3,18 +3,21 @@ file system (a root job must not be made to overwrite a file through a planted l
 
 A directory must be a real directory owned by this user and writable by nobody else (a
 missing one is created 0700); a file is created through the directory's descriptor with
-``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place. The rules and why:
+``O_EXCL|O_NOFOLLOW``, mode 0600, and renamed into place; old subdirectories are removed
+through descriptors, never following a link. The rules and why:
 docs/reliability.md, section 3. Imports nothing of mpidist. POSIX only (as MPI jobs are).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import secrets
 import stat
 import time
 
-__all__ = ["UnsafeDirectory", "fresh_name", "open_private_dir", "write_private_file"]
+__all__ = ["UnsafeDirectory", "fresh_name", "open_private_dir", "remove_oldest", "write_private_file"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -95,3 +98,30 @@ def write_private_file(directory: str, name: str, data: bytes) -> str:
     finally:
         os.close(dir_fd)
     return os.path.join(directory, name)
+
+
+def remove_oldest(directory: str, keep: int, dirs: str, files: str) -> None:
+    """In the private ``directory``, of the subdirectories named as the regex ``dirs``, remove
+    all but the ``keep`` newest (by mtime) that hold only files named as the regex ``files``;
+    links and anything else are left alone. Errors are ignored (another process may prune)."""
+    fd = open_private_dir(directory)
+    try:
+        found = []
+        for name in filter(re.compile(dirs).fullmatch, os.listdir(fd)):
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    found.append((st.st_mtime_ns, name))
+        for _, name in sorted(found, reverse=True)[keep:]:
+            with contextlib.suppress(OSError):
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=fd)
+                try:
+                    inside = os.listdir(sub)
+                    if all(re.fullmatch(files, n) for n in inside):
+                        for n in inside:
+                            os.unlink(n, dir_fd=sub)
+                        os.rmdir(name, dir_fd=fd)
+                finally:
+                    os.close(sub)
+    finally:
+        os.close(fd)

@@ -3,9 +3,9 @@
 Every collective, the all_reduce latency path and every point-to-point op appends one entry
 (a list: the indices below) to a ``collections.deque(maxlen=N)``; always on
 (``MPIDIST_TRACE_BUFFER=0`` keeps no history; the watchdog watches the entries in flight, not
-the ring). :func:`dump` writes ``<dir>/rank<r>.json`` through
-:mod:`mpidist._core.private_files`; :data:`last_error` says why a dump failed. What is
-recorded, when it is dumped, where, and the cost: docs/reliability.md, section 3.
+the ring). :func:`dump` writes ``<dir>/rank<r>.json`` through :func:`write`; :data:`last_error`
+says why a dump failed. What is recorded, when it is dumped, where, and the cost:
+docs/reliability.md, section 3.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from typing import Any, Optional
 
 from mpidist._core import current as _current
-from mpidist._core.private_files import UnsafeDirectory, fresh_name, write_private_file
+from mpidist._core.private_files import UnsafeDirectory, fresh_name, open_private_dir, remove_oldest, write_private_file
 from mpidist._launch.environment import launcher_rank
 
 __all__ = [
@@ -53,6 +53,8 @@ __all__ = [
     "snapshot",
     "dump",
     "trace_dir",
+    "user_dir",
+    "write",
     "group_key",
     "describe",
     "report",
@@ -80,21 +82,30 @@ watched: dict = {}
 #: job even with MPIDIST_ABORT_ON_TIMEOUT=0, since there is no waiter to raise in.
 unbounded: set = set()
 _dir: Optional[str] = None
+#: The per-user directory holding ``_dir`` (None: MPIDIST_TRACE_DIR), and how many job
+#: directories it keeps (MPIDIST_TRACE_KEEP; 0: all).
+_root: Optional[str] = None
+DEFAULT_KEEP = _keep = 10
 #: Why the last dump failed ("" after a dump that worked).
 last_error: str = ""
-#: The default directory's name starts so (then the time and 16 random hex digits).
+#: A job directory's name starts so (then the time and 16 random hex digits): regex JOB_DIR,
+#: holding files named as regex DUMP_FILE.
 TRACE_PREFIX = "mpidist-trace-"
+JOB_DIR, DUMP_FILE = TRACE_PREFIX + r"\d{8}-\d{6}-[0-9a-f]{16}", r"rank\d+\.(?:json|traceback\.txt)"
 _dump_lock = threading.RLock()  # a SIGTERM handler may dump while its thread is dumping
 
 
-def configure(seconds: float, buffer: int, directory: Optional[str]) -> None:
-    """Set the timeout, the ring's length and the dump directory (init_process_group)."""
-    global timeout, _ring, _append, _dir
+def configure(seconds: float, buffer: int, name: str, keep: int) -> None:
+    """Set the timeout, the ring's length and where dumps go (init_process_group):
+    MPIDIST_TRACE_DIR, else ``<user_dir()>/<name>``, keeping ``keep`` job directories there."""
+    global timeout, _ring, _append, _dir, _root, _keep
     timeout = seconds
     if buffer != _ring.maxlen:
         _ring = collections.deque(_ring, maxlen=buffer)
         _append = _ring.append
-    _dir = directory
+    directory = os.environ.get("MPIDIST_TRACE_DIR")
+    _root, _keep = (None, 0) if directory else (user_dir(), keep)
+    _dir = directory or os.path.join(user_dir(), name)
 
 
 def begin(g: Any, op: str, shapes: Any, dtype: Any, root: int = -1, state: str = STARTED, number: bool = True) -> list:
@@ -205,13 +216,32 @@ def describe(rec: list, now: Optional[float] = None) -> str:
     return f"{rec[OP]} {kind}{rec[SEQ]} on group {rec[GROUP].group_name!r} ({when})"
 
 
+def user_dir() -> str:
+    """The default dumps' per-user directory, ``<tmp>/mpidist-traces-<uid>``."""
+    return os.path.join(tempfile.gettempdir(), f"mpidist-traces-{os.getuid()}")
+
+
 def trace_dir() -> str:
-    """Where :func:`dump` writes: MPIDIST_TRACE_DIR, else the job's directory under the temp
-    dir (named at init_process_group; before it, a fresh name for this process)."""
-    global _dir
+    """Where :func:`dump` writes: MPIDIST_TRACE_DIR, else the job's directory in :func:`user_dir`
+    (named at init_process_group; before it, a fresh name for this process)."""
+    global _dir, _root
     if not _dir:
-        _dir = os.path.join(tempfile.gettempdir(), fresh_name(TRACE_PREFIX))
+        _root, _dir = user_dir(), os.path.join(user_dir(), fresh_name(TRACE_PREFIX))
     return _dir
+
+
+def write(name: str, data: bytes) -> str:
+    """Write the file ``name`` of a dump into :func:`trace_dir` privately; return its path. In
+    :func:`user_dir` (made private first), a new job directory removes all but the newest
+    ``MPIDIST_TRACE_KEEP`` ones. Raises UnsafeDirectory or OSError."""
+    directory = trace_dir()
+    new = not os.path.isdir(directory)
+    if _root:
+        os.close(open_private_dir(_root))  # made 0700 before the job directory in it
+    path = write_private_file(directory, name, data)
+    if _root and new and _keep:
+        remove_oldest(_root, _keep, JOB_DIR, DUMP_FILE)
+    return path
 
 
 def report(path: Optional[str]) -> str:
@@ -266,7 +296,7 @@ def dump(reason: str, groups: Optional[list] = None) -> Optional[str]:
                 "entries": [_entry_dict(rec, offset) for rec in list(_ring)],
             }
             data = json.dumps(doc, indent=1, default=str).encode()
-            path = write_private_file(trace_dir(), f"rank{rank}.json", data)
+            path = write(f"rank{rank}.json", data)
             last_error = ""
             return path
         except Exception as exc:  # noqa: BLE001  (a failing job must still abort)

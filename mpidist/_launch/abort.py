@@ -1,10 +1,13 @@
 """Ending the whole job when one rank fails, so that its peers do not wait for it.
 
-Two entry points share :func:`end_job`: :func:`install_excepthook` (init_process_group's
-``sys.excepthook``: the traceback prefixed ``[rank r]``, every rank's flight recorder, then
-``MPI_Abort`` with 1, or 130 for KeyboardInterrupt) and ``python -m mpidist``
-(:mod:`mpidist.run`). Only the main thread's unhandled exceptions end the job (Python's
-rule). Source: mpi4py's ``python -m mpi4py`` (``mpi4py.run``). docs/reliability.md, section 1.
+Two entry points share :func:`report`: :func:`install_excepthook` (init_process_group's
+``sys.excepthook``) and ``python -m mpidist`` (:mod:`mpidist.run`): the traceback prefixed
+``[rank r]``, short (:func:`short_traceback`; whole with ``MPIDIST_DEBUG``), every rank's flight
+recorder and this rank's whole traceback written, then ``MPI_Abort`` with 1, or 130 for
+KeyboardInterrupt; of an error that every member of a group raises alike, only one rank
+reports (:data:`EVERY_MEMBER`). Only the main thread's unhandled exceptions end the job
+(Python's rule). Source: mpi4py's ``python -m mpi4py`` (``mpi4py.run``). docs/reliability.md,
+section 1.
 Imports nothing of mpidist: callers pass what they need (the dump function).
 """
 
@@ -12,12 +15,35 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import time
 import traceback
 from typing import Any, Callable, Optional
 
-__all__ = ["write", "abort_job", "end_job", "install_excepthook", "remove_excepthook", "excepthook_installed"]
+__all__ = [
+    "write",
+    "abort_job",
+    "end_job",
+    "short_traceback",
+    "report",
+    "install_excepthook",
+    "remove_excepthook",
+    "excepthook_installed",
+    "EVERY_MEMBER",
+]
+
+#: The attribute of an exception that every member of a group raises alike (a mismatch): the
+#: global rank that reports it; the others write their traceback and wait for its MPI_Abort.
+EVERY_MEMBER = "mpidist_reported_by"
+_LEAD_WAIT = 5.0  # s a member waits for the reporting rank's MPI_Abort before reporting itself
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+def _ours(path: str) -> bool:
+    """A frame the short traceback leaves out: mpidist's (not its examples') or torch.distributed's."""
+    return path.startswith((_PACKAGE, "<mpidist ")) and not path.startswith(f"{_PACKAGE}examples") or _TORCH in path
 
 
 class _Capture(io.StringIO):
@@ -41,39 +67,71 @@ def write(rank: Optional[int], text: str) -> None:
     stream.flush()
 
 
-#: monotonic s until which abort_job waits for peers told of this rank's error to abort with theirs
-told_until = 0.0
-
-
 def abort_job(code: int) -> None:
-    """MPI_Abort(MPI_COMM_WORLD, code), a moment (or until :data:`told_until`) after this rank's
-    last output was flushed, so that the launcher still forwards it before it kills the job."""
+    """MPI_Abort(MPI_COMM_WORLD, code), a moment after this rank's last output was flushed, so
+    that the launcher still forwards it before it kills the job."""
     from mpi4py import MPI  # noqa: PLC0415  (imported late: python -m mpidist imports this first)
 
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(max(0.25, told_until - time.monotonic()))
+    time.sleep(0.25)
     MPI.COMM_WORLD.Abort(code)
 
 
-def end_job(rank: int, size: int, code: int, reason: str, dump: Optional[Callable[[str], str]] = None) -> None:
-    """End a failing multi-rank job: ``dump("abort: " + reason)`` (every rank's flight recorder;
-    returns the line to print; ``dump`` None when mpidist is not initialized), then
-    MPI_Abort(code). With ``size == 1`` nothing is done: the caller exits with ``code``."""
+def short_traceback(exc_type: type, exc: BaseException, tb: Any) -> str:
+    """Python's traceback of ``exc`` without the frames inside mpidist (but its examples) and
+    torch.distributed, nor the exceptions it was raised from; all of it where it would leave out
+    no frame, or every frame."""
+    every = traceback.extract_tb(tb)
+    frames = [f for f in every if not _ours(f.filename)]
+    if not frames or len(frames) == len(every):
+        return "".join(traceback.format_exception(exc_type, exc, tb))
+    return (
+        "Traceback (most recent call last; frames of mpidist and torch.distributed left out):\n"
+        + "".join(traceback.format_list(frames))
+        + "".join(traceback.format_exception_only(exc_type, exc))
+    )
+
+
+def end_job(
+    rank: int, size: int, code: int, reason: str, dump: Optional[Callable[..., str]] = None, full: str = ""
+) -> None:
+    """End a failing multi-rank job: ``dump("abort: " + reason, full)`` (every rank's flight
+    recorder, and this rank's traceback ``full``; returns the line to print; ``dump`` None when
+    mpidist is not initialized), then MPI_Abort(code). With ``size == 1`` nothing is done: the
+    caller exits with ``code``."""
     if size <= 1:
         return
     if dump is not None:
         with contextlib.suppress(Exception):  # the job must still end
-            write(rank, dump(f"abort: {reason}"))
+            write(rank, dump(f"abort: {reason}", full))
     write(rank, f"aborting the MPI job (MPI_Abort, exit code {code})")
     abort_job(code)
+
+
+def report(
+    rank: int, size: int, exc: BaseException, tb: Any, text: str, full: bool, dump: Optional[Callable[..., str]]
+) -> int:
+    """Report the unhandled ``exc`` (``text``: its whole traceback, printed if ``full``, else the
+    short one) and end the job as :func:`end_job` does; the exit code, for a one-rank run.
+    Where every member raised it alike (:data:`EVERY_MEMBER` names another rank), this rank only
+    writes its recorder and traceback and waits for that rank's abort: one report per job."""
+    code, reason = 130 if isinstance(exc, KeyboardInterrupt) else 1, f"{type(exc).__name__}: {exc}"
+    if getattr(exc, EVERY_MEMBER, rank) != rank and size > 1:
+        with contextlib.suppress(Exception):  # the reporting rank's abort ends this process meanwhile
+            if dump is not None:
+                dump(f"abort: {reason}", text)
+            time.sleep(_LEAD_WAIT)
+    write(rank, text if full else short_traceback(type(exc), exc, tb))
+    end_job(rank, size, code, reason, dump, text)
+    return code
 
 
 class _Hook:
     """The installed ``sys.excepthook``; ``previous`` formats the traceback."""
 
-    def __init__(self, rank: int, size: int, dump: Callable[[str], str]) -> None:
-        self.rank, self.size, self.dump = rank, size, dump
+    def __init__(self, rank: int, size: int, dump: Callable[..., str], full: bool) -> None:
+        self.rank, self.size, self.dump, self.full = rank, size, dump, full
         self.previous = sys.excepthook
         self.active = True
 
@@ -96,20 +154,19 @@ class _Hook:
         if not self.active:
             self.previous(exc_type, exc, tb)
             return
-        write(self.rank, self._format(exc_type, exc, tb))
-        code = 130 if issubclass(exc_type, KeyboardInterrupt) else 1
-        end_job(self.rank, self.size, code, f"{exc_type.__name__}: {exc}", self.dump)
+        whole = self.full or self.previous is not sys.__excepthook__
+        report(self.rank, self.size, exc, tb, self._format(exc_type, exc, tb), whole, self.dump)
 
 
 _hook: Optional[_Hook] = None
 
 
-def install_excepthook(rank: int, size: int, dump: Callable[[str], str]) -> None:
+def install_excepthook(rank: int, size: int, dump: Callable[..., str], full: bool = False) -> None:
     """Make an unhandled exception on this rank print ``[rank r]``-prefixed and abort the job
-    (``dump``: as :func:`end_job`'s)."""
+    (``dump``: as :func:`end_job`'s; ``full``: print the whole traceback, not the short one)."""
     global _hook
     remove_excepthook()
-    _hook = _Hook(rank, size, dump)
+    _hook = _Hook(rank, size, dump, full)
     sys.excepthook = _hook
 
 

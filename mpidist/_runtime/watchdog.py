@@ -1,7 +1,8 @@
 """The timeout watchdog: one daemon thread per process while initialized.
 
 Every tick it trips an op in flight (each group's ``engine.current``, and
-:data:`mpidist._core.recorder.watched`) older than its timeout; it answers its peers' probes
+:data:`mpidist._core.recorder.watched`) older than its timeout, and warns of one older than
+``MPIDIST_STALL_WARNING`` (the stall inspector: :meth:`_Watchdog._stall`); it answers its peers' probes
 on a duplicate of the world (and the mismatch check's questions: :meth:`_Watchdog.check_probe`,
 :meth:`_Watchdog.notify_mismatch`), and sees SIGTERM through ``signal.set_wakeup_fd``, so a
 rank stuck in MPI still writes its flight recorder. Started and stopped by
@@ -29,9 +30,10 @@ from mpidist._core import current as _current, recorder as R
 from mpidist._core.current import live_groups
 from mpidist._launch import abort as _abort
 from mpidist._launch.abort import abort_job
+from mpidist._launch.mpi_init import env_seconds
 from mpidist.errors import prefix
 
-__all__ = ["start", "stop"]
+__all__ = ["start", "stop", "leaving", "STALL_ENV"]
 
 _PROBE, _REPLY, _ACK, _CHECK = 1, 2, 3, 4  # tags on the watchdog's communicator
 #: The communicators of stopped watchdogs (see :meth:`_Watchdog.stop`).
@@ -39,6 +41,7 @@ _RETIRED: list = []
 _MAX_MSG = 1 << 16
 #: s after a SIGTERM the program handles until a rank still alive (stuck in MPI?) writes its recorder
 SIGTERM_GRACE = 10.0
+STALL_ENV = "MPIDIST_STALL_WARNING"  # s an op waits before the stall inspector speaks (0: never)
 
 
 def _say(text: str) -> None:
@@ -55,6 +58,10 @@ class _Watchdog:
         self.probe_wait = min(5.0, max(1.0, R.timeout / 2))
         self.stopped = threading.Event()
         self.tripped: set = set()
+        self.warned: set = set()  # ids of the entries the stall inspector spoke of
+        self.gone: set = set()  # the ranks whose watchdog said goodbye (destroyed the world, or exited)
+        self.leaving = False  # in the final comparison of destroy_process_group() or exit
+        self.stall = env_seconds(STALL_ENV, 60.0, True)
         self.sends: list = []
         self.lock = threading.Lock()
         self.nonce = 0
@@ -165,13 +172,12 @@ class _Watchdog:
         now = R._now()
         recs = [g.engine.current for g in live_groups()] + list(R.watched.values())
         for rec in recs:
-            if (
-                rec is not None
-                and rec[R.STATE] is R.STARTED
-                and now - rec[R.T_ISSUE] > rec[R.LIMIT]
-                and id(rec) not in self.tripped
-            ):
+            if rec is None or rec[R.STATE] is not R.STARTED or id(rec) in self.tripped:
+                continue
+            if now - rec[R.T_ISSUE] > rec[R.LIMIT]:
                 self._trip(rec)
+            elif self.stall and now - rec[R.T_ISSUE] > self.stall and id(rec) not in self.warned:
+                self._stall(rec, now - rec[R.T_ISSUE])
 
     # -- probes ----------------------------------------------------------------------------
     def _send(self, msg: tuple, dest: int, tag: int) -> None:
@@ -197,10 +203,13 @@ class _Watchdog:
         if kind == "dump":
             R.dump(msg[2])
             self._send(("ack", nonce), src, _ACK)
-        elif kind == "probe":
+        elif kind in ("probe", "stall"):  # a peer's op timed out (dump), or stalls (no dump)
             _, _, key, seq, reason = msg
-            R.dump(f"rank {src} timed out: {reason}")
+            if kind == "probe":
+                R.dump(f"rank {src} timed out: {reason}")
             self._send(("state", nonce, self._state_of(key, seq)), src, _REPLY)
+        elif kind == "bye":
+            self.gone.add(src)
         elif kind == "check":  # a peer's mismatch check stalls at collective ``seq`` (mpidist._check.mismatch)
             _, _, key, seq = msg
             info = self._state_of(key, seq)
@@ -242,6 +251,7 @@ class _Watchdog:
         ring = list(R._ring)
         g = _group_of(key)
         info: dict = {"member": g is not None, "latest": R.describe(ring[-1], now) if ring else None}
+        info["leaving"] = self.leaving
         if g is not None:
             eng = g.engine
             info["issued"] = eng.seq
@@ -286,23 +296,48 @@ class _Watchdog:
             return (self.st.rank, self.nonce, time.time())
 
     # -- tripping --------------------------------------------------------------------------
+    def _ask_peers(self, rec: list, kind: str, reason: str) -> tuple[list, Optional[dict]]:
+        """The global ranks ``rec`` waits for (every other member for a collective or a receive
+        from any rank), and their answers to a ``kind`` question (None without a channel)."""
+        g, p2p = rec[R.GROUP], rec[R.OP] in R.P2P_OPS
+        peers = [rec[R.ROOT]] if p2p and rec[R.ROOT] >= 0 else [r for r in g.ranks if r != self.st.rank]
+        if self.comm is None or not peers:
+            return peers, None
+        msg = (kind, self._next_nonce(), R.group_key(g), -1 if p2p else rec[R.SEQ], reason)
+        return peers, self._ask(peers, msg, _REPLY, self.probe_wait)
+
     def _trip(self, rec: list) -> None:
         self.tripped.add(id(rec))
-        g, op, seq = rec[R.GROUP], rec[R.OP], rec[R.SEQ]
-        p2p = op in R.P2P_OPS
-        peers = [rec[R.ROOT]] if p2p and rec[R.ROOT] >= 0 else [r for r in g.ranks if r != self.st.rank]
-        answers = None
-        if self.comm is not None and peers:
-            reason = f"{op} #{seq} on group {g.group_name!r}"
-            answers = self._ask(
-                peers,
-                ("probe", self._next_nonce(), R.group_key(g), -1 if p2p else seq, reason),
-                _REPLY,
-                self.probe_wait,
-            )
-        text = _timeout_message(rec, peers, answers)
+        reason = f"{rec[R.OP]} #{rec[R.SEQ]} on group {rec[R.GROUP].group_name!r}"
+        peers, answers = self._ask_peers(rec, "probe", reason)
+        self._end(rec, _timeout_message(rec, peers, answers), "timeout")
+
+    def _stall(self, rec: list, waited: float) -> None:
+        """The stall inspector (after Horovod's; docs/reliability.md, section 2): ``rec`` has
+        waited ``waited`` s. Say once, in one line, what it waits for and what those ranks are
+        doing; where they can never arrive (they left the job: in the final comparison of
+        destroy_process_group() or exit, or past it), end it as a timeout does."""
+        self.warned.add(id(rec))
+        peers, answers = self._ask_peers(rec, "stall", "")
+        text = _timeout_message(rec, peers, answers, f"has waited {waited:.0f} s ({STALL_ENV})")
+        said = answers or {}
+        lost = [p for p in peers if p in self.gone or said.get(p, {}).get("leaving")]
+        if rec[R.OP] not in R.P2P_OPS:  # a peer that ran this collective and then left is no loss
+            lost = [p for p in lost if p in self.gone or said[p].get("issued", 0) <= rec[R.SEQ]]
+        elif rec[R.ROOT] < 0 and len(lost) < len(peers):  # a receive from any rank: one may still send
+            lost = []
+        if not lost or rec[R.OP] in mismatch.FINAL_OPS:  # (a final comparison gives up by itself)
+            _say(f"mpidist stall inspector: {text}")
+            return
+        self._end(rec, f"{text}; rank(s) {lost} left the job and can never arrive", "stall")
+
+    def _end(self, rec: list, text: str, why: str) -> None:
+        """End ``rec`` (timed out, or waiting for a rank that left) with the DistError ``text``:
+        the job is aborted, or the waiting caller raises it."""
+        g, op, seq, p2p = rec[R.GROUP], rec[R.OP], rec[R.SEQ], rec[R.OP] in R.P2P_OPS
+        self.tripped.add(id(rec))
         rec[R.STATE] = R.TIMED_OUT  # (the op may still complete: then it is marked so)
-        text = f"{text}. {R.report(R.dump(f'timeout: {text}'))}"
+        text = f"{text}. {R.report(R.dump(f'{why}: {text}'))}"
         if work.ABORT_ON_TIMEOUT:
             _say(
                 f"mpidist.errors.DistError: {text}\naborting the job (set MPIDIST_ABORT_ON_TIMEOUT=0 to raise "
@@ -317,7 +352,8 @@ class _Watchdog:
             )
             abort_job(1)
         if not p2p:
-            g.engine.broken = f"{op} #{seq} timed out; destroy the group (or exit)"
+            how = "timed out" if why == "timeout" else "waits for a rank that left"
+            g.engine.broken = f"{op} #{seq} {how}; destroy the group (or exit)"
         rec[R.INFO] = text  # the waiting caller raises DistError(text) once it is set
 
     def check_probe(self, g: Any, seq: int, wait: Optional[float] = None) -> dict:
@@ -356,6 +392,9 @@ class _Watchdog:
             self.thread.join(timeout=10)
         self._restore_signals()
         if self.comm is not None:
+            for p in range(self.st.world_size):  # goodbye: an op of a peer waiting for this rank stalls for good
+                if p != self.st.rank:
+                    self._send(("bye", self._next_nonce()), p, _PROBE)
             with contextlib.suppress(MPI.Exception):
                 cast(MPI.Request, self.req).Cancel()  # (req is made with comm)
                 cast(MPI.Request, self.req).Wait()
@@ -380,27 +419,29 @@ def _shape_text(rec: list) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
-    """The DistError text for ``rec`` past its timeout, with what the peers said."""
+def _timeout_message(rec: list, peers: list, answers: Optional[dict], what: str = "") -> str:
+    """The DistError text for ``rec`` past its timeout (or, ``what``, the stall inspector's
+    line), with what the peers said."""
     g, op, seq = rec[R.GROUP], rec[R.OP], rec[R.SEQ]
-    head = f"{prefix(op)} timed out after {rec[R.LIMIT]:g} s"
+    head = f"{prefix(op)} {what or f'timed out after {rec[R.LIMIT]:g} s'}"
     if op in R.P2P_OPS:
         who = f"rank {rec[R.ROOT]}" if rec[R.ROOT] >= 0 else "any rank"
         detail = _shape_text(rec)
         head += (
-            f" waiting for {who} (point-to-point op #{seq} on group {g.group_name!r}"
+            f"{' for' if what else ' waiting for'} {who} (point-to-point op #{seq} on group {g.group_name!r}"
             f"{', ' + detail[2:-1] if detail else ''})"
         )
         if answers is None:
             return head
         notes = [
-            f"rank {p}: {answers[p].get('latest') or 'no op yet'}" if p in answers else f"rank {p}: did not answer"
+            f"rank {p}: {answers[p].get('latest') or 'no op yet'}{_LEAVING * answers[p].get('leaving', False)}"
+            if p in answers
+            else f"rank {p}: did not answer"
             for p in peers
         ]
         return f"{head}; what the peer is doing: {'; '.join(notes)}"
-    head += (
-        f", the timeout of group {g.group_name!r} (ranks {list(g.ranks)}) at sequence number {seq}{_shape_text(rec)}"
-    )
+    where = f"group {g.group_name!r} (ranks {list(g.ranks)}) at sequence number {seq}{_shape_text(rec)}"
+    head += f" on {where}" if what else f", the timeout of {where}"
     if answers is None:
         return f"{head}; ranks that had not arrived: unknown (no other rank to ask)"
     missing, other, silent, notes = [], [], [], []
@@ -412,7 +453,7 @@ def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
             missing.append(p)
             notes.append(
                 f"rank {p} has issued {info.get('issued', 0)} collectives on this group; its latest "
-                f"op: {info.get('latest') or 'none'}"
+                f"op: {info.get('latest') or 'none'}{_LEAVING * info.get('leaving', False)}"
             )
         elif info.get("at_seq") and info["at_seq"][0] != op:
             other.append(p)
@@ -427,6 +468,7 @@ def _timeout_message(rec: list, peers: list, answers: Optional[dict]) -> str:
     return text
 
 
+_LEAVING = ", leaving the job"
 _atexit_registered = False
 
 
@@ -443,6 +485,13 @@ def start(st: Any) -> None:
     if not _atexit_registered:  # before mpi4py finalizes MPI (registered earlier, runs later)
         atexit.register(stop)
         _atexit_registered = True
+
+
+def leaving() -> None:
+    """This rank leaves the job (the final comparison of destroy_process_group() or exit): the
+    running watchdog tells the peers that ask (:meth:`_Watchdog._stall`)."""
+    if _current.watchdog is not None:
+        _current.watchdog.leaving = True
 
 
 def stop() -> None:

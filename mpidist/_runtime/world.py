@@ -302,13 +302,16 @@ def init_process_group(
         {"RANK": mpi_rank, "WORLD_SIZE": mpi_size, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_size}
     )
     # (group.comm: the Dup made above, not None)
-    R.configure(settings.timeout.total_seconds(), settings.buffer, _trace_dir(cast(MPI.Comm, group.comm)))
+    R.configure(
+        settings.timeout.total_seconds(), settings.buffer, _trace_name(cast(MPI.Comm, group.comm)), settings.keep
+    )
     work.ABORT_ON_TIMEOUT = settings.abort
     mismatch.set_debug_level(settings.level or mismatch.get_debug_level())  # unset: keep the level set before init
     _watchdog.start(st)
     _register_exit_check()
     if settings.abort_on_exception:
-        _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report)
+        full = (settings.level or mismatch.get_debug_level()) is not mismatch.DebugLevel.OFF
+        _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report, full)
 
 
 @dataclass
@@ -319,6 +322,7 @@ class _Settings:
     abort: bool = True
     level: Optional[mismatch.DebugLevel] = None  # None: neither debug variable is set
     buffer: int = R.DEFAULT_BUFFER
+    keep: int = R.DEFAULT_KEEP
     abort_on_exception: bool = True
 
 
@@ -350,6 +354,7 @@ def _check_locally(
             raise ValueError(f"{where} timeout must be positive, got {timeout}")
         settings.timeout = env_timeout(where) or timeout or DEFAULT_TIMEOUT
         settings.abort, settings.level, settings.buffer = _env_reliability(where)
+        settings.keep = _env_count("MPIDIST_TRACE_KEEP", R.DEFAULT_KEEP, "job directories", where)
         settings.abort_on_exception = _env_flag("MPIDIST_ABORT_ON_EXCEPTION", where)
         try:
             detect.env_override(os.environ)
@@ -361,9 +366,15 @@ def _check_locally(
     return mine, settings
 
 
-def dump_all_report(reason: str) -> str:
-    """Every rank's flight recorder (:func:`dump_all`), and the line that says where."""
-    return R.report(dump_all(reason))
+def dump_all_report(reason: str, traceback: str = "") -> str:
+    """Every rank's flight recorder (:func:`dump_all`) and this rank's ``traceback``, and the
+    line that says where."""
+    line = R.report(dump_all(reason))
+    if traceback and _current.state is not None:
+        with contextlib.suppress(Exception):  # (the job is failing)
+            name = f"rank{_current.state.rank}.traceback.txt"
+            line += f"; this rank's full traceback: {R.write(name, traceback.encode())}"
+    return line
 
 
 _exit_check_registered = False
@@ -385,12 +396,14 @@ def _compare_at_exit() -> None:
     st = _current.state
     if st is None or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
         return
+    _watchdog.leaving()
     try:
         for g in (*st.groups, st.world):
             mismatch.compare_final(g, "exit")
     except Exception as exc:  # noqa: BLE001  (a mismatch, or a timeout of the comparison)
-        _abort.write(st.rank, f"{type(exc).__module__}.{type(exc).__name__}: {exc}\naborting the job")
-        _abort.abort_job(1)
+        _abort.report(
+            st.rank, st.world_size, exc, None, f"{type(exc).__module__}.{type(exc).__name__}: {exc}", True, None
+        )
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
@@ -408,6 +421,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     """
     st = state()
     if group is None or group is st.world:
+        _watchdog.leaving()
         for g in (*st.groups, st.world):  # while the watchdog still answers the peers' questions
             mismatch.compare_final(g, "destroy_process_group")
         _abort.remove_excepthook()
@@ -524,17 +538,24 @@ def _env_reliability(where: str) -> tuple[bool, Optional[mismatch.DebugLevel], i
     environment; the other settings init checks (docs/reliability.md, "Settings") checked."""
     abort = _env_flag("MPIDIST_ABORT_ON_TIMEOUT", where)
     level = mismatch.env_level(where)  # MPIDIST_DEBUG, else TORCH_DISTRIBUTED_DEBUG
-    text = os.environ.get("MPIDIST_TRACE_BUFFER", str(R.DEFAULT_BUFFER)).strip()
-    if not text.isdigit():
-        raise ValueError(f"{where} MPIDIST_TRACE_BUFFER must be a number of entries >= 0, got {text!r}")
+    buffer = _env_count("MPIDIST_TRACE_BUFFER", R.DEFAULT_BUFFER, "entries", where)
     for name in (mpi_init.ENV, launcher_files.ENV, environment.SUPERVISE_ENV):  # read leniently at import
         _env_flag(name, where)
-    grace = os.environ.get(mpi_init.GRACE_ENV, "").strip()
-    if grace and mpi_init.env_seconds(mpi_init.GRACE_ENV, -1.0, True) < 0:
-        raise ValueError(f"{where} {mpi_init.GRACE_ENV} must be a number of seconds >= 0, got {grace!r}")
+    for name in (mpi_init.GRACE_ENV, _watchdog.STALL_ENV):
+        text = os.environ.get(name, "").strip()
+        if text and mpi_init.env_seconds(name, -1.0, True) < 0:
+            raise ValueError(f"{where} {name} must be a number of seconds >= 0, got {text!r}")
     for name in (environment.SHM_MIN_BYTES_ENV, environment.STAGING_CHUNK_ENV):
         environment.byte_setting(name, where)
-    return abort, level, int(text)
+    return abort, level, buffer
+
+
+def _env_count(name: str, default: int, what: str, where: str) -> int:
+    """A setting that is a number >= 0 (``what``: of what)."""
+    text = os.environ.get(name, str(default)).strip()
+    if not text.isdecimal():
+        raise ValueError(f"{where} {name} must be a number of {what} >= 0, got {text!r}")
+    return int(text)
 
 
 def _env_flag(name: str, where: str) -> bool:
@@ -545,13 +566,10 @@ def _env_flag(name: str, where: str) -> bool:
     return text != "0"
 
 
-def _trace_dir(comm: MPI.Comm) -> str:
-    """MPIDIST_TRACE_DIR, else ``<tmp>/mpidist-trace-<time>-<16 random hex digits>`` named by
-    rank 0 (collective). Nothing is created here (docs/reliability.md, section 3)."""
-    import tempfile  # noqa: PLC0415
-
-    name = comm.bcast(fresh_name(R.TRACE_PREFIX) if comm.Get_rank() == 0 else None, 0)
-    return os.environ.get("MPIDIST_TRACE_DIR") or os.path.join(tempfile.gettempdir(), name)
+def _trace_name(comm: MPI.Comm) -> str:
+    """The job's trace directory's name, ``mpidist-trace-<time>-<16 random hex digits>``, chosen
+    by rank 0 (collective). Nothing is created here (docs/reliability.md, section 3)."""
+    return str(comm.bcast(fresh_name(R.TRACE_PREFIX) if comm.Get_rank() == 0 else None, 0))
 
 
 def dump_all(reason: str, wait: float = 2.0) -> Optional[str]:

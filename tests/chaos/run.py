@@ -42,9 +42,10 @@ on any number of ranks) with ``MPIDIST_TIMEOUT`` = 8 s, and must show:
   bitwise equal to the uninterrupted run's);
 * a corrupt checkpoint is refused with a clear error naming it;
 * nothing new in /tmp (and $TMPDIR), /dev/shm or the output directory but the flight-recorder
-  dumps the job printed, or, where a rank was killed by a signal, wrote (then removed: the
-  launcher may kill a rank between its dump and the line naming it); a job killed while its ranks are in ``MPI_Init``
-  included (docs/reliability.md section 12).
+  dumps the job printed (in the per-user ``mpidist-traces-<uid>``, itself no leftover), or,
+  where a rank was killed by a signal, wrote (then removed: the launcher may kill a rank between
+  its dump and the line naming it); a job killed while its ranks are in ``MPI_Init`` included
+  (docs/reliability.md section 12).
 
 Writes DIR/results.md (the table) and DIR/results.json; exit status 0 when every trial passed.
 """
@@ -73,6 +74,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from conftest import STOP_SIGNAL, launcher_free_env  # noqa: E402  (tests/conftest.py)
 
+from mpidist._core.recorder import DUMP_FILE, JOB_DIR, user_dir  # noqa: E402
 from mpidist.checkpoint import load_checkpoint  # noqa: E402
 
 TIMEOUT = 8.0  # MPIDIST_TIMEOUT of the trials' jobs, s
@@ -265,9 +267,11 @@ class Job:
 
 
 def temp_entries() -> set[str]:
-    """Everything in the directories a job may leave files in: /tmp, $TMPDIR, /dev/shm."""
-    dirs = {"/tmp", tempfile.gettempdir(), "/dev/shm"}
-    return {os.path.join(d, e) for d in dirs if os.path.isdir(d) for e in os.listdir(d)}
+    """Everything in the directories a job may leave files in: /tmp, $TMPDIR, /dev/shm, and the
+    per-user directory of the flight-recorder dumps there (not itself)."""
+    traces = {os.path.join(d, os.path.basename(user_dir())) for d in ("/tmp", tempfile.gettempdir())}
+    dirs = {"/tmp", tempfile.gettempdir(), "/dev/shm", *traces}
+    return {os.path.join(d, e) for d in dirs if os.path.isdir(d) for e in os.listdir(d)} - traces
 
 
 def same_run(a: dict, b: dict) -> Optional[str]:
@@ -571,12 +575,13 @@ class Harness:
 
 
 def _is_dump(path: str) -> bool:
-    """A flight-recorder dump: a directory ``mpidist-trace-*`` of ``rank<r>.json`` files only."""
+    """A flight-recorder dump: a directory ``mpidist-trace-*`` of ``rank<r>.json`` (and
+    ``rank<r>.traceback.txt``) files only."""
     try:
         names = os.listdir(path)
     except OSError:
         return False
-    return os.path.basename(path).startswith("mpidist-trace-") and all(re.fullmatch(r"rank\d+\.json", n) for n in names)
+    return bool(re.fullmatch(JOB_DIR, os.path.basename(path))) and all(re.fullmatch(DUMP_FILE, n) for n in names)
 
 
 def plan(trials: int, seed: int) -> list[Trial]:
