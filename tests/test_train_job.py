@@ -36,6 +36,18 @@ def run_job(n: int, *args: str, timeout: float = 300, job: list = JOB) -> subpro
     )
 
 
+def check_usage_error(job: subprocess.CompletedProcess, message: str, prog: str = "train_digits") -> None:
+    """A mistake in the command line, also one found after init_process_group (--data, --resume):
+    exit 2 on every rank, argparse's usage and one-line error once per job (so on one rank), and
+    no traceback, abort or flight recorder."""
+    assert job.returncode == 2, job.stdout + job.stderr
+    errors = [line for line in job.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith(f"python -m mpidist.examples.{prog}: error: "), job.stderr
+    assert message in errors[0] and job.stderr.count("usage: ") == 1, job.stderr
+    for noise in ("Traceback", "MPI_Abort", "flight recorder"):
+        assert noise not in job.stdout + job.stderr, job.stdout + job.stderr
+
+
 @pytest.mark.parametrize("n, algorithm", [(4, "mpi"), (3, "ring")])
 def test_digits_job_reaches_accuracy_and_writes_outputs(tmp_path, n, algorithm):
     out = run_job(n, "--out", str(tmp_path), "--algorithm", algorithm)
@@ -137,16 +149,26 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_on_every_rank(tmp_pa
 
 
 def test_bad_flags_fail_fast(tmp_path):
-    out = subprocess.run([*JOB, "--epochs", "0"], capture_output=True, text=True, timeout=60, env=launcher_free_env())
-    assert out.returncode == 2 and "--epochs must be >= 1, got 0" in out.stderr
-    out = subprocess.run(
-        [*JOB, "--data", str(tmp_path / "missing"), "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=launcher_free_env(),
+    check_usage_error(run_job(2, "--epochs", "0", timeout=60), "--epochs must be >= 1, got 0")
+    missing = tmp_path / "missing"
+    check_usage_error(run_job(2, "--data", str(missing), timeout=60), f"MNIST file not found in {missing}: looked for")
+
+
+def test_a_mistake_only_one_rank_finds_fails_every_rank_with_its_line(tmp_path):
+    """A --data that only rank 1 cannot read (a node without the files): the ranks agree on it in
+    one all_reduce, rank 1 prints its error, prefixed [rank 1/3], and every rank exits 2."""
+    code = (
+        "import sys, mpidist.examples._job as J\n"
+        "from mpidist.examples.train_digits import main\n"
+        "def load(root):\n"
+        "    if J.launcher_rank()[0] == 1:\n"
+        "        raise FileNotFoundError(f'MNIST file not found in {root}: rank 1 only')\n"
+        "    return J.load_digits_split()\n"
+        "J.load_mnist = load\n"
+        f"sys.exit(main(['--data', {str(tmp_path)!r}, '--out', {str(tmp_path)!r}, '--no-progress']))\n"
     )
-    assert out.returncode != 0 and "FileNotFoundError" in out.stderr
+    job = run_job(3, "-c", code, timeout=60, job=[sys.executable, "-m", "mpidist"])
+    check_usage_error(job, f"error: [rank 1/3] MNIST file not found in {tmp_path}: rank 1 only")
 
 
 # --- SIGTERM (SIGUSR1 on Open MPI) -> checkpoint at a step boundary on every rank; --resume -> bitwise the same run ---
@@ -342,21 +364,21 @@ def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(interrupted, uninterr
 def test_resume_refuses_other_settings_or_world_size(interrupted, tmp_path):
     out = tmp_path / "resumed"
     shutil.copytree(interrupted[0], out)
-    job = run_job(RESUME_N, "--out", str(out), "--resume", "--seed", "1", "--lr", "0.1")
-    assert job.returncode != 0
-    assert (
-        "the checkpoint was written with other settings (checkpoint, now): "
-        "{'seed': (0, 1), 'lr': (0.05, 0.1)}" in job.stderr
+    check_usage_error(
+        run_job(RESUME_N, "--out", str(out), "--resume", "--lr", "0.1", timeout=60),
+        f"--resume {out / 'checkpoint.npz'}: the checkpoint was written with other settings (checkpoint, now): "
+        "{'lr': (0.05, 0.1)}",
     )
+    job = run_job(RESUME_N, "--out", str(out), "--resume", "--seed", "1", "--lr", "0.1", timeout=60)
+    check_usage_error(job, "(checkpoint, now): {'seed': (0, 1), 'lr': (0.05, 0.1)}")
     ckpt = load_checkpoint(out / "checkpoint.npz")
     ckpt["step"] = np.array(max(1, int(ckpt["step"])))  # mid-epoch, even if the stop fell on a boundary
     save_checkpoint(out / "checkpoint.npz", ckpt)
-    job = run_job(2, "--out", str(out), "--resume")
-    assert job.returncode != 0
-    assert (
+    check_usage_error(
+        run_job(2, "--out", str(out), "--resume", timeout=60),
         f"the checkpoint stopped in the middle of epoch {int(ckpt['epoch']) + 1} on {RESUME_N} ranks; "
-        f"resume it on {RESUME_N} ranks"
-    ) in job.stderr
+        f"resume it on {RESUME_N} ranks",
+    )
 
 
 def test_resume_without_checkpoint_starts_afresh_but_a_named_one_must_exist(tmp_path):
@@ -364,14 +386,8 @@ def test_resume_without_checkpoint_starts_afresh_but_a_named_one_must_exist(tmp_
     assert job.returncode == 0, job.stdout + job.stderr
     assert "resumed from" not in job.stdout
     assert int(load_checkpoint(tmp_path / "fresh" / "checkpoint.npz")["epoch"]) == 1
-    out = subprocess.run(
-        [*JOB, "--out", str(tmp_path), "--resume", str(tmp_path / "nope.npz")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=launcher_free_env(),
-    )
-    assert out.returncode != 0 and f"--resume {tmp_path / 'nope.npz'}: no such checkpoint" in out.stderr
+    job = run_job(2, "--out", str(tmp_path), "--resume", str(tmp_path / "nope.npz"), timeout=60)
+    check_usage_error(job, f"--resume {tmp_path / 'nope.npz'}: no such checkpoint")
 
 
 def test_a_stop_signal_after_training_does_not_kill_a_rank(tmp_path):

@@ -14,13 +14,15 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Protocol
 
 import numpy as np
 
+from mpidist._launch.environment import launcher_rank
 from mpidist._launch.mpi_init import early_signals
 from mpidist.checkpoint import load_checkpoint, save_checkpoint
 from mpidist.data import load_digits_split, load_mnist
+from mpidist.run import JobExit
 
 # Installed in this order. mpidist catches SIGUSR1 from its import on (it records one for
 # StopFlag.install: MPICH's MPI_Init would swallow it), so a caught SIGTERM is what shows from
@@ -40,11 +42,28 @@ class Sampler(Protocol):
     def set_epoch(self, epoch: int) -> None: ...
 
 
-def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> argparse.ArgumentParser:
+class JobParser(argparse.ArgumentParser):
+    """argparse's, for the command line every rank parses alike: a usage error is printed by one
+    rank (``shows``: rank 0, by the launcher's variables), and every rank exits 2 (:class:`JobExit`)."""
+
+    shows = (launcher_rank() or (0, 1))[0] == 0
+
+    def error(self, message: str) -> NoReturn:
+        if self.shows:
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise JobExit(2)
+
+
+class Refused(Exception):
+    """A mistake in --data or --resume found once the job runs (:meth:`Job.refuse`)."""
+
+
+def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> JobParser:
     """The options both main jobs take (module ``prog``, its docstring ``doc``): output directory
     ``out``, data, epochs (default ``epochs``), batch size, learning rate, momentum, seed, threads
     per rank (``threads``: which library's), resume, progress bar."""
-    p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.split("\n\n")[0])
+    p = JobParser(prog=f"python -m {prog}", description=doc.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(out), help=f"output directory (default: {out})")
     p.add_argument("--data", type=Path, default=None, help="directory with MNIST IDX files (default: sklearn digits)")
     p.add_argument("--epochs", type=int, default=epochs)
@@ -81,10 +100,11 @@ def job_arguments(prog: str, doc: str, out: str, epochs: int, threads: str) -> a
     return p
 
 
-def checked_arguments(p: argparse.ArgumentParser, argv: Optional[Sequence[str]], sizes: tuple) -> argparse.Namespace:
-    """``p``'s parse of ``argv``; exits with the usage error for a size in ``sizes`` (and
-    epochs, batch size) below 1, a learning rate <= 0, or negative threads."""
+def checked_arguments(p: JobParser, argv: Optional[Sequence[str]], sizes: tuple) -> argparse.Namespace:
+    """``p``'s parse of ``argv`` (``args.parser``: ``p``); exits with the usage error for a size in
+    ``sizes`` (and epochs, batch size) below 1, a learning rate <= 0, or negative threads."""
     args = p.parse_args(argv)
+    args.parser = p
     for name in ("epochs", "batch_size") + sizes:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -230,7 +250,7 @@ def resume_path(args: argparse.Namespace) -> Optional[Path]:
         return path if path.exists() else None
     path = Path(args.resume)
     if not path.exists():
-        raise FileNotFoundError(f"--resume {path}: no such checkpoint")
+        raise Refused(f"--resume {path}: no such checkpoint")
     return path
 
 
@@ -259,17 +279,17 @@ def progress_bar(args: argparse.Namespace, total: int, initial: int) -> Any:
 class Job:
     """A main job: :meth:`run` is the training both jobs share; a subclass gives its own parts.
 
-    The subclass's ``__init__`` calls this one (the data, ``n_classes`` and the config, its
-    own settings ``own`` among the common ones), builds ``model`` and ``optimizer``, sets
-    ``progress = self.resume()`` before its DDP takes rank 0's parameters, and a ``sampler``.
-    It sets ``name`` (its module's, for the divergence message) and ``resume_keys`` (the
-    config a resumed run must keep; --epochs may grow), and defines collectives on numpy
-    arrays, in place: ``all_reduce(arr, op="SUM")`` (``op``: a ReduceOp name),
-    ``all_gather(out, arr)``, ``barrier()``; ``train_step(idx)`` (one optimizer step on
-    training samples ``idx``; this rank's loss), ``count_right(x, y)`` (samples of ``x`` the
-    model classifies as ``y``), ``model_state()`` (the checkpoint's ``model.<name>`` and
-    ``optimizer.<name>`` arrays), ``load_model_state(ckpt)``, ``banner(steps)`` (rank 0's
-    first line).
+    The subclass's ``__init__`` calls this one (the data, ``n_classes``, the config, its own
+    settings ``own`` among the common ones, and the checks of --data and --resume: :meth:`refuse`),
+    builds ``model`` and ``optimizer``, sets ``progress = self.resume()`` before its DDP takes
+    rank 0's parameters, and a ``sampler``. It sets ``name`` (its module's, for the divergence
+    message) and ``resume_keys`` (the config a resumed run must keep; --epochs may grow), and
+    defines collectives on numpy arrays, in place: ``all_reduce(arr, op="SUM")`` (``op``: a
+    ReduceOp name), ``all_gather(out, arr)``, ``barrier()``, ``destroy()`` (of the process
+    group); ``train_step(idx)`` (one optimizer step on training samples ``idx``; this rank's
+    loss), ``count_right(x, y)`` (samples of ``x`` the model classifies as ``y``),
+    ``model_state()`` (the checkpoint's ``model.<name>`` and ``optimizer.<name>`` arrays),
+    ``load_model_state(ckpt)``, ``banner(steps)`` (rank 0's first line).
     """
 
     name = ""
@@ -291,6 +311,8 @@ class Job:
 
         def barrier(self) -> object: ...
 
+        def destroy(self) -> object: ...
+
         def train_step(self, idx: np.ndarray) -> Any: ...
 
         def count_right(self, x: Any, y: Any) -> int: ...
@@ -304,9 +326,6 @@ class Job:
     def __init__(self, args: argparse.Namespace, rank: int, world: int, **own: Any) -> None:
         self.args, self.rank, self.world = args, rank, world
         self.dataset = "sklearn digits" if args.data is None else f"MNIST ({args.data})"
-        data = load_digits_split(seed=args.seed) if args.data is None else load_mnist(args.data)
-        self.x_train, self.y_train, self.x_test, self.y_test = data
-        self.n_classes = int(max(self.y_train.max(), self.y_test.max())) + 1
         self.config = {
             "dataset": self.dataset,
             "seed": args.seed,
@@ -316,34 +335,59 @@ class Job:
             **own,
             "world_size": world,
         }
+        try:
+            data = load_digits_split(seed=args.seed) if args.data is None else load_mnist(args.data)
+            self.checkpoint = self.checked_checkpoint()
+            self.refuse("")
+        except (FileNotFoundError, Refused) as exc:  # FileNotFoundError: load_mnist's, naming --data
+            self.refuse(str(exc))
+        self.x_train, self.y_train, self.x_test, self.y_test = data
+        self.n_classes = int(max(self.y_train.max(), self.y_test.max())) + 1
 
-    def resume(self) -> tuple[Optional[Path], int, int, np.ndarray, list[dict]]:
-        """(checkpoint, epoch, step, this rank's loss totals, history) to start from: --resume's
-        checkpoint, loaded into the model and optimizer, or (None, 0, 0, zeros, []).
+    def refuse(self, error: str) -> None:
+        """Collective: exit 2 on every rank (:class:`JobParser`'s usage error, printed by the first
+        rank with one) if this rank's ``error`` or another rank's is not empty."""
+        first = np.array([self.rank if error else self.world, bool(error)])  # MIN: [first rank, all ranks]
+        self.all_reduce(first, "MIN")
+        if first[0] < self.world:
+            self.destroy()
+            self.args.parser.shows = first[0] == self.rank
+            self.args.parser.error(error if first[1] else f"[rank {self.rank}/{self.world}] {error}")
+
+    def checked_checkpoint(self) -> tuple[Optional[Path], dict[str, np.ndarray]]:
+        """--resume's checkpoint and its arrays, or (None, {}).
 
         Raises:
-            ValueError: the checkpoint's config differs in one of ``resume_keys``, or it
+            Refused: it does not exist, its config differs in one of ``resume_keys``, or it
                 stopped mid-epoch on a different number of ranks.
         """
-        path, rank, world = resume_path(self.args), self.rank, self.world
+        path = resume_path(self.args)
         if path is None:
-            return None, 0, 0, np.zeros(2), []
+            return None, {}
         ckpt = load_checkpoint(path)
         saved = _from_json_bytes(ckpt["config"])
         differ = {k: (saved.get(k), self.config[k]) for k in self.resume_keys if saved.get(k) != self.config[k]}
         if differ:
-            raise ValueError(
-                f"[rank {rank}/{world}] --resume {path}: the checkpoint was written with other "
-                f"settings (checkpoint, now): {differ}"
+            raise Refused(
+                f"--resume {path}: the checkpoint was written with other settings (checkpoint, now): {differ}"
             )
-        epoch, step, totals = int(ckpt["epoch"]), int(ckpt["step"]), ckpt["loss_totals"]
-        if step and len(totals) != world:
-            raise ValueError(
-                f"[rank {rank}/{world}] --resume {path}: the checkpoint stopped in the middle of "
-                f"epoch {epoch + 1} on {len(totals)} ranks; resume it on {len(totals)} ranks"
+        step, ranks = int(ckpt["step"]), len(ckpt["loss_totals"])
+        if step and ranks != self.world:
+            raise Refused(
+                f"--resume {path}: the checkpoint stopped in the middle of epoch {int(ckpt['epoch']) + 1} on "
+                f"{ranks} ranks; resume it on {ranks} ranks"
             )
+        return path, ckpt
+
+    def resume(self) -> tuple[Optional[Path], int, int, np.ndarray, list[dict]]:
+        """(checkpoint, epoch, step, this rank's loss totals, history) to start from: --resume's
+        checkpoint, loaded into the model and optimizer, or (None, 0, 0, zeros, [])."""
+        path, ckpt = self.checkpoint
+        if path is None:
+            return None, 0, 0, np.zeros(2), []
         self.load_model_state(ckpt)
-        return path, epoch, step, totals[rank].copy() if step else np.zeros(2), _from_json_bytes(ckpt["history"])
+        epoch, step, totals = int(ckpt["epoch"]), int(ckpt["step"]), ckpt["loss_totals"]
+        return path, epoch, step, totals[self.rank].copy() if step else np.zeros(2), _from_json_bytes(ckpt["history"])
 
     def evaluate(self) -> float:
         """Accuracy over the whole test set: each rank scores rank::world, then one all_reduce."""

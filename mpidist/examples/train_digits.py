@@ -12,8 +12,9 @@ After each step one all_reduce(MAX) tells every rank whether any rank got SIGTER
 SIGUSR1 or a non-finite loss. A stop signal: every rank stops at that step, rank 0 writes
 the checkpoint, exit code 0; ``--resume`` continues from it, ending bitwise identical to an
 uninterrupted run on as many ranks. A non-finite loss ("loss is not finite at epoch E step
-S"): metrics.json and training.png of what ran, no checkpoint, exit code 1. Details:
-docs/hpc.md, "Stopping, checkpoints and requeue".
+S"): metrics.json and training.png of what ran, no checkpoint, exit code 1. A bad flag, a
+``--data`` without MNIST or a refused ``--resume``: argparse's one-line error, exit code 2 on
+every rank. Details: docs/hpc.md, "Stopping, checkpoints and requeue".
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class DigitsJob(Job):
 
     all_gather = staticmethod(mpidist.all_gather_single)
     barrier = staticmethod(mpidist.barrier)
+    destroy = staticmethod(mpidist.destroy_process_group)
     check_calls = staticmethod(mpidist.check_collectives)
 
     def train_step(self, idx: np.ndarray) -> Any:

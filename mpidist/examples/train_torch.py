@@ -60,8 +60,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = checked_arguments(p, argv, ("channels",))
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False)")
+    if args.device == "cuda" and not torch.cuda.is_available():  # this node's answer: each rank's error (no JobExit)
+        argparse.ArgumentParser.error(
+            p, "--device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False)"
+        )
     return args
 
 
@@ -206,6 +208,7 @@ class TorchJob(Job):
         _all_gather_single(torch.from_numpy(out).view(-1), torch.from_numpy(arr))
 
     barrier = staticmethod(tdist.barrier)
+    destroy = staticmethod(tdist.destroy_process_group)
 
     def check_calls(self) -> None:
         """Over backend "mpidist", torch's collectives are mpidist's: compare them
