@@ -777,8 +777,7 @@ def test_torch_distributed_debug_is_an_alias_and_mpidist_debug_wins(tmp_path):
     ), err
 
 
-@pytest.mark.parametrize("runner", [("-m", "mpidist"), ()])
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("runner, n", [(("-m", "mpidist"), 2), ((), 2), ((), 4)])
 def test_4_elements_against_another_in_a_job(tmp_path, runner, n):
     """Before: MPICH printed 'Message truncated' and the job exited 142 (or returned garbage).
     Then: 51 lines at -n 2, a whole traceback per rank (issue 41). Now one report of at most 12

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from conftest import launcher_free_env
-from mpi4py import MPI
 
 pytestmark = pytest.mark.launches  # starts MPI jobs of its own: make test-mpis runs it on every MPI
 
@@ -106,15 +105,11 @@ def short_cases(tmp_path: Path) -> None:
     ), err
 
 
-@pytest.mark.skipif(MPI.get_vendor()[0] == "MPICH", reason="on MPICH the test of the defaults runs these alongside")
-def test_short_stalls(tmp_path):
-    short_cases(tmp_path)
-
-
 def test_stall_defaults_end_a_stalled_job_within_120_s(tmp_path):
     """The issue's case, with the default timeout (30 min) and warning (60 s): the job ends
     within 120 s. The short cases run meanwhile (the long job only waits). Left out on the
-    other MPIs (make test-mpis: a minute each)."""
+    other MPIs (make test-mpis: a minute each, of CI's 45; the short cases alone passed there
+    when written, in 26 s on Open MPI)."""
     t0 = time.monotonic()
     default = start(3, TWO_RANKS, MPIDIST_TRACE_DIR=str(tmp_path / "default"))
     short_cases(tmp_path)

@@ -156,7 +156,8 @@ def _at_exit() -> None:
         return
     exc = getattr(sys, "last_value", None)
     on = os.environ.get("MPIDIST_ABORT_ON_EXCEPTION", "1").strip() != "0"
-    if exc is not None and on and not sys.flags.interactive and not hasattr(sys, "ps1"):
+    interactive = sys.flags.interactive or hasattr(sys, "ps1") or "IPython" in sys.modules  # (they set it per error)
+    if exc is not None and on and not interactive:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         abort.write(world.Get_rank(), "the unhandled exception above ended this rank, whose peers may wait for it")
         abort.end_job(world.Get_rank(), world.Get_size(), code, "", None)
