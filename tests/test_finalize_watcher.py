@@ -63,6 +63,15 @@ def test_past_the_bound_it_says_why_and_ends_the_process_with_sigalrm():
     assert 0.5 <= took < 5, took
 
 
+def test_a_stopped_process_is_ended_too():
+    """A chaos trial: a rank stopped (SIGSTOP) in its exit, its peers finished, kept the job
+    for ever: SIGALRM stays pending in a stopped process; the watcher continues it."""
+    token = secrets.token_hex(8)
+    job, took = run(STARTS.format(seconds=0.5, message=f"watcher {token}") + "os.kill(os.getpid(), signal.SIGSTOP)")
+    assert job.returncode == -signal.SIGALRM, (job.returncode, job.stderr)
+    assert 0.5 <= took < 5, took
+
+
 def test_a_process_that_exits_in_time_leaves_no_line_and_no_process():
     token = secrets.token_hex(8)
     job, took = run(STARTS.format(seconds=2, message=f"watcher {token}") + "print(os.getpid())")

@@ -4,7 +4,9 @@ No code of the rank can say it (mpi4py calls ``MPI_Finalize`` after Python's fin
 so :func:`start` spawns ``/bin/sh`` running :data:`SCRIPT` (:mod:`mpidist._launch.helper_process`),
 holding only a pipe's read end and the rank's stderr: when the rank exits the pipe reaches
 end-of-file and the watcher exits (1-3 ms); if its parent is still the rank at the bound, it
-writes the rank's line and sends it SIGALRM. The rank's own ``alarm()``
+writes the rank's line and sends it SIGALRM, then SIGCONT (a rank stopped by SIGSTOP takes
+the SIGALRM only once continued: a chaos trial stopped one in its exit, after its peers had
+finished, and the job hung). The rank's own ``alarm()``
 (:mod:`mpidist._launch.mpi_init`), one second later, covers a watcher that could not start.
 ~3 ms of CPU per rank at exit (a Python interpreter would take ~20 ms). Linux (``/proc``)
 only. Why and when: docs/reliability.md, section 11.
@@ -31,6 +33,7 @@ read -r _ _ _ parent _ </proc/$$/stat || exit 0
 [ "$parent" = "$2" ] || exit 0
 printf '%s\n' "$3" >&2
 kill -s ALRM "$2"
+kill -s CONT "$2"
 """
 
 
