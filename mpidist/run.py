@@ -158,10 +158,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         _abort(code, f"sys.exit({exc.code!r})")
     except BaseException as exc:  # noqa: BLE001  (that is the point: any unhandled exception)
         rank, size = _rank_and_size()
+        from mpidist._check import mismatch  # noqa: PLC0415
         from mpidist._runtime import world as runtime  # noqa: PLC0415
 
         tb = _user_traceback(exc)
         text = "".join(traceback.format_exception(type(exc), exc, tb))
-        debug = os.environ.get("MPIDIST_DEBUG", "").strip() or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "")
+        full = mismatch.get_debug_level() is not mismatch.DebugLevel.OFF
         dump = runtime.dump_all_report if runtime.is_initialized() else None
-        sys.exit(A.report(rank, size, exc, tb, text, debug.strip().upper() not in ("", "OFF"), dump))
+        sys.exit(A.report(rank, size, exc, tb, text, full, dump))

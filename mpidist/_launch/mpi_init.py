@@ -158,9 +158,8 @@ def _at_exit() -> None:
     on = os.environ.get("MPIDIST_ABORT_ON_EXCEPTION", "1").strip() != "0"
     interactive = sys.flags.interactive or hasattr(sys, "ps1") or "IPython" in sys.modules  # (they set it per error)
     if exc is not None and on and not interactive:
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        abort.write(world.Get_rank(), "the unhandled exception above ended this rank, whose peers may wait for it")
-        abort.end_job(world.Get_rank(), world.Get_size(), code, "", None)
+        why = "the unhandled exception above ended this rank, whose peers may wait for it"
+        abort.report(world.Get_rank(), world.Get_size(), exc, None, why, True, None)
     if not _enabled():
         return
     seconds = grace_seconds() if _waited else bound_seconds()

@@ -310,7 +310,7 @@ def init_process_group(
     _watchdog.start(st)
     _register_exit_check()
     if settings.abort_on_exception:
-        full = (settings.level or mismatch.get_debug_level()) is not mismatch.DebugLevel.OFF
+        full = mismatch.get_debug_level() is not mismatch.DebugLevel.OFF  # (set just above)
         _abort.install_excepthook(mpi_rank, mpi_size, dump_all_report, full)
 
 
