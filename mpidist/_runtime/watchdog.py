@@ -61,7 +61,6 @@ class _Watchdog:
         self.warned: set = set()  # ids of the entries the stall inspector spoke of
         self.gone: set = set()  # the ranks whose watchdog said goodbye (destroyed the world, or exited)
         self.leaving = False  # in the final comparison of destroy_process_group() or exit
-        self.gave_up = False  # a final comparison gave up on a peer (mpidist._check.mismatch._wait)
         self.stall = env_seconds(STALL_ENV, 60.0, True)
         self.sends: list = []
         self.lock = threading.Lock()
@@ -392,8 +391,8 @@ class _Watchdog:
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=10)
         self._restore_signals()
-        if self.comm is not None and self.gave_up:  # goodbye: a peer's op waiting for this rank stalls for good
-            for p in range(self.st.world_size):  # (else every member passed the final comparison: none waits)
+        if self.comm is not None:
+            for p in range(self.st.world_size):  # goodbye: an op of a peer waiting for this rank stalls for good
                 if p != self.st.rank:
                     self._send(("bye", self._next_nonce()), p, _PROBE)
             with contextlib.suppress(MPI.Exception):
