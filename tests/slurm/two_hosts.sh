@@ -7,7 +7,29 @@
 # ranks on the same host still use shared memory. Checks: 4 ranks in one world, the accuracy,
 # and that the gradients crossed the veth link (its byte counter). Needs root (ip netns);
 # prints "SKIPPED: ..." and exits 0 where namespaces cannot be made. About 10 s.
+#
+# Usage: two_hosts.sh [--slots "A B"] [--qdisc "QDISC ARGS"] [--timeout S] [-- COMMAND ...]
+#   --slots    ranks on the first and the second host (default "2 2");
+#   --qdisc    shape the link both ways with this tc queueing discipline, e.g. "tbf rate 10gbit
+#              burst 1mb latency 10ms" (a cluster's 10 Gbit/s link; tc-tbf(8); "netem delay 20us"
+#              where the kernel has netem); default: the veth pair as it is;
+#   -- COMMAND run COMMAND on every rank (jobs/mpirun.sh ... -- COMMAND) and exit with its status,
+#              instead of the main job and its checks (make bench-hosts, make test-slurm's
+#              algorithm tests across the hosts).
 set -euo pipefail
+slots=(2 2)
+qdisc=""
+timeout=120
+command=()
+while (( $# )); do
+    case "$1" in
+        --slots) read -r -a slots <<<"$2"; shift 2 ;;
+        --qdisc) qdisc="$2"; shift 2 ;;
+        --timeout) timeout="$2"; shift 2 ;;
+        --) shift; command=("$@"); break ;;
+        *) echo "usage: ${0##*/} [--slots 'A B'] [--qdisc 'ARGS'] [--timeout S] [-- COMMAND ...]" >&2; exit 2 ;;
+    esac
+done
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -52,16 +74,33 @@ ip -n "$ns2" addr add 10.77.0.2/24 dev "$veth2"
 for ns in "$ns1" "$ns2"; do ip -n "$ns" link set lo up; done
 ip -n "$ns1" link set "$veth1" up
 ip -n "$ns2" link set "$veth2" up
-printf '10.77.0.1:2\n10.77.0.2:2\n' > "$tmp/hosts"
-say "hosts 10.77.0.1 ($ns1) and 10.77.0.2 ($ns2), joined by $veth1/$veth2"
+printf '10.77.0.1:%d\n10.77.0.2:%d\n' "${slots[0]}" "${slots[1]}" > "$tmp/hosts"
+nranks=$(( slots[0] + slots[1] ))
+say "hosts 10.77.0.1 ($ns1, ${slots[0]} ranks) and 10.77.0.2 ($ns2, ${slots[1]}), joined by $veth1/$veth2"
+if [[ -n "$qdisc" ]]; then
+    command -v tc >/dev/null || skip "no 'tc' command (iproute2) to shape the link"
+    # shellcheck disable=SC2086  # the qdisc's arguments are words
+    ip netns exec "$ns1" tc qdisc add dev "$veth1" root $qdisc
+    # shellcheck disable=SC2086
+    ip netns exec "$ns2" tc qdisc add dev "$veth2" root $qdisc
+    say "link shaped both ways: tc qdisc $qdisc"
+fi
+
+export MPIDIST_NETNS_MAP="10.77.0.1=$ns1 10.77.0.2=$ns2"
+export MPIEXEC_ARGS="-launcher ssh -launcher-exec $here/netns_launcher.sh -genv UCX_TLS tcp,self"
+if (( ${#command[@]} )); then
+    say "ip netns exec $ns1 jobs/mpirun.sh -n $nranks --hostfile hosts -- ${command[*]}"
+    rc=0
+    ip netns exec "$ns1" jobs/mpirun.sh -n "$nranks" --hostfile "$tmp/hosts" --timeout "$timeout" -- "${command[@]}" || rc=$?
+    (( rc == 0 )) || say "FAIL: the command exited with $rc"
+    exit "$rc"
+fi
 
 tx() { ip netns exec "$ns1" cat "/sys/class/net/$veth1/statistics/tx_bytes"; }
 before="$(tx)"
-export MPIDIST_NETNS_MAP="10.77.0.1=$ns1 10.77.0.2=$ns2"
-export MPIEXEC_ARGS="-launcher ssh -launcher-exec $here/netns_launcher.sh -genv UCX_TLS tcp,self"
-say "ip netns exec $ns1 jobs/mpirun.sh -n 4 --hostfile hosts -- python -m mpidist.examples.train_digits"
+say "ip netns exec $ns1 jobs/mpirun.sh -n $nranks --hostfile hosts -- python -m mpidist.examples.train_digits"
 rc=0
-ip netns exec "$ns1" jobs/mpirun.sh -n 4 --hostfile "$tmp/hosts" --timeout 120 -- \
+ip netns exec "$ns1" jobs/mpirun.sh -n "$nranks" --hostfile "$tmp/hosts" --timeout "$timeout" -- \
     "$PY" -m mpidist.examples.train_digits --no-progress --out "$tmp/out" >"$tmp/job.log" 2>&1 || rc=$?
 sent=$(( $(tx) - before ))
 fail() { say "FAIL: $*" >&2; sed 's/^/    | /' "$tmp/job.log" >&2; exit 1; }

@@ -32,8 +32,9 @@ from mpidist._core.tags import monitored_barrier_tag
 from mpidist._dispatch.dispatch import launch, root_rank
 from mpidist._launch.environment import SHM_MIN_BYTES_ENV, byte_setting
 from mpidist._runtime import world as runtime
+from mpidist.algorithms.hierarchical import HierAllReduce
 from mpidist.algorithms.ring import ring_all_reduce
-from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch, shm_applicable
+from mpidist.algorithms.shm import ShmAllReduce, ShmMismatch
 from mpidist.errors import DistError, from_mpi, prefix
 from mpidist.work import Work
 
@@ -69,7 +70,7 @@ def _shm(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
     if run is None and len(g.ranks) > 1:
         raise ValueError(
             f"{prefix('all_reduce')} algorithm='shm' needs every rank of group {g.group_name!r} "
-            f"on one node with MPI-3 shared memory; use 'mpi', 'ring' or None"
+            f"on one node with MPI-3 shared memory; use 'hierarchical', 'mpi', 'ring' or None"
         )
     op, _ = scaled(op, arr, arr)
     if run is not None:
@@ -78,6 +79,20 @@ def _shm(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
         except ShmMismatch as exc:  # every member found it at the same step: the group's message
             rec = g.engine.current
             raise mismatch.shm_mismatch(g, exc.calls, rec[R.SEQ] if rec is not None else -1) from None
+    if op is _AVG:
+        arr /= g.size()
+
+
+def _hierarchical(g: ProcessGroup, arr: np.ndarray, op: Op) -> None:
+    """``algorithm="hierarchical"``: shared memory in each node, MPI (or the ring) between the
+    nodes' leaders (:class:`HierAllReduce`, the group's resource ``"hier"``, made on first use)."""
+    op, _ = scaled(op, arr, arr)
+    if len(g.ranks) > 1:
+        run = g.resource("hier", _make_hier)
+        try:
+            run(arr, op)
+        except ShmMismatch as exc:  # the ranks of one node (node ranks in exc.calls) called differently
+            raise ValueError(f"{prefix('all_reduce')} (algorithm='hierarchical', on this rank's node) {exc}") from None
     if op is _AVG:
         arr /= g.size()
 
@@ -254,6 +269,11 @@ ALL_REDUCE: dict[Optional[str], AllReduceAlgorithm] = {
         ),
         AllReduceAlgorithm("ring", _ring, source="Patarasuk and Yuan, J. Parallel Distrib. Comput. 69(2), 2009"),
         AllReduceAlgorithm("shm", _shm, source="MPI-3 shared memory (MPI 4.1, 12.2.3): mpidist.algorithms.shm"),
+        AllReduceAlgorithm(
+            "hierarchical",
+            _hierarchical,
+            source="Horovod's hierarchical all-reduce; Traff, HIPS 2003: mpidist.algorithms.hierarchical",
+        ),
     )
 }
 #: Values of all_reduce's ``algorithm`` argument besides None.
@@ -343,30 +363,51 @@ def _measured(table: dict, oversubscribed: bool, n: int) -> tuple[int, int]:
     return sizes[min(sizes, key=lambda m: (abs(m - n), m))]
 
 
+#: Size (bytes) from which the hierarchical algorithm beats MPI_Allreduce on a group that
+#: spans nodes with more than one rank on some node: measured with benchmarks/bench_hierarchical.py
+#: on two hosts of 2 ranks (network namespaces, the link shaped to 10 Gbit/s; make bench-hosts):
+#: benchmarks/results/hierarchical_np4.md (1.05-1.08x at 256 KiB, 0.6x at 64 KiB).
+HIER_OVER_MPI = 256 << 10
+#: Tests place ranks on pretend nodes: ``_node_color(global rank)`` -> node (None: MPI's split).
+_node_color: Optional[Callable[[int], int]] = None
+
+
 class _GroupShm:
     """A group's resource ``"shm"`` (:meth:`ProcessGroup.resource`, freed with the group):
-    whether it can use shared memory, for which sizes, and its window.
+    where its ranks are (one node, or several), which sizes use shared memory, and its
+    window.
 
     Made collectively, once per group, by the first call that needs it (every rank makes
-    the same calls, so every rank gets here at the same op): all members on one node
-    (``shm_applicable``), and the size ranges agreed (the narrowest over the ranks).
+    the same calls, so every rank gets here at the same op): its members split by node
+    (``MPI_COMM_TYPE_SHARED``) and the size ranges agreed (the narrowest over the ranks),
+    in one all-reduce.
     """
 
-    __slots__ = ("run", "ranges")
+    __slots__ = ("run", "ranges", "color", "spread")
 
     def __init__(self, g: ProcessGroup) -> None:
         n, cores = g.size(), os.cpu_count() or 1
         env = _env_min_bytes()
         mine = [_measured(t, n > cores, n) if env is None else (env, _NEVER) for t in (SHM_OVER_RING, SHM_OVER_MPI)]
-        # [lo, -hi] per range: one MAX gives the largest lo and the smallest hi
-        agreed = np.array([v for lo, hi in mine for v in (lo, -hi)], np.int64)
         comm = cast(MPI.Comm, g.comm)  # made on a member only (comm is None on non-members)
-        local = shm_applicable(comm)
+        #: the node the tests pretend this rank is on (None: MPI's)
+        self.color = None if _node_color is None else _node_color(g.ranks[g.rank()])
+        rank = comm.Get_rank()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank) if self.color is None else comm.Split(self.color, rank)
+        local = node.Get_size()
+        node.Free()
+        # [lo, -hi] per range, then -(all on one node), the largest node: one MAX gives the
+        # largest lo, the smallest hi, whether every rank is on one node, the largest node
+        agreed = np.array([v for lo, hi in mine for v in (lo, -hi)] + [-(local == n), local], np.int64)
         comm.Allreduce(MPI.IN_PLACE, agreed, MPI.MAX)
         #: [lo, hi) byte ranges; index 1: against MPI, 0: against the ring (index = whether
         #: MPI reduces the dtype)
         self.ranges = ((int(agreed[0]), -int(agreed[1])), (int(agreed[2]), -int(agreed[3])))
-        self.run: Optional[ShmAllReduce] = ShmAllReduce(comm) if local else None
+        one_node = agreed[4] == -1
+        self.run: Optional[ShmAllReduce] = ShmAllReduce(comm) if one_node else None
+        #: the group spans nodes, some of which hold several of its ranks: the hierarchical
+        #: algorithm pays
+        self.spread = not one_node and int(agreed[5]) > 1
 
     def free(self) -> None:
         if self.run is not None:
@@ -377,11 +418,16 @@ def _group_shm(g: ProcessGroup) -> _GroupShm:
     return g.resource("shm", _GroupShm)
 
 
+def _make_hier(g: ProcessGroup) -> HierAllReduce:
+    return HierAllReduce(cast(MPI.Comm, g.comm), node_color=_group_shm(g).color)
+
+
 def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
     """The body ``algorithm=None`` runs for ``arr`` on ``g``: shared memory for sizes in the
-    group's measured range, when all its ranks are on one node; else MPI_Allreduce, or
-    the ring where MPI cannot reduce the dtype. The same on every rank: it depends on the
-    size, the dtype and the group's collectively agreed state only."""
+    group's measured range, when all its ranks are on one node; the hierarchical algorithm
+    from :data:`HIER_OVER_MPI` when they span nodes, some holding several; else
+    MPI_Allreduce, or the ring where MPI cannot reduce the dtype. The same on every rank: it
+    depends on the size, the dtype and the group's collectively agreed state only."""
     mpi = mpi_reducible(arr.dtype)
     nbytes = arr.nbytes
     if nbytes >= _shm_floor(mpi) and len(g.ranks) > 1:
@@ -389,6 +435,8 @@ def _auto_choice(g: ProcessGroup, arr: np.ndarray) -> Callable:
         lo, hi = shm.ranges[mpi]
         if shm.run is not None and lo <= nbytes < hi:
             return ALL_REDUCE["shm"].body
+        if shm.spread and nbytes >= HIER_OVER_MPI:
+            return ALL_REDUCE["hierarchical"].body
     return ALL_REDUCE["mpi" if mpi else "ring"].body
 
 
