@@ -661,6 +661,8 @@ def _wait(g: Any, chk: GroupCheck, rec: list, key: tuple, req: MPI.Request, bufs
                 if (gone or now - heard > _FINAL_SILENT or past) and not req.Test():
                     _ABANDONED.append((req, bufs))
                     chk.stale = True
+                    if current.watchdog is not None:  # a peer may still wait for this rank: it says goodbye
+                        current.watchdog.gave_up = True
                     if past and not gone:
                         _final_timed_out(g, rec, answered, now - start, limit)
                     return False

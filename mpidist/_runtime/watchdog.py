@@ -38,6 +38,9 @@ __all__ = ["start", "stop", "leaving", "STALL_ENV"]
 _PROBE, _REPLY, _ACK, _CHECK = 1, 2, 3, 4  # tags on the watchdog's communicator
 #: The communicators of stopped watchdogs (see :meth:`_Watchdog.stop`).
 _RETIRED: list = []
+#: Watchdog sends still pending when it stopped (kept, with their buffers, to the end of the process).
+_UNSENT: list = []
+_SENDS_GRACE = 1.0  # seconds stop() waits for its pending sends
 _MAX_MSG = 1 << 16
 #: s after a SIGTERM the program handles until a rank still alive (stuck in MPI?) writes its recorder
 SIGTERM_GRACE = 10.0
@@ -61,6 +64,7 @@ class _Watchdog:
         self.warned: set = set()  # ids of the entries the stall inspector spoke of
         self.gone: set = set()  # the ranks whose watchdog said goodbye (destroyed the world, or exited)
         self.leaving = False  # in the final comparison of destroy_process_group() or exit
+        self.gave_up = False  # a final comparison gave up on a peer (mpidist._check.mismatch._wait)
         self.stall = env_seconds(STALL_ENV, 60.0, True)
         self.sends: list = []
         self.lock = threading.Lock()
@@ -392,15 +396,25 @@ class _Watchdog:
             self.thread.join(timeout=10)
         self._restore_signals()
         if self.comm is not None:
-            for p in range(self.st.world_size):  # goodbye: an op of a peer waiting for this rank stalls for good
-                if p != self.st.rank:
-                    self._send(("bye", self._next_nonce()), p, _PROBE)
+            if self.gave_up:  # goodbye: a peer's op waiting for this rank stalls for good (else every
+                for p in range(self.st.world_size):  # member passed the final comparison: none waits, and
+                    if p != self.st.rank:  # no message is left unreceived, which UCX warns of at exit)
+                        self._send(("bye", self._next_nonce()), p, _PROBE)
             with contextlib.suppress(MPI.Exception):
                 cast(MPI.Request, self.req).Cancel()  # (req is made with comm)
                 cast(MPI.Request, self.req).Wait()
-            for s in self.sends:  # sends to a peer that is gone may never complete: let go
-                with contextlib.suppress(MPI.Exception):
-                    s.Free()
+            # The sends complete (small messages: at once, or when a live peer takes them) within a
+            # bound; one to a peer that is gone may never complete: kept with its buffer, never freed
+            # (freeing it let its buffer go while MPI could still read it: a crash, seen in the suite)
+            until = time.monotonic() + _SENDS_GRACE
+            pending = self.sends
+            with contextlib.suppress(MPI.Exception):
+                while pending and time.monotonic() < until:
+                    pending = [s for s in pending if not s.Test()]
+                    if pending:
+                        time.sleep(1e-3)
+            _UNSENT.extend(pending)
+            self.sends = []
             # Not freed: a peer's message may still be on its way, and a later communicator
             # reusing the context id would receive it (seen in torch's suite: a test's
             # irecv(tag=1) got an earlier test's probe). One context id per init.

@@ -106,6 +106,8 @@ sent=$(( $(tx) - before ))
 fail() { say "FAIL: $*" >&2; sed 's/^/    | /' "$tmp/job.log" >&2; exit 1; }
 (( rc == 0 )) || fail "the job exited with $rc"
 grep -q "^mpidist: 4 ranks, " "$tmp/job.log" || fail "no 'mpidist: 4 ranks' line"
+# A message sent and never received (UCX warns of each at exit): the teardown must leave none.
+! grep -q "UCX  WARN  unexpected tag-receive" "$tmp/job.log" || fail "messages left unreceived at exit (UCX's warnings)"
 "$PY" - "$tmp/out/metrics.json" <<'PYEOF' || fail "accuracy below 0.95"
 import json, sys
 last = json.load(open(sys.argv[1]))[-1]
