@@ -10,8 +10,17 @@ Variants, float32 SUM, every size S in the same job, measurements interleaved:
 * ``raw``          mpi4py ``comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)`` on a Dup of COMM_WORLD:
                    the flat MPI all-reduce (whatever MPI does across nodes itself);
 * ``mpi``          ``mpidist.all_reduce(buf, algorithm="mpi")``;
+* ``ring``         ``mpidist.all_reduce(buf, algorithm="ring")``: the ring over every rank;
 * ``hierarchical`` ``mpidist.all_reduce(buf, algorithm="hierarchical")``;
-* ``auto``         ``mpidist.all_reduce(buf)``: the automatic choice.
+* ``auto``         ``mpidist.all_reduce(buf)``: the automatic choice;
+
+and the hierarchical algorithm's levels alone, for the cost model (docs/performance.md):
+
+* ``node``         each node's ranks all-reduce through their shared-memory window
+                   (:class:`mpidist.algorithms.ShmAllReduce`), every node at once;
+* ``leaders``      ``MPI_Allreduce`` among one rank per node, the others idle in a sleeping
+                   barrier;
+* ``bcast``        ``MPI_Bcast`` from each node's first rank to the others, every node at once.
 
 Timing, validation (``#wrong``, must be 0) and the nccl-tests bandwidths (algbw = S / t,
 busbw = algbw * 2(n-1)/n) are those of ``bench_shm.py`` (``_bench_common.py``). Ratio
@@ -33,6 +42,7 @@ import _bench_common as bc  # noqa: I001  (first: sets the thread variables befo
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import os  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -40,8 +50,11 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpidist  # noqa: E402
+from mpidist import ReduceOp  # noqa: E402
+from mpidist.algorithms import ShmAllReduce  # noqa: E402
 
-VARIANTS = ("raw", "mpi", "hierarchical", "auto")
+VARIANTS = ("raw", "mpi", "ring", "hierarchical", "auto")
+LEVELS = ("node", "leaders", "bcast")
 #: Calls whose bytes on the network are counted, per variant and size.
 COUNTED_CALLS = 3
 
@@ -87,22 +100,29 @@ def main() -> None:
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     node_rank = node.Get_rank()
     per_node = world.allgather(node.Get_size() if node_rank == 0 else 0)
-    node.Free()
+    leaders = world.Split(0 if node_rank == 0 else MPI.UNDEFINED, rank)
+    shm = ShmAllReduce(node)
     nodes = [k for k in per_node if k]
     load = os.getloadavg()[0]
     raw_comm = world.Dup()
     cases = [
         bc.Case("raw", lambda b: raw_comm.Allreduce(MPI.IN_PLACE, b, MPI.SUM)),
         bc.Case("mpi", lambda b: mpidist.all_reduce(b, algorithm="mpi")),
+        bc.Case("ring", lambda b: mpidist.all_reduce(b, algorithm="ring")),
         bc.Case("hierarchical", lambda b: mpidist.all_reduce(b, algorithm="hierarchical")),
         bc.Case("auto", lambda b: mpidist.all_reduce(b)),
+        bc.Case("node", lambda b: shm(b, ReduceOp.SUM)),
+        bc.Case("leaders", lambda b: leaders.Allreduce(MPI.IN_PLACE, b, MPI.SUM), active=node_rank == 0),
+        bc.Case("bcast", lambda b: node.Bcast(b, 0)),
     ]
     t0 = time.monotonic()
     results = []
     wire: dict[int, dict[str, float]] = {}
     for nbytes in bc.sweep(args.min_bytes, args.max_bytes, args.factor, 4):
-        results.append(bc.bench_size(world, cases, nbytes, args, VARIANTS))
-        wire[nbytes] = {c.name: link_bytes(world, node_rank, c, nbytes // 4) for c in cases[:3:2]}
+        results.append(bc.bench_size(world, cases, nbytes, args, VARIANTS))  # (LEVELS: not validated)
+        wire[nbytes] = {
+            c.name: link_bytes(world, node_rank, c, nbytes // 4) for c in cases if c.name in ("raw", "hierarchical")
+        }
         if rank == 0:
             r = results[-1]
             print(
@@ -112,9 +132,18 @@ def main() -> None:
                 flush=True,
             )
     raw_comm.Free()
+    shm.free()
+    if leaders != MPI.COMM_NULL:
+        leaders.Free()
+    node.Free()
     mpidist.destroy_process_group()
     if rank == 0:
         report(args, n, nodes, load, results, wire, time.monotonic() - t0)
+
+
+def paired(base: bc.Result, other: bc.Result) -> float:
+    """The median over the interleaved measurements of base's time / other's (> 1: other is faster)."""
+    return statistics.median(b / o for b, o in zip(base.samples, other.samples))
 
 
 def report(
@@ -133,19 +162,33 @@ def report(
             f"| {s} | {s // 4} | "
             + " | ".join(bc.fmt(r[v].time_s * 1e6) for v in VARIANTS)
             + f" | {bc.fmt(busbw(r['raw']), 3)} | {bc.fmt(busbw(r['hierarchical']), 3)}"
-            + f" | {bc.fmt(bc.ratio(r['raw'].time_s, r['hierarchical'].time_s), 3)}"
-            + f" | {bc.fmt(bc.ratio(r['raw'].time_s, r['auto'].time_s), 3)}"
+            + f" | {bc.fmt(paired(r['raw'], r['hierarchical']), 3)}"
+            + f" | {bc.fmt(paired(r['raw'], r['auto']), 3)}"
             + f" | {bc.fmt(wire[s]['raw'] / s)} | {bc.fmt(wire[s]['hierarchical'] / s)}"
             + f" | {sum(r[v].wrong for v in VARIANTS)} |"
+        )
+    rows += [
+        "",
+        "The hierarchical algorithm's levels alone (time in us; `sum` = node + leaders + bcast, against the "
+        "whole algorithm, which also has one barrier in the window):",
+        "",
+        "| size(B) | " + " | ".join(f"{v} time(us)" for v in LEVELS) + " | sum | hierarchical time(us) |",
+        "|---:|" + "---:|" * (len(LEVELS) + 2),
+    ]
+    for r in results:
+        rows.append(
+            f"| {r['raw'].nbytes} | "
+            + " | ".join(bc.fmt(r[v].time_s * 1e6) for v in LEVELS)
+            + f" | {bc.fmt(sum(r[v].time_s for v in LEVELS) * 1e6)} | {bc.fmt(r['hierarchical'].time_s * 1e6)} |"
         )
     by_size = {r["raw"].nbytes: r for r in results}
     sizes = sorted(by_size)
 
     def speedup(s: int) -> float:
-        return bc.ratio(by_size[s]["raw"].time_s, by_size[s]["hierarchical"].time_s)
+        return paired(by_size[s]["raw"], by_size[s]["hierarchical"])
 
     def auto_speedup(s: int) -> float:
-        return bc.ratio(by_size[s]["raw"].time_s, by_size[s]["auto"].time_s)
+        return paired(by_size[s]["raw"], by_size[s]["auto"])
 
     wins = [s for s in sizes if speedup(s) > 1]
     cross = next((s for s in sizes if all(x in wins for x in sizes if x >= s)), None)
@@ -173,8 +216,8 @@ def report(
         f"timing: median of {args.reps} measurements of ~{args.target_s * 1e3:.0f} ms (>= {bc.MIN_ITERS} calls), "
         f"each the max over ranks of the mean time per call; {args.warmup} warm-up calls; variants interleaved; "
         f"wall time {wall:.0f} s",
-        "busbw = algbw * 2(n-1)/n (nccl-tests doc/PERFORMANCE.md); hier/raw, auto/raw: raw's time / the variant's "
-        "(> 1: faster than flat MPI)",
+        "busbw = algbw * 2(n-1)/n (nccl-tests doc/PERFORMANCE.md); hier/raw, auto/raw: the median over the "
+        "interleaved measurements of raw's time / the variant's (> 1: faster than flat MPI)",
         f"link bytes / S: bytes all hosts sent on their network interfaces per call (TCP/IP headers included; "
         f"mean of {COUNTED_CALLS} calls), over the size S",
     ]
@@ -186,7 +229,7 @@ def report(
         w = csv.writer(f)
         w.writerow(["variant", "size_bytes", "time_us", "busbw_GBps", "wrong"])
         for r in results:
-            for v in VARIANTS:
+            for v in VARIANTS + LEVELS:
                 w.writerow([v, r[v].nbytes, f"{r[v].time_s * 1e6:.3f}", f"{busbw(r[v]):.4f}", r[v].wrong])
     for line in lines:
         print(line, flush=True)

@@ -137,7 +137,9 @@ def test_parameter_without_gradient_is_an_error(dist):
 
 
 def test_bad_arguments_rejected(dist):
-    with pytest.raises(ValueError, match=r"algorithm must be None or one of \('mpi', 'ring', 'shm'\), got 'tree'"):
+    with pytest.raises(
+        ValueError, match=r"algorithm must be None or one of \('mpi', 'ring', 'shm', 'hierarchical'\), got 'tree'"
+    ):
         DistributedDataParallel(mlp(0), algorithm="tree")
     with pytest.raises(ValueError, match=r"bucket_cap_mb must be > 0, got 0"):
         DistributedDataParallel(mlp(0), bucket_cap_mb=0)
