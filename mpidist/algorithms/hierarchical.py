@@ -80,25 +80,14 @@ class HierAllReduce:
         self.shm: Optional[ShmAllReduce] = ShmAllReduce(self.node) if self.local_size > 1 else None
 
     def __call__(self, buf: np.ndarray, op: ReduceOp) -> None:
-        """All-reduce ``buf`` in place with ``op`` (AVG reduced as SUM: the caller divides).
+        """All-reduce ``buf`` in place with ``op``: the arguments, the result and the errors of
+        :meth:`ShmAllReduce.__call__` (bitwise identical on every rank: each node's leader
+        computes it, the others receive it), over every node.
 
-        Args:
-            buf: C-contiguous writeable numpy array, any shape and numeric dtype (bool,
-                float16, ml_dtypes' types included); same shape and dtype on every rank.
-            op: a :class:`ReduceOp` other than PREMUL_SUM.
-
-        Only ``buf`` changes, on every rank, to the element-wise reduction of all ranks'
-        inputs, bitwise identical everywhere (each node's leader computes it; the others
-        receive it). The order of the reduction is by node, then across nodes: float sums
-        may differ in the last bits from a flat all-reduce's, as between any two MPI
-        algorithms.
-
-        Raises:
-            TypeError/ValueError: as :class:`ShmAllReduce` (a bad array, op or op/dtype
-                pair; the object was freed).
-            ShmMismatch (a ValueError): the ranks of one node passed different counts,
-                dtypes or ops (on that node's ranks; the peers on other nodes are then
-                ended by the job's abort or the timeout).
+        The order of the reduction is by node, then across nodes: float sums may differ in the
+        last bits from a flat all-reduce's, as between any two MPI algorithms. A mismatch among
+        the ranks of one node (:class:`ShmMismatch`) is raised on that node's ranks; the peers on
+        other nodes are then ended by the job's abort or the timeout.
         """
         host_array(buf, _OP, "buf", writable=True)
         if not isinstance(op, ReduceOp):
