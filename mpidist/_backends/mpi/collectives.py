@@ -366,8 +366,9 @@ def _measured(table: dict, oversubscribed: bool, n: int) -> tuple[int, int]:
 #: Size (bytes) from which the hierarchical algorithm beats MPI_Allreduce on a group that
 #: spans nodes with more than one rank on some node: measured with benchmarks/bench_hierarchical.py
 #: on two hosts of 2 ranks (network namespaces, the link shaped to 10 Gbit/s; make bench-hosts):
-#: benchmarks/results/hierarchical_np4.md (1.4-1.6x at 1 MiB; 0.97-1.08x at 256 KiB, in the
-#: noise; 0.6-0.7x at 64 KiB).
+#: benchmarks/results/hierarchical_np4.md (1.2-1.5x at 1 MiB in four runs; 0.94-1.08x at
+#: 256 KiB, in the noise; 0.6-0.8x at 64 KiB). Measured on float32; dtypes MPI cannot reduce
+#: (whose inter-node step is the ring, against the ring over every rank) take the same.
 HIER_OVER_MPI = 1 << 20
 #: Tests place ranks on pretend nodes: ``_node_color(global rank)`` -> node (None: MPI's split).
 _node_color: Optional[Callable[[int], int]] = None
