@@ -14,10 +14,12 @@ the SMP-aware collectives of Träff, "SMP-aware message passing programming" (HI
 3. each leader broadcasts the result to its node (``MPI_Bcast`` on the node's communicator,
    which MPI runs through shared memory).
 
-Only one message per node crosses the network per step, where a flat all-reduce over all
-ranks sends one per rank: the inter-node traffic falls by the number of ranks per node.
-Nodes are found by ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``; they may hold different
-numbers of ranks. Cost model and measurements: docs/performance.md, "Hierarchical all-reduce".
+Only the leaders talk across nodes, while the others wait in the window without polling.
+An MPI library may already keep its own all-reduce's inter-node traffic to one transfer per
+node pair (MPICH does: the measured link bytes are equal); the gain is then the shared-memory
+step and the cores the waiting ranks leave to the network. Nodes are found by
+``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``; they may hold different numbers of ranks.
+Cost model and measurements: docs/performance.md, "Hierarchical all-reduce".
 """
 
 from __future__ import annotations

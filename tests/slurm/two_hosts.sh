@@ -105,14 +105,14 @@ ip netns exec "$ns1" jobs/mpirun.sh -n "$nranks" --hostfile "$tmp/hosts" --timeo
 sent=$(( $(tx) - before ))
 fail() { say "FAIL: $*" >&2; sed 's/^/    | /' "$tmp/job.log" >&2; exit 1; }
 (( rc == 0 )) || fail "the job exited with $rc"
-grep -q "^mpidist: 4 ranks, " "$tmp/job.log" || fail "no 'mpidist: 4 ranks' line"
+grep -q "^mpidist: $nranks ranks, " "$tmp/job.log" || fail "no 'mpidist: $nranks ranks' line"
 # A message sent and never received (UCX warns of each at exit): the teardown must leave none.
 ! grep -q "UCX  WARN  unexpected tag-receive" "$tmp/job.log" || fail "messages left unreceived at exit (UCX's warnings)"
-"$PY" - "$tmp/out/metrics.json" <<'PYEOF' || fail "accuracy below 0.95"
+"$PY" - "$tmp/out/metrics.json" "$nranks" <<'PYEOF' || fail "accuracy below 0.95"
 import json, sys
-last = json.load(open(sys.argv[1]))[-1]
-assert last["test_accuracy"] >= 0.95 and last["world_size"] == 4, last
-print(f"    final test accuracy {last['test_accuracy']:.4f} on 4 ranks")
+last, n = json.load(open(sys.argv[1]))[-1], int(sys.argv[2])
+assert last["test_accuracy"] >= 0.95 and last["world_size"] == n, last
+print(f"    final test accuracy {last['test_accuracy']:.4f} on {n} ranks")
 PYEOF
 # 30 epochs x 23 all-reduces of the 26,122 float32 gradients: tens of MB, not the few kB of PMI.
 (( sent > 10000000 )) || fail "only $sent bytes crossed the veth link: the ranks did not talk over TCP"
