@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,6 +200,23 @@ def test_a_flipped_bit_anywhere_is_refused(tmp_path, where):
         damaged = bytearray(data)
         damaged[i] ^= 0x04
         path.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError, match=f"checkpoint {path} is corrupt or truncated"):
+            load_checkpoint(path)
+
+
+def test_every_damage_of_the_chaos_harness_is_refused(tmp_path, monkeypatch):
+    """tests/chaos/run.py's ``corrupt`` must change the file: its zeroed block once fell on
+    bytes already zero (a checkpoint with zero arrays), the file stayed intact, loaded, and the
+    chaos trial failed (CI, stop 51)."""
+    spec = importlib.util.spec_from_file_location("chaos_run", Path(__file__).parent / "chaos" / "run.py")
+    harness = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, harness)  # its dataclasses look it up
+    spec.loader.exec_module(harness)
+    path = tmp_path / "c.npz"
+    state = {"zeros": np.zeros(4096, np.float32), "w": np.arange(64, dtype=np.float64)}
+    for seed in range(300):
+        save_checkpoint(path, state)
+        harness.corrupt(path, random.Random(seed))
         with pytest.raises(ValueError, match=f"checkpoint {path} is corrupt or truncated"):
             load_checkpoint(path)
 

@@ -301,8 +301,8 @@ def corrupt(path: Path, rng: random.Random) -> str:
         at = rng.randrange(len(data))
         data[at] ^= 1 << rng.randrange(8)
         what = f"one bit flipped at byte {at}"
-    else:
-        at, size = rng.randrange(len(data)), rng.randint(1, 4096)
+    else:  # starts at a nonzero byte, so the file changes (zeroing zeros is no damage)
+        at, size = rng.choice([i for i, b in enumerate(data) if b]), rng.randint(1, 4096)
         data[at : at + size] = bytes(len(data[at : at + size]))
         what = f"{len(data[at : at + size])} bytes zeroed at {at}"
     path.write_bytes(bytes(data))
