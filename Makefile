@@ -340,7 +340,8 @@ bench: bench-install
 # namespaces, 2 ranks each) whose link is shaped like a cluster's 10 Gbit/s Ethernet
 # (HOSTS_QDISC; the kernel here has no netem for a delay): benchmarks/bench_hierarchical.py,
 # benchmarks/results/hierarchical_np4.md; then the alpha-beta cost model fitted to it
-# (benchmarks/cost_model.py: cost_model.md; docs/performance.md). Needs root; prints SKIPPED and
+# (benchmarks/cost_model.py: cost_model.md; docs/performance.md); then hierarchical all_gather and
+# reduce_scatter against flat MPI (bench_hier_gather.py: hier_gather_np4.md). Needs root; prints SKIPPED and
 # succeeds otherwise.
 HOSTS_QDISC ?= tbf rate 10gbit burst 1mb latency 10ms
 .PHONY: bench-hosts
@@ -349,6 +350,9 @@ bench-hosts: bench-install
 	PY="$(abspath $(PY))" timeout --foreground -k 30 $(BENCH_TIMEOUT) tests/slurm/two_hosts.sh --qdisc "$(HOSTS_QDISC)" \
 	  --timeout $(BENCH_TIMEOUT) -- "$(abspath $(PY))" benchmarks/bench_hierarchical.py --link "tc qdisc $(HOSTS_QDISC)"
 	@if [ -f benchmarks/results/hierarchical_np4.csv ]; then $(PY) benchmarks/cost_model.py; fi
+	@echo "== hierarchical all_gather / reduce_scatter vs flat MPI, same hosts and link"
+	PY="$(abspath $(PY))" timeout --foreground -k 30 $(BENCH_TIMEOUT) tests/slurm/two_hosts.sh --qdisc "$(HOSTS_QDISC)" \
+	  --timeout $(BENCH_TIMEOUT) -- "$(abspath $(PY))" benchmarks/bench_hier_gather.py --link "tc qdisc $(HOSTS_QDISC)"
 
 # GPU benchmark (needs CuPy and a GPU: `make install EXTRAS=mpich,examples,test,gpu`; prints
 # SKIPPED and succeeds otherwise): all_reduce and all_gather busbw through NCCL, CUDA-aware MPI
