@@ -116,6 +116,35 @@ def test_all_reduce_non_contiguous_and_grad(world):
     assert p.tolist() == [float(sum(range(n)))] * 2
 
 
+@pytest.mark.skipif(TORCH < (2, 8), reason="torch < 2.8 makes every op async (no asyncOp in its options)")
+def test_sync_all_reduce_of_a_viewable_tensor_skips_the_staging(world, monkeypatch):
+    """The sync call on one C-contiguous CPU tensor takes ProcessGroupMpidist.allreduce's short
+    path (no Staged); every call that needs staging still gets it, with the same results."""
+    from mpidist.torch import _process_group
+
+    r, n = world
+    made = []
+
+    class Counted(_process_group.Staged):
+        def __init__(self) -> None:
+            made.append(1)
+            super().__init__()
+
+    monkeypatch.setattr(_process_group, "Staged", Counted)
+    t = torch.full((3,), float(r + 1))
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    assert torch.equal(t, torch.full((3,), float(n))) and not made
+    staged = {
+        "integer AVG": (torch.full((3,), 2 * r + 1, dtype=torch.int64), tdist.ReduceOp.AVG),
+        "non-contiguous": (torch.full((3, 2), float(r + 1))[:, 0], tdist.ReduceOp.SUM),
+    }
+    for name, (x, op) in staged.items():
+        made.clear()
+        tdist.all_reduce(x, op=op)
+        want = sum(2 * k + 1 for k in range(n)) // n if name == "integer AVG" else float(sum(range(1, n + 1)))
+        assert x.tolist() == [want] * 3 and made, name
+
+
 def test_async_work_and_future(world):
     r, n = world
     t = torch.full((4,), float(r))
