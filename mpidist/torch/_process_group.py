@@ -36,7 +36,7 @@ from mpidist._backends.device import paths
 from mpidist._runtime import world as runtime
 from mpidist.errors import DistError, prefix
 from mpidist.torch._profile import profiled, record, recording
-from mpidist.torch._views import SparseTensor, Staged, array
+from mpidist.torch._views import SparseTensor, Staged, array, direct
 from mpidist.torch._work import TorchWork
 
 __all__ = ["ProcessGroupMpidist", "BACKEND_NAME"]
@@ -319,18 +319,13 @@ class ProcessGroupMpidist(dist.ProcessGroup):
         if type(opts) is AllreduceOptions:
             red, async_op = _reduce_op(opts.reduceOp, op), opts.asyncOp if _ASYNC_IN_OPTS else True
             if not async_op and type(tensors) is list and len(tensors) == 1:
-                # torch's sync call on one tensor: the general path below with its Staged steps
-                # inlined for a CPU tensor that numpy views C-contiguous (-1.6 to -2 us a call at 8 B:
+                # torch's sync call on one tensor that needs no staging (integer AVG does): the
+                # general path below without Staged, _call and _done (-1.6 to -2 us a call at 8 B:
                 # benchmarks/results/repeats/issue44_2026-11-28/torch_fastpath_ab.md)
-                t = tensors[0]
-                if isinstance(t, torch.Tensor) and not t.is_cuda and (red is not _MAVG or not _is_integer(t)):
-                    try:
-                        a = t.numpy()
-                    except (RuntimeError, TypeError, AttributeError):
-                        a = None
-                    if a is not None and a.flags.c_contiguous:
-                        mpidist.all_reduce(a, red, self._arg, False)
-                        return None
+                a = direct(tensors[0])
+                if a is not None and (red is not _MAVG or a.dtype.kind not in "iu"):
+                    mpidist.all_reduce(a, red, self._arg, False)
+                    return None
         else:
             red, async_op = _reduce_op(_SUM if opts is None else opts, op), True
         ts = _tensors(tensors)  # allreduce, broadcast, reduce written out: a shared helper cost 0.2-0.6 us

@@ -46,15 +46,8 @@ class Staged:
         return self._array(t, False, op, arg)
 
     def _array(self, t: Any, write: bool, op: str, arg: str) -> Any:
-        if getattr(t, "is_cuda", False):  # before numpy(): its TypeError costs microseconds
-            return _slow(t, self, write, op, arg)
-        try:
-            a = t.numpy()  # the common case: a contiguous CPU tensor numpy can view
-        except (RuntimeError, TypeError, AttributeError):
-            return _slow(t, self, write, op, arg)
-        if a.flags.c_contiguous:
-            return a
-        return _slow(t, self, write, op, arg)
+        a = direct(t)
+        return a if a is not None else _slow(t, self, write, op, arg)
 
     def finish(self) -> None:
         """Copy the temporaries back into the caller's tensors, then run ``after`` (once the
@@ -66,6 +59,19 @@ class Staged:
                 for step in self.after:
                     step()
             self.backs, self.after = [], []
+
+
+def direct(t: Any) -> Optional[np.ndarray]:
+    """The C-contiguous numpy view of CPU tensor ``t`` (zero-copy: the common case), or None
+    where the op needs :class:`Staged`'s temporaries (CUDA, non-contiguous, needs grad,
+    bfloat16, not a tensor, ...)."""
+    if getattr(t, "is_cuda", False):  # before numpy(): its TypeError costs microseconds
+        return None
+    try:
+        a = t.numpy()
+    except (RuntimeError, TypeError, AttributeError):
+        return None
+    return a if a.flags.c_contiguous else None
 
 
 def array(t: Any, op: str, arg: str) -> Any:
