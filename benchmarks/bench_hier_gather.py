@@ -35,7 +35,6 @@ import _bench_common as bc  # noqa: I001  (first: sets the thread variables befo
 import argparse  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -115,11 +114,7 @@ def main() -> None:
         times: dict[str, list[float]] = {c: [] for c in cases}
         for _ in range(args.reps):
             for name, fn in cases.items():
-                world.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                times[name].append(world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX))
+                times[name].append(bc.timed(world, fn, iters))
         med = {c: statistics.median(v) for c, v in times.items()}
         if rank == 0:
             print(f"# {bc.human_bytes(nbytes)}: " + ", ".join(f"{c} {t * 1e3:.2f} ms" for c, t in med.items()))
