@@ -10,7 +10,10 @@ passes and the median per-pass ratio to raw:
 * ``raw``: ``comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)`` on a duplicate of
   the default group's communicator: the ceiling for any Python wrapper;
 * ``mpidist``: ``mpidist.all_reduce(x)`` (its inline latency path: every check, the
-  flight-recorder entry, the test that the members agreed on this call before);
+  flight-recorder entry, the test that the members agreed on this call before), compiled
+  where the install built mpidist/_backends/mpi/_ext/_inline_c.c (the report says whether);
+* ``mpidist, Python path``: the same public op as an install without the compiled path
+  makes it: the Python latency path, of which the ``bare`` loops below take the parts;
 * ``bare``: what is left of that path without mpidist's argument and group checks: the
   flight-recorder entry (as :func:`mpidist._core.recorder.begin` / ``end`` make it) and the
   same MPI call, inline in one Python function. The gap between ``bare`` and ``mpidist``
@@ -59,6 +62,7 @@ from mpidist._arrays.reduce_op import ReduceOp  # noqa: E402
 from mpidist._backends.mpi import collectives as C  # noqa: E402
 from mpidist._check import mismatch  # noqa: E402
 from mpidist._core import recorder as R  # noqa: E402
+from mpidist._public_op import public_op  # noqa: E402
 
 
 def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
@@ -92,6 +96,13 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
         ar = mpidist.all_reduce
         for _ in range(calls):
             ar(x)
+
+    # the public op as an install without the compiled path makes it (mpidist._public_op)
+    python_path = public_op(C.all_reduce)(mpidist.all_reduce.__wrapped__)  # type: ignore[attr-defined]
+
+    def run_python_path(calls: int) -> None:
+        for _ in range(calls):
+            python_path(x)
 
     def bare_check(t: np.ndarray) -> None:
         eng = g.engine
@@ -166,6 +177,7 @@ def loops(x: np.ndarray) -> dict[str, Callable[[int], None]]:
     return {
         "raw": run_raw,
         "mpidist": run_mpidist,
+        "mpidist, Python path": run_python_path,
         "bare": repeat(bare),
         "bare+check": repeat(bare_check),
         "bare+control": repeat(bare_control),
@@ -227,7 +239,9 @@ def main() -> None:
             load,
             [
                 f"{args.passes} passes of {args.calls} calls per loop, interleaved, the order rotating; "
-                f"see the docstring of benchmarks/bench_latency.py for the loops"
+                f"see the docstring of benchmarks/bench_latency.py for the loops",
+                "the compiled latency path (mpidist/_backends/mpi/_ext/_inline_c.c): "
+                + ("built, in the mpidist loop" if C.INLINE is not None else "not built: mpidist is the Python path"),
             ],
             rows,
         )

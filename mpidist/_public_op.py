@@ -15,7 +15,7 @@ docs/architecture.md, "The path of one all_reduce".
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, TypeVar, cast
+from typing import Any, Callable, Optional, TypeVar, cast
 
 import numpy as np
 
@@ -30,13 +30,15 @@ __all__ = ["public_op"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def public_op(body: Callable[..., Any]) -> Callable[[F], F]:
+def public_op(body: Callable[..., Any], inline: Optional[Callable[..., bool]] = None) -> Callable[[F], F]:
     """Decorator: the stub it decorates becomes the public op running ``body`` (see the module).
 
     Args:
         body: the MPI backend's body; its parameters are the stub's, in the same order,
             with ``g`` (the resolved group) for ``group``, or ``group`` itself where the
             body resolves it (point-to-point).
+        inline: tried first, with ``body``'s arguments: True when it ran the call (a
+            compiled latency path: :mod:`mpidist._backends.mpi.inline`), False for ``body``.
 
     Raises:
         TypeError: at import, when ``body``'s parameters do not match the stub's, or the
@@ -73,6 +75,8 @@ def public_op(body: Callable[..., Any]) -> Callable[[F], F]:
                 "        if g is None:",
                 "            return None",
             ]
+        if inline is not None:
+            lines.append(f"    if _inline({', '.join(expected)}):\n        return None")
         if primary[0] is not None:
             lines += [
                 f"    if type({primary[0]}) is not _ndarray and _takes({primary[0]}):",
@@ -86,6 +90,7 @@ def public_op(body: Callable[..., Any]) -> Callable[[F], F]:
             "_takes": first_takes if primary[2] == LIST else takes,
             "_device_call": device_call,
             "_body": body,
+            "_inline": inline,
         }
         exec(compile("\n".join(lines), f"<mpidist public op {name}>", "exec"), scope)  # noqa: S102
         fn = scope[name]

@@ -23,7 +23,7 @@ from mpidist.work import Work
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS"]
 
 
-@public_op(H.all_reduce)
+@public_op(H.all_reduce, inline=H.INLINE)
 def all_reduce(
     tensor: np.ndarray,
     op: ReduceOp = ReduceOp.SUM,

@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 from mpidist._arrays.buffers import host_array, mpi_datatype, mpi_has, mpi_reducible
 from mpidist._arrays.reduce_op import PremulSum, ReduceOp, check_op_dtype, scaled, to_mpi_op
+from mpidist._backends.mpi.inline import compiled_all_reduce
 from mpidist._check import mismatch
 from mpidist._core import recorder as R
 from mpidist._core.group import ProcessGroup
@@ -230,6 +231,19 @@ _PLANS: dict = {}
 _last: tuple = (None, None, None, None)
 _PMASK = mismatch.PERIOD_MASK
 _UNCHECKED = mismatch._UNCHECKED
+
+
+def _inline_failed(rec: list, ierr: int) -> None:
+    """The compiled latency path's failure: ``rec`` marked failed; MPI's error ``ierr`` raised."""
+    R.fail(rec)
+    if ierr:
+        exc = MPI.Exception(ierr)
+        raise from_mpi("all_reduce", exc) from exc
+
+
+#: the latency path of :func:`all_reduce`'s continuing calls, compiled (mpidist._backends.mpi.inline),
+#: or None: :func:`mpidist.all_reduce` tries it before this module's all_reduce
+INLINE = compiled_all_reduce(globals(), _inline_failed)
 
 
 @dataclass(frozen=True)
