@@ -38,7 +38,7 @@ passes and the median per-pass ratio to raw:
   measurement resolves (two identical loops differ by that much).
 
 Writes ``latency_np{N}.md`` to ``--out`` (default benchmarks/results). The target it
-explains (8 B within 1.5x raw) is in benchmarks/results/targets.md.
+explains (8 B within 1.5x raw; issue 44: 1.25x) is in benchmarks/results/targets.md.
 """
 
 from __future__ import annotations
