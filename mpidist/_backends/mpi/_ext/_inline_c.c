@@ -164,7 +164,8 @@ static PyObject *all_reduce(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     Py_ssize_t run_bytes = size_of(PyTuple_GET_ITEM(v, 1)), below = size_of(PyTuple_GET_ITEM(plan, 3));
     Py_ssize_t seq = size_of(PyDict_GetItemWithError(ed, s_seq));
-    if (run_bytes < 0 || below < 0 || seq < 0 || (going && !(seq & period_mask))) goto not_taken;
+    /* (below 0: the plan runs its body at every size, never MPI_Allreduce itself) */
+    if (run_bytes < 0 || below <= 0 || seq < 0 || (going && !(seq & period_mask))) goto not_taken;
     PyObject *comm = PyDict_GetItemWithError(gd, s_comm), *limit = PyDict_GetItemWithError(gd, s_timeout_s);
     if (comm == NULL || limit == NULL) goto not_taken;
     int set = PyObject_IsTrue(limit);
