@@ -254,10 +254,13 @@ OTHER_MPI_ENV   := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRT
 .PHONY: test-mpis
 test-mpis: $(foreach m,$(OTHER_MPIS),test-mpi-on-$(m))
 
-# Left out there: the main jobs' own logic (MNIST files, divergence, resume's refusals, the gloo
-# comparison, usage errors), which no MPI changes and MPICH's serial pass covers, and the minute
-# of the stall inspector's defaults (its short cases run).
-OTHER_MPI_SKIP  := not (mnist_idx or diverging or refuses or gloo_train_bitwise or usage_errors or stall_defaults)
+# Left out there: the main jobs' own logic (MNIST files, divergence, resuming: its refusals, its
+# fresh start and its bitwise equality with an uninterrupted run; the gloo comparison, usage errors
+# and bad flags, the CUDA-less device check), which no MPI changes and MPICH's serial pass covers
+# (the checkpoint module itself runs in each MPI's pytest pass), and the minute of the stall
+# inspector's defaults (its short cases run). The resume and flag cases took ~1 min per MPI.
+OTHER_MPI_SKIP  := not (mnist_idx or diverging or refuses or gloo_train_bitwise or usage_errors or stall_defaults \
+                   or resume_ends_bitwise or resume_without or bad_flag or without_cuda)
 
 test-mpi-on-%: .venv-mpi-%/.installed-stamp
 	$(STARTED): the tests that start jobs, then pytest under mpiexec -n 2, on $*
