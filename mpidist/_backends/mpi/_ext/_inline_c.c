@@ -139,9 +139,13 @@ static PyObject *all_reduce(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *t = args[0], *op = args[1], *g = args[2], *algorithm = args[4];
     if (Py_TYPE(t) != ndarray || args[3] != Py_False || mpi_allreduce == NULL) Py_RETURN_FALSE;
     /* Not taken unless every test passes; nothing is changed before "Taken" below, and every
-     * reference until there is borrowed but shape's. */
+     * reference until there is borrowed but last's and shape's. */
     PyObject *last = PyDict_GetItemWithError(coll, s__last);
-    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 4) goto not_taken;
+    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 4) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_INCREF(last); /* held, and with it the plan: a call below may run Python code that replaces _last */
     if (PyTuple_GET_ITEM(last, 1) != op || PyTuple_GET_ITEM(last, 2) != algorithm) goto not_taken;
     PyObject *plan = PyTuple_GET_ITEM(last, 3);
     if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 4) goto not_taken;
@@ -252,16 +256,19 @@ static PyObject *all_reduce(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_INCREF(completed);
     PyList_SetItem(rec, state, completed);
     Py_DECREF(rec);
+    Py_DECREF(last);
     Py_RETURN_TRUE;
 
 error: /* taken, then failed: the exception stands */
     Py_XDECREF(rec);
     Py_XDECREF(eng);
+    Py_DECREF(last);
     return NULL;
 
 cleanup: /* not taken: nothing changed, any error is the Python path's to find again */
     Py_XDECREF(shape);
 not_taken:
+    Py_DECREF(last);
     PyErr_Clear();
     Py_RETURN_FALSE;
 }
