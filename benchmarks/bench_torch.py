@@ -3,7 +3,7 @@
 Run as ``mpiexec -n N python benchmarks/bench_torch.py [--min-bytes 8 --max-bytes 64M --factor 4
 --quick --no-ddp --out benchmarks/results]``. Needs torch (the ``torch`` extra).
 
-One job, four groups on the same ranks, all of torch's front end:
+One job, four torch groups on the same ranks (mpidist, gloo, noop, floor) and raw mpi4py:
 
 * ``mpidist``: the default group, ``init_process_group("mpidist", init_method="tcp://127.0.0.1:PORT")``
   (``import mpidist.torch``; ranks from MPI; the TCP store, port picked by rank 0 and
