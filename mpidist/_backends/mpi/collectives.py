@@ -42,6 +42,7 @@ from mpidist.work import Work
 __all__ = ["all_reduce", "broadcast", "barrier", "monitored_barrier", "ALGORITHMS", "ALL_REDUCE", "AllReduceAlgorithm"]
 
 Op = Union[ReduceOp, PremulSum]
+Plan = tuple[Callable[..., None], Any, Any, int]  # an all_reduce plan: see _PLANS
 _NEVER = 1 << 62  # bytes: larger than any array
 _ndarray = np.ndarray
 _AVG = ReduceOp.AVG  # a module global: ``ReduceOp.AVG`` runs Enum's class lookup (~70 ns)
@@ -216,8 +217,7 @@ def reduce_body(dtype: np.dtype, op: Op, algorithm: Optional[str]) -> Callable[[
         ValueError/TypeError: ``op`` does not apply to ``dtype``; an unknown ``algorithm``.
     """
     if type(op) is ReduceOp and (algorithm is None or type(algorithm) is str):
-        plan = _PLANS.get((dtype, op._value_, algorithm)) or _plan(dtype, op, algorithm)
-        return cast("Callable[..., None]", plan[0])  # (a string: evaluating Callable[..., None] costs ~0.45 us a call)
+        return (_PLANS.get((dtype, op._value_, algorithm)) or _plan(dtype, op, algorithm))[0]
     check_op_dtype(op, dtype, prefix("all_reduce"))
     return _choose(dtype, algorithm).body
 
@@ -226,7 +226,7 @@ def reduce_body(dtype: np.dtype, op: Op, algorithm: Optional[str]) -> Callable[[
 # once, then reused (keyed on the enum's value: hashing an Enum member runs Python code).
 # ``inline below``: sizes (bytes) under it call MPI_Allreduce itself on all_reduce's inline
 # path; larger ones run the body there.
-_PLANS: dict = {}
+_PLANS: dict[tuple, Plan] = {}
 #: The last plan used, ``(dtype, op, algorithm, plan)``: a repeated call finds it by three
 #: identity tests instead of hashing a key (one tuple, so a reader never sees half an update).
 _last: tuple = (None, None, None, None)
@@ -309,7 +309,7 @@ def _choose(dtype: np.dtype, algorithm: Optional[str]) -> AllReduceAlgorithm:
     return alg
 
 
-def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> tuple:
+def _plan(dtype: np.dtype, op: ReduceOp, algorithm: Optional[str]) -> Plan:
     check_op_dtype(op, dtype, prefix("all_reduce"))
     alg = _choose(dtype, algorithm)
     inline = alg.inline_below() if mpi_reducible(dtype) else 0  # (not reducible by MPI: the body, always)
