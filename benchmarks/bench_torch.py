@@ -17,7 +17,7 @@ One job, four torch groups on the same ranks (mpidist, gloo, noop, floor) and ra
   front end (``dist.all_reduce``'s checks, options object, the call into Python) and nothing
   else. ``mpidist - noop`` is what the backend adds to it, communication included;
 * ``floor``: ``new_group(backend="floor")``, the same Python ProcessGroup whose ``allreduce`` is
-  ``Allreduce(MPI.IN_PLACE, tensors[0].numpy(), MPI.SUM)`` on a Dup of COMM_WORLD and nothing
+  ``Allreduce(MPI.IN_PLACE, tensors[0].numpy(), MPI.SUM)`` on raw's Dup of COMM_WORLD and nothing
   else (no check, no other op, no error handling): the least any Python backend over MPI
   adds to torch's front end. ``floor - noop`` is that least, ``mpidist - floor`` what
   mpidist adds beyond it.
@@ -146,12 +146,12 @@ def start(comm: MPI.Comm) -> TorchEnv:
     dist.init_process_group(
         "mpidist", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
     )
-    floor = comm.Dup()
+    dup = comm.Dup()  # raw's and floor's communicator, and the timing's (freed at the end)
     python_backend(dist, NOOP, lambda tensors: None)
-    python_backend(dist, FLOOR, lambda tensors: floor.Allreduce(MPI.IN_PLACE, tensors[0].numpy(), MPI.SUM))
+    python_backend(dist, FLOOR, lambda tensors: dup.Allreduce(MPI.IN_PLACE, tensors[0].numpy(), MPI.SUM))
     groups = {"mpidist": None, "gloo": dist.new_group(backend="gloo")}
     groups.update({name: dist.new_group(backend=name) for name in (NOOP, FLOOR)})
-    return TorchEnv(comm.Dup(), comm.Get_rank(), comm.Get_size(), bc.Gloo(dist=dist, torch=torch), groups)
+    return TorchEnv(dup, comm.Get_rank(), comm.Get_size(), bc.Gloo(dist=dist, torch=torch), groups)
 
 
 class TorchAllReduce(bcoll.AllReduce):
